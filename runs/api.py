@@ -1,0 +1,121 @@
+"""The runs Router of the JSON API: thin endpoints over services and selectors."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+from ninja import Header, Query, Router, Schema
+from ninja.errors import HttpError
+from ninja.security import HttpBearer
+from pydantic import Field
+
+from runs import selectors, services
+from runs.exceptions import InvalidRunInput
+from runs.keys import authenticate_key
+from runs.models import ApiKey, RunStatus
+from runs.schemas import ErrorOut, HealthOut, KindOut, RunIn, RunOut, RunPage, StepOut
+from workers.registry import all_kinds
+
+
+class ApiKeyAuth(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
+        return authenticate_key(token)
+
+
+router = Router(auth=ApiKeyAuth())
+ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut, 429: ErrorOut}
+
+
+def require_scope(request: HttpRequest, scope: str) -> None:
+    if not request.auth.has_scope(scope):
+        raise HttpError(403, f"this API key lacks the {scope!r} scope")
+
+
+@router.post("/runs", response={200: RunOut, 202: RunOut} | ERRORS, summary="Submit a run")
+def submit_run(
+    request: HttpRequest,
+    response: HttpResponse,
+    payload: RunIn,
+    idempotency_key_header: str | None = Header(default=None, alias="Idempotency-Key"),
+):
+    """Validate and queue a run; answers 202 at once (200 when an idempotency key matched)."""
+    require_scope(request, ApiKey.Scope.WRITE)
+    key = payload.idempotency_key
+    if idempotency_key_header is not None:
+        if key is not None and key != idempotency_key_header:
+            raise InvalidRunInput("the Idempotency-Key header and the body's idempotency_key differ")
+        key = idempotency_key_header
+    submitted = services.submit(
+        tenant=request.auth.tenant,
+        kind=payload.kind,
+        input=payload.input,
+        queue=payload.queue,
+        priority=payload.priority,
+        idempotency_key=key,
+        max_attempts=payload.max_attempts,
+        cost_ceiling_cents=payload.cost_ceiling_cents,
+        deadline_seconds=payload.deadline_seconds,
+        callback_url=payload.callback_url or "",
+        actor=services.Actor(type="api_key", id=str(request.auth.pk)),
+    )
+    response["Location"] = f"/api/runs/{submitted.run.id}"
+    return (202 if submitted.created else 200), submitted.run
+
+
+class RunFilters(Schema):
+    status: RunStatus | None = None
+    kind: str | None = None
+    queue: str | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+    cursor: str | None = None
+
+
+@router.get("/runs", response={200: RunPage} | ERRORS, summary="List the tenant's runs, newest first")
+def list_runs(request: HttpRequest, filters: Query[RunFilters]):
+    require_scope(request, ApiKey.Scope.READ)
+    page = selectors.list_runs(
+        tenant=request.auth.tenant, limit=filters.limit, cursor=filters.cursor,
+        status=filters.status, kind=filters.kind, queue=filters.queue,
+    )
+    return {"items": page.items, "next_cursor": page.next_cursor}
+
+
+@router.get("/runs/{run_id}", response={200: RunOut} | ERRORS, summary="A run's status and progress")
+def get_run(request: HttpRequest, run_id: UUID):
+    run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
+    require_scope(request, ApiKey.Scope.READ)
+    return run
+
+
+@router.get("/runs/{run_id}/steps", response={200: list[StepOut]} | ERRORS, summary="A run's audit trail")
+def list_steps(request: HttpRequest, run_id: UUID):
+    run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
+    require_scope(request, ApiKey.Scope.READ)
+    return selectors.list_steps(run=run)
+
+
+@router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="Registered agent kinds")
+def list_kinds(request: HttpRequest):
+    require_scope(request, ApiKey.Scope.READ)
+    return [
+        {
+            "name": kind.name,
+            "queue": kind.queue,
+            "version": kind.version,
+            "description": kind.description,
+            "input_schema": kind.input_json_schema(),
+        }
+        for kind in all_kinds()
+    ]
+
+
+@router.get("/health", auth=None, response={200: HealthOut, 503: ErrorOut}, summary="Liveness of the database")
+def health(request: HttpRequest):
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception:
+        return 503, {"detail": "the database does not answer"}
+    return {"status": "ok"}

@@ -1,0 +1,71 @@
+"""Wake idle workers after a submit commits: NOTIFY from the application, debounced.
+
+Never a per-row trigger: a burst of submits sends its first NOTIFY at once
+and folds the rest into one more per queue after the debounce interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from workers.queue import notify_queues
+
+logger = logging.getLogger(__name__)
+
+
+class Debouncer:
+    def __init__(self, interval: float):
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._last_sent: dict[str, float] = {}
+        self._pending: set[str] = set()
+        self._timer: threading.Timer | None = None
+
+    def request(self, queue: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_sent.get(queue, float("-inf")) >= self.interval:
+                self._last_sent[queue] = now
+                send_now = True
+            else:
+                send_now = False
+                self._pending.add(queue)
+                if self._timer is None:
+                    self._timer = threading.Timer(self.interval, self._flush)
+                    self._timer.daemon = True
+                    self._timer.start()
+        if send_now:
+            _send({queue})
+
+    def _flush(self) -> None:
+        with self._lock:
+            queues, self._pending = self._pending, set()
+            self._timer = None
+            now = time.monotonic()
+            for queue in queues:
+                self._last_sent[queue] = now
+        if queues:
+            try:
+                _send(queues)
+            finally:
+                connection.close()  # this timer thread's own connection
+
+
+def _send(queues: set[str]) -> None:
+    try:
+        notify_queues(queues)
+    except Exception:
+        # The poll interval still picks the run up; a submit never fails on this.
+        logger.exception("NOTIFY failed for %s", sorted(queues))
+
+
+_debouncer = Debouncer(settings.RUNS_NOTIFY_DEBOUNCE_SECONDS)
+
+
+def notify_after_commit(queue: str) -> None:
+    transaction.on_commit(lambda: _debouncer.request(queue))

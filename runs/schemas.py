@@ -1,0 +1,94 @@
+"""Input and output schemas of the JSON API (fields listed explicitly)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from ninja import Schema
+from pydantic import Field
+
+
+class RunIn(Schema):
+    kind: str = Field(min_length=1, max_length=100)
+    input: dict[str, Any] = Field(default_factory=dict)
+    queue: str | None = Field(default=None, max_length=64)
+    priority: int | None = Field(default=None, ge=0, le=9)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    cost_ceiling_cents: float | None = Field(default=None, ge=0)
+    deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+    callback_url: str | None = Field(default=None, max_length=2000)
+
+
+class RunOut(Schema):
+    id: UUID
+    kind: str
+    queue: str
+    priority: int
+    status: str
+    current_step: str
+    steps_done: int
+    steps_total: int | None
+    attempt: int
+    max_attempts: int
+    cost_cents: float
+    cost_ceiling_cents: float | None
+    result: Any = None
+    error: str
+    error_kind: str
+    waiting_for: Any = None
+    cancel_requested: bool
+    pause_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+    @staticmethod
+    def resolve_cancel_requested(run) -> bool:
+        return run.cancel_requested_at is not None
+
+    @staticmethod
+    def resolve_pause_requested(run) -> bool:
+        return run.pause_requested_at is not None
+
+
+class RunPage(Schema):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+class StepOut(Schema):
+    seq: int
+    generation: int
+    name: str
+    kind: str
+    status: str
+    input: Any = None
+    output: Any = None
+    idempotency_key: str
+    tokens_in: int
+    tokens_out: int
+    cost_cents: float
+    executions: int
+    error: str
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+class KindOut(Schema):
+    name: str
+    queue: str
+    version: int
+    description: str
+    input_schema: dict[str, Any]
+
+
+class HealthOut(Schema):
+    status: str
+
+
+class ErrorOut(Schema):
+    detail: str

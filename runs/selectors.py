@@ -1,0 +1,67 @@
+"""Reads for the API and the dashboard."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from django.db.models import Q
+from django.http import Http404
+
+from runs.exceptions import InvalidRunInput
+from runs.models import Run, Step, Tenant
+
+
+def get_run(*, tenant: Tenant, run_id: UUID) -> Run:
+    """The tenant's run; another tenant's run does not exist (404)."""
+    run = Run.objects.filter(tenant=tenant, id=run_id).first()
+    if run is None:
+        raise Http404("run not found")
+    return run
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Run]
+    next_cursor: str | None
+
+
+def encode_cursor(run: Run) -> str:
+    raw = json.dumps([run.created_at.isoformat(), str(run.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, run_id = json.loads(raw)
+        return datetime.fromisoformat(created), UUID(run_id)
+    except Exception:
+        raise InvalidRunInput("invalid cursor: pass the next_cursor of a previous page unchanged") from None
+
+
+def list_runs(
+    *, tenant: Tenant, limit: int = 50, cursor: str | None = None,
+    status: str | None = None, kind: str | None = None, queue: str | None = None,
+) -> Page:
+    """Newest first, keyset-paginated on (created_at, id): page N costs what page 1 costs."""
+    runs = Run.objects.for_tenant(tenant).newest_first()
+    if status:
+        runs = runs.filter(status=status)
+    if kind:
+        runs = runs.filter(kind=kind)
+    if queue:
+        runs = runs.filter(queue=queue)
+    if cursor:
+        created, run_id = decode_cursor(cursor)
+        runs = runs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
+    items = list(runs[: limit + 1])
+    next_cursor = encode_cursor(items[limit - 1]) if len(items) > limit else None
+    return Page(items=items[:limit], next_cursor=next_cursor)
+
+
+def list_steps(*, run: Run) -> list[Step]:
+    return list(Step.objects.filter(run=run).order_by("generation", "seq"))

@@ -1,0 +1,181 @@
+"""Write services of the run domain (HackSoft style: keyword-only, annotated)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from runs.exceptions import IdempotencyConflict, InvalidRunInput, UnknownKind
+from runs.models import Event, Run, Tenant
+from runs.notify import notify_after_commit
+from workers.errors import InvalidAgentInput
+from workers.registry import get_kind
+
+logger = logging.getLogger(__name__)
+
+QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Actor:
+    type: str  # Event.ActorType
+    id: str = ""
+
+
+SYSTEM = Actor(type="system")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run: Run
+    created: bool  # False when an idempotency key matched an existing run
+
+
+def request_hash(*, kind: str, input: Any, queue: str, priority: int) -> str:
+    canonical = json.dumps(
+        {"kind": kind, "input": input, "queue": queue, "priority": priority},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def submit_run(
+    *,
+    tenant: Tenant,
+    kind: str,
+    input: Any,
+    queue: str | None = None,
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    cost_ceiling_cents: Decimal | float | int | None = None,
+    deadline_seconds: int | None = None,
+    callback_url: str = "",
+    actor: Actor = SYSTEM,
+) -> Run:
+    """Validate and queue a run; inside the caller's transaction it commits or rolls back with it.
+
+    Same validation and idempotency as ``POST /api/runs``: an
+    ``idempotency_key`` already used with the same normalised request returns
+    that run; used with another request raises ``IdempotencyConflict``.
+    """
+    return submit(
+        tenant=tenant, kind=kind, input=input, queue=queue, priority=priority,
+        idempotency_key=idempotency_key, max_attempts=max_attempts,
+        cost_ceiling_cents=cost_ceiling_cents, deadline_seconds=deadline_seconds,
+        callback_url=callback_url, actor=actor,
+    ).run
+
+
+def submit(
+    *,
+    tenant: Tenant,
+    kind: str,
+    input: Any,
+    queue: str | None = None,
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    cost_ceiling_cents: Decimal | float | int | None = None,
+    deadline_seconds: int | None = None,
+    callback_url: str = "",
+    actor: Actor = SYSTEM,
+) -> Submitted:
+    """``submit_run`` that also tells whether the run was created or found by its idempotency key."""
+    agent_kind = get_kind(kind)
+    if agent_kind is None:
+        raise UnknownKind(f"unknown kind {kind!r}; GET /api/kinds lists the registered kinds")
+    try:
+        normalised = agent_kind.validate_input(input)
+    except InvalidAgentInput as exc:
+        raise InvalidRunInput(str(exc), exc.errors) from None
+    queue = queue or agent_kind.queue
+    if not QUEUE_NAME.match(queue):
+        raise InvalidRunInput(f"invalid queue name {queue!r}: use lowercase letters, digits, '_', '-' and '.'")
+    priority = 5 if priority is None else priority
+    if not 0 <= priority <= 9:
+        raise InvalidRunInput("priority must be between 0 and 9 (lower runs first)")
+    if max_attempts is None:
+        max_attempts = agent_kind.max_attempts or settings.RUNS_MAX_ATTEMPTS
+    if max_attempts < 1:
+        raise InvalidRunInput("max_attempts must be at least 1")
+    if deadline_seconds is None:
+        deadline_seconds = (
+            int(agent_kind.deadline.total_seconds()) if agent_kind.deadline else settings.RUNS_DEADLINE_SECONDS
+        )
+    if deadline_seconds < 1:
+        raise InvalidRunInput("deadline_seconds must be at least 1")
+    if cost_ceiling_cents is None:
+        cost_ceiling_cents = agent_kind.cost_ceiling_cents
+    if cost_ceiling_cents is None:
+        cost_ceiling_cents = tenant.default_cost_ceiling_cents
+    if cost_ceiling_cents is not None:
+        cost_ceiling_cents = Decimal(str(cost_ceiling_cents))
+        if cost_ceiling_cents < 0:
+            raise InvalidRunInput("cost_ceiling_cents must not be negative")
+    if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
+        raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
+
+    digest = request_hash(kind=kind, input=normalised, queue=queue, priority=priority)
+    if idempotency_key is not None:
+        existing = _existing(tenant, idempotency_key, digest)
+        if existing is not None:
+            return Submitted(run=existing, created=False)
+
+    now = timezone.now()
+    run = Run(
+        tenant=tenant,
+        kind=kind,
+        queue=queue,
+        priority=priority,
+        input=normalised,
+        max_attempts=max_attempts,
+        deadline_seconds=deadline_seconds,
+        cost_ceiling_cents=cost_ceiling_cents,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        callback_url=callback_url,
+        run_after=now,
+        created_at=now,
+        updated_at=now,
+        expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
+        last_event_seq=1,
+    )
+    try:
+        # A savepoint, so that losing an idempotency race inside the
+        # caller's transaction leaves that transaction usable.
+        with transaction.atomic():
+            run.save(force_insert=True)
+            Event.objects.create(
+                run=run, seq=1, type="run.queued", actor_type=actor.type, actor_id=actor.id,
+                payload={"kind": kind, "queue": queue, "priority": priority}, created_at=now,
+            )
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = _existing(tenant, idempotency_key, digest)
+        if existing is None:
+            raise
+        return Submitted(run=existing, created=False)
+    notify_after_commit(queue)
+    return Submitted(run=run, created=True)
+
+
+def _existing(tenant: Tenant, key: str, digest: str) -> Run | None:
+    run = Run.objects.filter(tenant=tenant, idempotency_key=key).first()
+    if run is not None and run.request_hash != digest:
+        raise IdempotencyConflict(
+            f"idempotency key {key!r} was already used with a different request (run {run.id})"
+        )
+    return run

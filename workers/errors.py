@@ -1,0 +1,74 @@
+"""Error classes of the authoring API, and the control-flow signals of the engine.
+
+Step code raises ``Retryable``, ``Fatal`` or ``Ambiguous`` to say how a
+failure is to be handled. The engine's own signals (``Suspend`` and its
+subclasses) derive from ``BaseException`` so that ``except Exception`` in
+agent code cannot swallow them.
+"""
+
+from __future__ import annotations
+
+
+class StepError(Exception):
+    """Base of the classified errors that step code may raise."""
+
+    error_kind = "fatal"
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Retryable(StepError):
+    """A transient failure: the run is queued again after a backoff."""
+
+    error_kind = "retryable"
+
+
+class Fatal(StepError):
+    """A failure retrying cannot fix: the run fails at once."""
+
+    error_kind = "fatal"
+
+
+class Ambiguous(StepError):
+    """A side effect may or may not have happened: a person decides."""
+
+    error_kind = "ambiguous"
+
+
+class NonDeterministic(Fatal):
+    """Replay met a different step than the one recorded at this position."""
+
+    error_kind = "nondeterministic"
+
+
+class Suspend(BaseException):  # noqa: N818 - a signal, not an error
+    """The run leaves the worker without failing (parked, released or abandoned)."""
+
+
+class ReleaseRun(Suspend):
+    """The worker is shutting down: give the run back to the queue, spending nothing."""
+
+
+class LeaseLost(Suspend):
+    """Another worker (or the reaper) owns this run now: stop touching it."""
+
+
+class InvalidAgentInput(Exception):
+    """The input does not validate against the kind's input schema."""
+
+    def __init__(self, message: str, errors: list | None = None):
+        super().__init__(message)
+        self.errors = errors or []
+
+
+def classify(exc: BaseException) -> tuple[str, float | None]:
+    """How an exception from agent code is handled: (error kind, seconds the callee asked us to wait).
+
+    Explicit classes say it themselves; anything unknown is fatal, with its
+    traceback kept in the step row.
+    """
+    if isinstance(exc, StepError):
+        return exc.error_kind, exc.retry_after
+    return "fatal", None

@@ -1,0 +1,137 @@
+"""Execute one claimed run: replay its step log, call the agent, and leave running once.
+
+Runs on a thread of the worker's pool. Between statements it holds no
+database connection, so a run waiting on a model or a tool costs none.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import connection
+
+from workers import queue
+from workers.context import RecordedStep, RunContext, RunControl
+from workers.errors import LeaseLost, ReleaseRun, Suspend, classify
+from workers.registry import get_kind
+
+if TYPE_CHECKING:
+    from workers.queue import ClaimedRun
+    from workers.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+def load_step_log(claimed: ClaimedRun) -> dict[int, RecordedStep]:
+    """The run's recorded steps in its current generation, read once per claim."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq, name, status, output FROM runs_step WHERE run_id = %s AND generation = %s ORDER BY seq",
+            [claimed.id, claimed.generation],
+        )
+        rows = cursor.fetchall()
+    return {seq: RecordedStep(seq=seq, name=name, status=status, output=queue.loads(output)) for seq, name, status, output in rows}
+
+
+def backoff_seconds(failures: int, *, base: float, cap: float, retry_after: float | None) -> float:
+    """Exponential backoff with full jitter, never shorter than what the callee asked for."""
+    delay = random.uniform(0, min(cap, base * (2 ** max(failures - 1, 0))))
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, cap))
+    return delay
+
+
+class RunExecutor:
+    def __init__(self, worker: Worker, claimed: ClaimedRun, control: RunControl):
+        self.worker = worker
+        self.claimed = claimed
+        self.control = control
+        self.log_extra = {"run_id": str(claimed.id), "tenant": str(claimed.tenant_id), "kind": claimed.kind}
+
+    def execute(self) -> str | None:
+        """Run to the next exit from running; returns the status reached (None when the lease was lost)."""
+        try:
+            return self._execute()
+        finally:
+            connection.close()
+
+    def _execute(self) -> str | None:
+        claimed = self.claimed
+        kind = get_kind(claimed.kind)
+        if kind is None or not kind.can_resume(claimed.kind_version):
+            # Claimed by a worker that cannot run this version (rolling
+            # deploy): hand it back without spending an attempt.
+            logger.warning("cannot resume %s version %s here; releasing", claimed.kind, claimed.kind_version, extra=self.log_extra)
+            return self._leave("queued", reason="version", delay=self.worker.poll)
+        try:
+            recorded = load_step_log(claimed)
+        finally:
+            connection.close()
+        ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control)
+        try:
+            agent_input = kind.agent_input(claimed.input)
+        except Exception as exc:  # the stored input no longer validates
+            return self._leave("failed", reason="invalid_input", error=f"input does not validate: {exc}", error_kind="fatal")
+
+        try:
+            result = kind.func(ctx, agent_input)
+        except LeaseLost as exc:
+            logger.warning("abandoning run: %s", exc, extra=self.log_extra)
+            return None
+        except ReleaseRun as exc:
+            # Shutdown, cancel or pause: back to queued; the exit turns a
+            # requested cancel or pause into cancelled or paused.
+            return self._leave("queued", reason=str(exc) or "released")
+        except Suspend:
+            raise
+        except Exception as exc:
+            return self._fail(exc)
+
+        try:
+            result_json = queue.dumps(result)
+        except TypeError as exc:
+            return self._leave("failed", reason="result", error=f"the agent returned a result that is not JSON-serialisable: {exc}", error_kind="fatal")
+        return self._leave("done", reason="finished", result_json=result_json)
+
+    def _fail(self, exc: Exception) -> str | None:
+        kind, retry_after = classify(exc)
+        message = f"{type(exc).__name__}: {exc}"
+        if kind == "retryable":
+            delay = backoff_seconds(
+                self.claimed.failures + 1,
+                base=settings.RUNS_BACKOFF_BASE_SECONDS,
+                cap=settings.RUNS_BACKOFF_CAP_SECONDS,
+                retry_after=retry_after,
+            )
+            logger.info("retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra)
+            return self._leave("queued", reason="retry", error=message, error_kind="retryable", add_failure=True, delay=delay)
+        logger.info("run failed (%s): %s", kind, message, extra=self.log_extra)
+        return self._leave("failed", reason="error", error=message, error_kind=kind)
+
+    def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
+               error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0) -> str | None:
+        try:
+            outcome = queue.leave_running(
+                run_id=self.claimed.id,
+                token=self.claimed.lease_token,
+                target=target,
+                reason=reason,
+                actor_id=str(self.worker.id),
+                result_json=result_json,
+                error=error,
+                error_kind=error_kind,
+                add_failure=add_failure,
+                delay_seconds=delay,
+            )
+        finally:
+            connection.close()
+        if outcome is None:
+            logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
+            return None
+        status, run_queue = outcome
+        if status == "queued" and delay <= 0:
+            self.worker.notify_released(run_queue)
+        return status

@@ -1,0 +1,24 @@
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from workers.reaper import Reaper
+
+
+class Command(BaseCommand):
+    help = "Return runs of dead workers to the queue and reconcile tenant counters."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="one pass, then exit")
+        parser.add_argument("--interval", type=float, default=None, help="seconds between passes (RUNS_REAP_INTERVAL_SECONDS, 10)")
+
+    def handle(self, *args, **options):
+        reaper = Reaper()
+        if options["once"]:
+            report = reaper.reap_once()
+            self.stdout.write(f"reaped: {report}")
+            return
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: reaper.stopping.set())
+        reaper.run(interval=options["interval"] or settings.RUNS_REAP_INTERVAL_SECONDS)

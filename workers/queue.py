@@ -1,0 +1,475 @@
+"""The queue's SQL: claim, heartbeat, checkpoint and the one exit from running.
+
+Raw SQL on purpose: each of these is a single statement (data-modifying CTEs)
+so that the claim, a checkpoint and an exit are each one round trip and one
+atomic change, fenced on the run's lease token. The ORM cannot say
+``FOR UPDATE SKIP LOCKED`` inside a LATERAL join, nor write three tables in
+one statement. Every statement here runs in autocommit on the calling
+thread's Django connection, which the caller hands back to the pool.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+
+TERMINAL = ("done", "failed", "cancelled")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+def loads(value: Any) -> Any:
+    """jsonb from a raw cursor: Django's connections hand it over undecoded."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+@dataclass
+class ClaimedRun:
+    id: UUID
+    tenant_id: UUID
+    kind: str
+    kind_version: int | None
+    input: Any
+    lease_token: int
+    attempt: int
+    failures: int
+    max_attempts: int
+    generation: int
+    deadline_seconds: int
+    running_seconds: float
+    steps_done: int
+    steps_total: int | None
+    cost_cents: Decimal
+    cost_ceiling_cents: Decimal | None
+    cancel_requested: bool
+    pause_requested: bool
+    queue: str
+    claimed_at: datetime
+
+
+_CLAIM_COLUMNS = (
+    "id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation, "
+    "deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents, "
+    "cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL, queue, claimed_at"
+)
+
+# Walk tenant by tenant: only tenants that are not paused and have a free
+# slot are visited, and each contributes at most its free slots, so a tenant
+# at its limit with 100,000 queued runs costs the claim nothing. Inside a
+# tenant the LATERAL scan follows run_claim_idx in its order. The tenant
+# counter is bumped by a guarded update (re-checked on the latest row
+# version under READ COMMITTED), so concurrent claims never overshoot
+# max_running; a tenant whose bump fails keeps its runs queued.
+_CLAIM_SQL = """
+WITH tenants AS (
+    SELECT t.id, t.max_running - t.running AS free
+    FROM runs_tenant t
+    WHERE NOT t.paused AND t.running < t.max_running
+),
+candidates AS (
+    SELECT c.*
+    FROM tenants t
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after
+        FROM runs_run r
+        WHERE r.tenant_id = t.id
+          AND r.status = 'queued'
+          AND {queue_filter}
+          AND r.run_after <= now()
+          AND r.kind = ANY(%(kinds)s)
+        ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
+        LIMIT LEAST(t.free, %(n)s)
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+picked AS (
+    SELECT * FROM candidates ORDER BY priority, fresh, run_after, id LIMIT %(n)s
+),
+per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
+),
+bumped AS (
+    UPDATE runs_tenant t SET running = t.running + p.n
+    FROM per_tenant p
+    WHERE t.id = p.tenant_id AND t.running + p.n <= t.max_running
+    RETURNING t.id
+),
+claimed AS (
+    UPDATE runs_run r SET
+        status = 'running',
+        lease_token = nextval('runs_lease_token_seq'),
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        claimed_at = now(),
+        heartbeat_at = now(),
+        attempt = r.attempt + 1,
+        kind_version = COALESCE(r.kind_version, v.version),
+        started_at = COALESCE(r.started_at, now()),
+        updated_at = now(),
+        last_event_seq = r.last_event_seq + 1
+    FROM picked p
+    JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
+    WHERE r.id = p.id AND r.status = 'queued' AND v.kind = r.kind
+      AND p.tenant_id IN (SELECT id FROM bumped)
+    RETURNING r.*
+),
+events AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT id, last_event_seq, 'run.running', 'worker', %(worker)s::text,
+           jsonb_build_object('from', 'queued', 'attempt', attempt), now()
+    FROM claimed
+)
+SELECT {columns} FROM claimed
+"""
+
+
+def claim(*, worker_id: UUID, queues: list[str], kinds: dict[str, int], n: int, lease: float) -> list[ClaimedRun]:
+    """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement."""
+    if n <= 0 or not kinds or not queues:
+        return []
+    # One queue (the usual case) compares with =, so the index scan returns
+    # rows already in claim order; several queues use = ANY.
+    queue_filter = "r.queue = %(queue)s" if len(queues) == 1 else "r.queue = ANY(%(queues)s)"
+    sql = _CLAIM_SQL.format(queue_filter=queue_filter, columns=_CLAIM_COLUMNS)
+    names = list(kinds)
+    params = {
+        "queue": queues[0],
+        "queues": list(queues),
+        "kinds": names,
+        "versions": [kinds[k] for k in names],
+        "n": n,
+        "worker": worker_id,
+        "lease": lease,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [ClaimedRun(*row[:4], loads(row[4]), *row[5:]) for row in rows]
+
+
+_HEARTBEAT_SQL = """
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS h(id, token)
+),
+extended AS (
+    UPDATE runs_run r SET
+        locked_until = now() + make_interval(secs => %(lease)s),
+        heartbeat_at = now()
+    FROM held h
+    WHERE r.id = h.id AND r.lease_token = h.token AND r.status = 'running'
+    RETURNING r.id, r.cancel_requested_at IS NOT NULL, r.pause_requested_at IS NOT NULL
+),
+seen AS (
+    UPDATE runs_worker SET last_seen_at = now(), runs_held = (SELECT count(*) FROM extended)
+    WHERE id = %(worker)s
+)
+SELECT * FROM extended
+"""
+
+
+def heartbeat(*, worker_id: UUID, held: dict[UUID, int], lease: float) -> dict[UUID, tuple[bool, bool]]:
+    """Extend the lease of every run held, in one statement; also marks the Worker row seen.
+
+    Returns the runs still held with their (cancel, pause) request flags; a
+    run missing from the answer has lost its lease.
+    """
+    ids = list(held)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _HEARTBEAT_SQL,
+            {"ids": ids, "tokens": [held[i] for i in ids], "lease": lease, "worker": worker_id},
+        )
+        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+
+
+_CHECKPOINT_SQL = """
+WITH r AS (
+    UPDATE runs_run SET
+        steps_done = steps_done + 1,
+        steps_total = COALESCE(%(steps_total)s, steps_total),
+        current_step = %(name)s,
+        cost_cents = cost_cents + %(cost)s,
+        failures = 0,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        heartbeat_at = now(),
+        updated_at = now(),
+        last_event_seq = last_event_seq + 1
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    RETURNING id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
+              pause_requested_at IS NOT NULL AS pause, cost_cents
+),
+s AS (
+    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
+                           tokens_in, tokens_out, cost_cents, status, executions, error,
+                           started_at, ended_at)
+    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, %(output)s::jsonb,
+           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, 'done', 1, '', %(started_at)s, now()
+    FROM r
+    ON CONFLICT (run_id, generation, seq) DO UPDATE SET
+        output = EXCLUDED.output, status = 'done', error = '',
+        tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
+        tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
+        cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
+        executions = runs_step.executions + 1,
+        started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
+    WHERE runs_step.status <> 'done'
+),
+e AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT r.id, r.last_event_seq, 'step.done', 'worker', %(worker)s::text,
+           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s), now()
+    FROM r
+)
+SELECT cancel, pause, cost_cents FROM r
+"""
+
+
+@dataclass
+class StepRecord:
+    run_id: UUID
+    token: int
+    generation: int
+    seq: int
+    name: str
+    kind: str
+    input: Any
+    started_at: datetime
+    idempotency_key: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_cents: Decimal = Decimal(0)
+
+
+def checkpoint(
+    step: StepRecord, *, output_json: str, worker_id: UUID, lease: float, steps_total: int | None
+) -> tuple[bool, bool, Decimal] | None:
+    """Record a finished step with the run's progress, cost and lease extension, in one statement.
+
+    Returns (cancel requested, pause requested, run cost) or None when the
+    lease is lost, in which case nothing at all was written.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CHECKPOINT_SQL,
+            {
+                "run": step.run_id,
+                "token": step.token,
+                "generation": step.generation,
+                "seq": step.seq,
+                "name": step.name,
+                "kind": step.kind,
+                "input": dumps(step.input),
+                "output": output_json,
+                "key": step.idempotency_key,
+                "tokens_in": step.tokens_in,
+                "tokens_out": step.tokens_out,
+                "cost": step.cost_cents,
+                "started_at": step.started_at,
+                "lease": lease,
+                "worker": worker_id,
+                "steps_total": steps_total,
+            },
+        )
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+_STEP_FAILED_SQL = """
+WITH r AS (
+    UPDATE runs_run SET
+        cost_cents = cost_cents + %(cost)s,
+        current_step = %(name)s,
+        updated_at = now(),
+        last_event_seq = last_event_seq + 1
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    RETURNING id, last_event_seq, attempt
+),
+s AS (
+    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
+                           tokens_in, tokens_out, cost_cents, status, executions, error,
+                           started_at, ended_at)
+    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
+           %(tokens_in)s, %(tokens_out)s, %(cost)s, 'failed', 1, %(error)s, %(started_at)s, now()
+    FROM r
+    ON CONFLICT (run_id, generation, seq) DO UPDATE SET
+        status = 'failed', error = EXCLUDED.error,
+        tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
+        tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
+        cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
+        executions = runs_step.executions + 1,
+        started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
+    WHERE runs_step.status <> 'done'
+    RETURNING id
+),
+a AS (
+    INSERT INTO runs_stepattempt (step_id, run_id, attempt, error, error_kind, tokens_in, tokens_out,
+                                  cost_cents, worker, started_at, ended_at)
+    SELECT s.id, r.id, r.attempt, %(error)s, %(error_kind)s, %(tokens_in)s, %(tokens_out)s, %(cost)s,
+           %(worker)s, %(started_at)s, now()
+    FROM r, s
+),
+e AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT r.id, r.last_event_seq, 'step.failed', 'worker', %(worker)s::text,
+           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'error_kind', %(error_kind)s::text,
+                              'error', left(%(error)s, 500)), now()
+    FROM r
+)
+SELECT 1 FROM r
+"""
+
+
+def record_step_failure(step: StepRecord, *, error: str, error_kind: str, worker_id: UUID) -> bool:
+    """Record a failed execution (Step row, StepAttempt, Event, cost). False when the lease is lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _STEP_FAILED_SQL,
+            {
+                "run": step.run_id,
+                "token": step.token,
+                "generation": step.generation,
+                "seq": step.seq,
+                "name": step.name,
+                "kind": step.kind,
+                "input": dumps(step.input),
+                "key": step.idempotency_key,
+                "tokens_in": step.tokens_in,
+                "tokens_out": step.tokens_out,
+                "cost": step.cost_cents,
+                "started_at": step.started_at,
+                "error": error,
+                "error_kind": error_kind,
+                "worker": worker_id,
+            },
+        )
+        return cursor.fetchone() is not None
+
+
+# The one exit from running (DESIGN.md §5). Every path out of `running`
+# (finish, fail, retry, park, graceful release, lease rescue by the reaper)
+# runs this statement, which clears the lease, gives the tenant slot back,
+# adds the running time, writes the Event, and honours a cancel or pause
+# request that landed meanwhile: a run being parked is cancelled or paused
+# instead. A retry that would spend the last attempt fails the run.
+_EXIT_SQL = """
+WITH cur AS (
+    SELECT id, tenant_id, claimed_at, heartbeat_at,
+        CASE
+            WHEN %(target)s NOT IN ('done', 'failed', 'cancelled') AND cancel_requested_at IS NOT NULL
+                THEN 'cancelled'
+            WHEN %(target)s = 'queued' AND failures + %(add_failure)s >= max_attempts
+                THEN 'failed'
+            WHEN %(target)s = 'queued' AND pause_requested_at IS NOT NULL
+                THEN 'paused'
+            ELSE %(target)s
+        END AS new_status
+    FROM runs_run
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+      {reaper_guard}
+    FOR UPDATE
+),
+r AS (
+    UPDATE runs_run SET
+        status = cur.new_status,
+        lease_token = NULL, locked_by = NULL, locked_until = NULL,
+        running_seconds = running_seconds + GREATEST(0, EXTRACT(EPOCH FROM
+            ({running_until}) - cur.claimed_at)),
+        failures = runs_run.failures + %(add_failure)s,
+        run_after = CASE WHEN cur.new_status = 'queued'
+                         THEN now() + make_interval(secs => %(delay)s) ELSE runs_run.run_after END,
+        result = CASE WHEN cur.new_status = 'done' THEN %(result)s::jsonb ELSE runs_run.result END,
+        error = CASE WHEN %(error)s::text IS NOT NULL THEN %(error)s::text ELSE runs_run.error END,
+        error_kind = CASE
+            WHEN cur.new_status = 'failed' AND %(target)s = 'queued' THEN 'retryable'
+            WHEN cur.new_status = 'failed' THEN COALESCE(%(error_kind)s, 'fatal')
+            WHEN cur.new_status = 'done' THEN ''
+            ELSE runs_run.error_kind END,
+        finished_at = CASE WHEN cur.new_status IN ('done', 'failed', 'cancelled') THEN now() END,
+        current_step = CASE WHEN cur.new_status = 'done' THEN '' ELSE runs_run.current_step END,
+        updated_at = now(),
+        last_event_seq = runs_run.last_event_seq + 1
+    FROM cur
+    WHERE runs_run.id = cur.id
+    RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
+              runs_run.error_kind, runs_run.queue
+),
+t AS (
+    UPDATE runs_tenant SET running = GREATEST(running - 1, 0)
+    FROM r WHERE runs_tenant.id = r.tenant_id
+),
+e AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT r.id, r.last_event_seq, 'run.' || r.status, %(actor_type)s, %(actor_id)s,
+           jsonb_build_object('from', 'running', 'reason', %(reason)s::text,
+                              'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500)),
+           now()
+    FROM r
+)
+SELECT status, queue FROM r
+"""
+
+
+def leave_running(
+    *,
+    run_id: UUID,
+    token: int,
+    target: str,
+    reason: str,
+    actor_type: str = "worker",
+    actor_id: str = "",
+    result_json: str | None = None,
+    error: str | None = None,
+    error_kind: str | None = None,
+    add_failure: bool = False,
+    delay_seconds: float = 0.0,
+    only_if_expired: bool = False,
+) -> tuple[str, str] | None:
+    """Move a run out of ``running`` towards ``target``; see the comment above _EXIT_SQL.
+
+    Returns (the status actually reached, the run's queue), or None when the
+    guard did not match (the lease is not ``token``'s any more, or with
+    ``only_if_expired`` the lease has not expired): then nothing changed.
+    """
+    sql = _EXIT_SQL.format(
+        reaper_guard="AND locked_until < now()" if only_if_expired else "",
+        # A rescued run was last alive at its last heartbeat, not now.
+        running_until="cur.heartbeat_at" if only_if_expired else "now()",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "run": run_id,
+                "token": token,
+                "target": target,
+                "add_failure": 1 if add_failure else 0,
+                "delay": delay_seconds,
+                "result": result_json,
+                "error": error,
+                "error_kind": error_kind,
+                "actor_type": actor_type,
+                "actor_id": actor_id,
+                "reason": reason,
+            },
+        )
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def notify_queues(queues: set[str] | list[str]) -> None:
+    """Wake idle workers listening for these queues (after the submit has committed)."""
+    with connection.cursor() as cursor:
+        for queue in sorted(queues):
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
+
+
+NOTIFY_CHANNEL = "agent_runs"

@@ -1,0 +1,124 @@
+"""The reaper: rescues runs of dead workers and keeps the tenant counters true.
+
+Every write is fenced: a rescue matches only the lease token it read and
+only while that lease is still expired, so a run that finished or was
+claimed again between the read and the write is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from workers import queue
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StaleLease:
+    run_id: UUID
+    token: int
+    queue: str
+
+
+@dataclass
+class ReapReport:
+    rescued: int = 0
+    failed: int = 0
+    tenants_fixed: int = 0
+
+    def __str__(self) -> str:
+        return f"rescued={self.rescued} failed={self.failed} tenants_fixed={self.tenants_fixed}"
+
+
+class Reaper:
+    def __init__(self, *, batch: int = 500):
+        self.batch = batch
+        self.stopping = threading.Event()
+
+    def find_expired(self) -> list[StaleLease]:
+        """Running runs whose lease has expired (uses the partial index on running runs)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, lease_token, queue FROM runs_run"
+                " WHERE status = 'running' AND locked_until < now() ORDER BY locked_until LIMIT %s",
+                [self.batch],
+            )
+            return [StaleLease(*row) for row in cursor.fetchall()]
+
+    def rescue(self, stale: StaleLease) -> str | None:
+        """Return one expired run to the queue (a failed attempt), or fail it when its budget is spent.
+
+        Returns the status reached, or None when the run was no longer the
+        one read (finished, re-claimed or heartbeated meanwhile).
+        """
+        outcome = queue.leave_running(
+            run_id=stale.run_id,
+            token=stale.token,
+            target="queued",
+            reason="lease_expired",
+            actor_type="system",
+            actor_id="reaper",
+            error="the worker holding this run stopped heartbeating (lease expired)",
+            add_failure=True,
+            only_if_expired=True,
+        )
+        return None if outcome is None else outcome[0]
+
+    def reconcile_tenants(self) -> int:
+        """Set each tenant's running counter to the truth, under the tenant row's lock."""
+        fixed = 0
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT t.id FROM runs_tenant t LEFT JOIN ("
+                "  SELECT tenant_id, count(*) AS n FROM runs_run WHERE status = 'running' GROUP BY tenant_id"
+                ") c ON c.tenant_id = t.id WHERE t.running <> COALESCE(c.n, 0)"
+            )
+            suspects = [row[0] for row in cursor.fetchall()]
+        for tenant_id in suspects:
+            # The row lock waits for claims and exits in flight to commit;
+            # the count after it (a new snapshot) then sees them all.
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT running FROM runs_tenant WHERE id = %s FOR UPDATE", [tenant_id])
+                cursor.execute(
+                    "UPDATE runs_tenant SET running = (SELECT count(*) FROM runs_run WHERE tenant_id = %s AND status = 'running')"
+                    " WHERE id = %s AND running <> (SELECT count(*) FROM runs_run WHERE tenant_id = %s AND status = 'running')",
+                    [tenant_id, tenant_id, tenant_id],
+                )
+                if cursor.rowcount:
+                    fixed += 1
+                    logger.warning("tenant %s running counter reconciled", tenant_id)
+        return fixed
+
+    def reap_once(self) -> ReapReport:
+        report = ReapReport()
+        requeued_queues: set[str] = set()
+        try:
+            for stale in self.find_expired():
+                status = self.rescue(stale)
+                if status == "queued":
+                    report.rescued += 1
+                    requeued_queues.add(stale.queue)
+                elif status is not None:
+                    report.failed += 1
+            report.tenants_fixed = self.reconcile_tenants()
+            if requeued_queues:
+                queue.notify_queues(requeued_queues)
+        finally:
+            connection.close()
+        if report.rescued or report.failed or report.tenants_fixed:
+            logger.info("reaped: %s", report)
+        return report
+
+    def run(self, *, interval: float) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.reap_once()
+            except Exception:
+                logger.exception("reap pass failed")
+            self.stopping.wait(interval)

@@ -1,0 +1,133 @@
+"""The ``@agent`` registry.
+
+Kinds are discovered from installed apps' ``agents.py`` and from every module
+named in ``AGENT_MODULES``; the web process and the worker import the same
+modules, so both know the same kinds and input schemas.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from workers.errors import InvalidAgentInput
+
+_registry: dict[str, AgentKind] = {}
+
+
+@dataclass(frozen=True)
+class AgentKind:
+    name: str
+    func: Callable[..., Any]
+    queue: str = "default"
+    input_schema: type | None = None
+    max_attempts: int | None = None
+    cost_ceiling_cents: float | None = None
+    deadline: timedelta | None = None
+    version: int = 1
+    resumes_versions: frozenset[int] = field(default_factory=frozenset)
+    step_timeout: float | None = None
+    description: str = ""
+
+    def validate_input(self, data: Any) -> Any:
+        """Return the normalised JSON input; raise InvalidAgentInput when it does not validate."""
+        if self.input_schema is None:
+            if not isinstance(data, dict):
+                raise InvalidAgentInput("input must be a JSON object")
+            return data
+        from pydantic import ValidationError
+
+        try:
+            model = self.input_schema.model_validate(data)
+        except ValidationError as exc:
+            errors = [
+                {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
+                for err in exc.errors(include_url=False, include_context=False)
+            ]
+            first = errors[0]
+            where = ".".join(str(p) for p in first["loc"]) or "input"
+            raise InvalidAgentInput(f"invalid input for kind {self.name!r}: {where}: {first['msg']}", errors) from None
+        return model.model_dump(mode="json")
+
+    def agent_input(self, stored: Any) -> Any:
+        """The argument the agent function receives: the schema instance, or the dict."""
+        if self.input_schema is None:
+            return stored
+        return self.input_schema.model_validate(stored)
+
+    def input_json_schema(self) -> dict:
+        if self.input_schema is None:
+            return {"type": "object"}
+        return self.input_schema.model_json_schema()
+
+    def can_resume(self, recorded_version: int | None) -> bool:
+        return recorded_version is None or recorded_version == self.version or recorded_version in self.resumes_versions
+
+
+def agent(
+    name: str,
+    *,
+    queue: str = "default",
+    input_schema: type | None = None,
+    max_attempts: int | None = None,
+    cost_ceiling_cents: float | None = None,
+    deadline: timedelta | None = None,
+    version: int = 1,
+    resumes_versions: tuple[int, ...] = (),
+    step_timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a function ``fn(ctx, input)`` as the agent kind ``name``.
+
+    ``input_schema`` is a pydantic model the submitted input must validate
+    against (the function then receives an instance of it); ``queue`` is the
+    default queue of its runs; ``max_attempts``, ``cost_ceiling_cents`` and
+    ``deadline`` are per-kind defaults a submit may override; ``version`` is
+    recorded on each run at first claim, and ``resumes_versions`` lists older
+    versions whose runs this code can still resume.
+    """
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        existing = _registry.get(name)
+        if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
+            raise ValueError(f"agent kind {name!r} is registered twice ({_qualname(existing.func)} and {_qualname(func)})")
+        _registry[name] = AgentKind(
+            name=name,
+            func=func,
+            queue=queue,
+            input_schema=input_schema,
+            max_attempts=max_attempts,
+            cost_ceiling_cents=cost_ceiling_cents,
+            deadline=deadline,
+            version=version,
+            resumes_versions=frozenset(resumes_versions),
+            step_timeout=step_timeout,
+            description=inspect.cleandoc(func.__doc__ or ""),
+        )
+        return func
+
+    return decorator
+
+
+def _qualname(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def get_kind(name: str) -> AgentKind | None:
+    return _registry.get(name)
+
+
+def all_kinds() -> list[AgentKind]:
+    return sorted(_registry.values(), key=lambda k: k.name)
+
+
+def autodiscover() -> None:
+    from django.conf import settings
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("agents")
+    for module in settings.AGENT_MODULES:
+        importlib.import_module(module)

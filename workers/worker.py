@@ -1,0 +1,245 @@
+"""The worker process: claim, execute in a bounded pool, heartbeat, shut down gracefully.
+
+Threads: the main loop claims (woken by LISTEN/NOTIFY, with a poll as the
+backstop), a pool of ``concurrency`` threads executes runs, a heartbeat
+thread extends every held lease in one statement per interval, and a
+listener thread owns the one dedicated LISTEN connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection
+
+from workers import queue
+from workers.context import RunControl
+from workers.executor import RunExecutor
+from workers.listener import Listener
+from workers.registry import all_kinds
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerOptions:
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    concurrency: int = 5
+    lease: float = 300.0
+    heartbeat: float = 30.0
+    poll: float = 1.0
+    burst: bool = False
+    listen: bool = True
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease <= 0 or self.heartbeat <= 0 or self.poll <= 0:
+            raise ValueError("lease, heartbeat and poll must be positive")
+        if self.heartbeat > self.lease / 3:
+            raise ValueError(f"heartbeat ({self.heartbeat}s) must be at most a third of the lease ({self.lease}s)")
+        if not self.queues:
+            raise ValueError("at least one queue is needed")
+
+    @classmethod
+    def from_settings(cls, **overrides) -> WorkerOptions:
+        values = {
+            "concurrency": settings.RUNS_CONCURRENCY,
+            "lease": settings.RUNS_LEASE_SECONDS,
+            "heartbeat": settings.RUNS_HEARTBEAT_SECONDS,
+            "poll": settings.RUNS_POLL_SECONDS,
+            "listen": settings.RUNS_LISTEN,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass
+class Held:
+    token: int
+    control: RunControl
+    future: Future | None = None
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions):
+        self.options = options
+        self.id = uuid.uuid4()
+        self.lease = options.lease
+        self.poll = options.poll
+        self.kinds = {kind.name: kind.version for kind in all_kinds()}
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._held: dict[uuid.UUID, Held] = {}
+        self._lock = threading.Lock()
+        self._last_heartbeat_ok = time.monotonic()
+        self._pool = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="run")
+        self._listener: Listener | None = None
+        self._heartbeat_thread: threading.Thread | None = None
+
+    # Lifecycle.
+    def run(self) -> None:
+        """Work until stopped (SIGTERM/SIGINT) or, with burst, until nothing is claimable."""
+        if not self.kinds:
+            raise RuntimeError("no agent kinds are registered: nothing to run (see AGENT_MODULES)")
+        self._register()
+        self._install_signal_handlers()
+        if self.options.listen and not self.options.burst:
+            self._listener = Listener(queues=set(self.options.queues), on_notify=self._wake.set)
+            self._listener.start()
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+        logger.info(
+            "worker %s started: queues=%s concurrency=%s kinds=%s",
+            self.id, ",".join(self.options.queues), self.options.concurrency, ",".join(sorted(self.kinds)),
+        )
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight steps finish, then their runs are released."""
+        if not self.stopping.is_set():
+            logger.info("worker %s stopping: finishing in-flight steps, then releasing runs", self.id)
+        self.stopping.set()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            free = self.options.concurrency - self.in_flight()
+            claimed = 0
+            if free > 0 and self.lease_is_fresh():
+                claimed = self._claim(free)
+            if self.options.burst and claimed == 0 and self.in_flight() == 0:
+                # Claim once more after the last run finished: a run it
+                # released may be claimable again.
+                if self._claim(self.options.concurrency) == 0:
+                    break
+                continue
+            if claimed and claimed == free:
+                continue  # there may be more: claim again as soon as a slot frees up
+            self._wake.wait(self.poll)
+            self._wake.clear()
+
+    def _claim(self, n: int) -> int:
+        try:
+            runs = queue.claim(
+                worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n, lease=self.lease
+            )
+        except Exception:
+            logger.exception("claim failed; retrying after the poll interval")
+            return 0
+        finally:
+            connection.close()
+        for claimed in runs:
+            control = RunControl()
+            with self._lock:
+                self._held[claimed.id] = Held(token=claimed.lease_token, control=control)
+            future = self._pool.submit(self._execute, claimed, control)
+            with self._lock:
+                if claimed.id in self._held:
+                    self._held[claimed.id].future = future
+        return len(runs)
+
+    def _execute(self, claimed, control: RunControl) -> None:
+        try:
+            RunExecutor(self, claimed, control).execute()
+        except BaseException:
+            logger.exception("executor crashed on run %s", claimed.id)
+        finally:
+            with self._lock:
+                self._held.pop(claimed.id, None)
+            self._wake.set()
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def _shutdown(self) -> None:
+        self.stopping.set()
+        # In-flight runs finish their current step and release themselves
+        # (ctx.step raises ReleaseRun before starting another one).
+        self._pool.shutdown(wait=True)
+        if self._listener is not None:
+            self._listener.stop()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("UPDATE runs_worker SET stopped_at = now(), runs_held = 0 WHERE id = %s", [self.id])
+        finally:
+            connection.close()
+        logger.info("worker %s stopped", self.id)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self.stop())
+
+    def _register(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO runs_worker (id, host, pid, queues, kinds, concurrency, started_at, last_seen_at, runs_held)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, now(), now(), 0)",
+                    [self.id, socket.gethostname(), os.getpid(), self.options.queues, sorted(self.kinds), self.options.concurrency],
+                )
+        finally:
+            connection.close()
+
+    # Leases.
+    def lease_is_fresh(self) -> bool:
+        """False once heartbeats have failed for lease - heartbeat seconds: start nothing new then."""
+        return time.monotonic() - self._last_heartbeat_ok < self.lease - self.options.heartbeat
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            stopped = self.stopping.wait(self.options.heartbeat)
+            if stopped and self.in_flight() == 0:
+                return
+            self.heartbeat_once()
+
+    def heartbeat_once(self) -> None:
+        with self._lock:
+            held = {run_id: h.token for run_id, h in self._held.items()}
+        try:
+            alive = queue.heartbeat(worker_id=self.id, held=held, lease=self.lease)
+        except Exception:
+            logger.exception("heartbeat failed")
+            return
+        finally:
+            connection.close()
+        self._last_heartbeat_ok = time.monotonic()
+        with self._lock:
+            for run_id, h in self._held.items():
+                if run_id not in held:
+                    continue  # claimed after the heartbeat read the list
+                flags = alive.get(run_id)
+                if flags is None:
+                    logger.warning("lease lost on run %s; abandoning it", run_id)
+                    h.control.lease_lost.set()
+                    continue
+                cancel, pause = flags
+                if cancel:
+                    h.control.cancel_requested.set()
+                if pause:
+                    h.control.pause_requested.set()
+
+    def notify_released(self, run_queue: str) -> None:
+        """A run went back to the queue ready to run: wake other workers (and this one)."""
+        self._wake.set()
+        try:
+            queue.notify_queues([run_queue])
+        except Exception:
+            logger.exception("notify failed")
+        finally:
+            connection.close()
