@@ -87,12 +87,13 @@ class Worker:
         self._heartbeat_thread: threading.Thread | None = None
 
     # Lifecycle.
-    def run(self) -> None:
-        """Work until stopped (SIGTERM/SIGINT) or, with burst, until nothing is claimable."""
+    def run(self, *, install_signal_handlers: bool = False) -> None:
+        """Work until stopped (SIGTERM/SIGINT when installed, or stop()) or, with burst, until nothing is claimable."""
         if not self.kinds:
             raise RuntimeError("no agent kinds are registered: nothing to run (see AGENT_MODULES)")
         self._register()
-        self._install_signal_handlers()
+        if install_signal_handlers:
+            self._install_signal_handlers()
         if self.options.listen and not self.options.burst:
             self._listener = Listener(queues=set(self.options.queues), on_notify=self._wake.set)
             self._listener.start()
@@ -180,8 +181,6 @@ class Worker:
         logger.info("worker %s stopped", self.id)
 
     def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.stop())
 

@@ -29,6 +29,6 @@ class Command(BaseCommand):
                 burst=options["burst"],
             )
             worker = Worker(worker_options)
-            worker.run()
+            worker.run(install_signal_handlers=True)
         except (ValueError, RuntimeError) as exc:
             raise CommandError(str(exc)) from exc

@@ -1,0 +1,109 @@
+"""Shared fixtures. Every test runs against real PostgreSQL (embedded or DATABASE_URL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from runs.keys import create_api_key
+from runs.models import Run
+from tests.factories import TenantFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tenant(db):
+    return TenantFactory()
+
+
+@pytest.fixture
+def api_key(tenant):
+    return create_api_key(tenant=tenant, name="test").secret
+
+
+@pytest.fixture
+def api(api_key):
+    """A Django test client that sends the tenant's API key."""
+    return Client(headers={"Authorization": f"Bearer {api_key}"})
+
+
+def test_database_url() -> str:
+    """DATABASE_URL of the test database, for worker processes started by a test."""
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    return urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+
+
+class Processes:
+    """Worker and reaper processes of one test; whatever is left is killed at teardown."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self, **extra) -> dict:
+        env = os.environ.copy()
+        env["DATABASE_URL"] = test_database_url()
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def manage(self, *args: str, **env) -> subprocess.Popen:
+        log = open(self.tmp_path / f"proc-{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
+        )
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *args: str, **env) -> subprocess.Popen:
+        return self.manage("runworker", *args, **env)
+
+    def run(self, *args: str, timeout: float = 60, **env) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=timeout, check=False,
+        )
+
+    def output(self, proc) -> str:
+        return Path(proc.log_path).read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+
+
+@pytest.fixture
+def processes(tmp_path):
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+    """Poll until predicate() is truthy; fail the test with ``message`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def fresh(run: Run) -> Run:
+    return Run.objects.get(pk=run.pk)
