@@ -160,7 +160,9 @@ class Run(models.Model):
     locked_until = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
-    run_after = models.DateTimeField(default=timezone.now)
+    # The database's clock, like the claim's now(): app-server clock skew
+    # never delays a run.
+    run_after = models.DateTimeField(db_default=Now())
     deadline_seconds = models.PositiveIntegerField(default=3600)
     running_seconds = models.FloatField(default=0)
     expires_at = models.DateTimeField(default=default_expires_at)

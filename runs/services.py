@@ -146,7 +146,6 @@ def submit(
         idempotency_key=idempotency_key,
         request_hash=digest,
         callback_url=callback_url,
-        run_after=now,
         created_at=now,
         updated_at=now,
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),

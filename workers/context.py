@@ -21,10 +21,9 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from django.db import connection
-
 from workers import queue
 from workers.errors import Fatal, LeaseLost, NonDeterministic, ReleaseRun, Suspend
+from workers.queue import release_connection
 
 if TYPE_CHECKING:
     from workers.queue import ClaimedRun
@@ -166,7 +165,7 @@ class RunContext:
         finally:
             self._idempotency_key = None
             # Step code may have used the ORM: hand its connection back.
-            connection.close()
+            release_connection()
 
         output = value.output if isinstance(value, StepResult) else value
         if isinstance(value, StepResult):
@@ -188,7 +187,7 @@ class RunContext:
                 steps_total=self._steps_total,
             )
         finally:
-            connection.close()
+            release_connection()
         if answer is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
@@ -231,7 +230,7 @@ class RunContext:
                 record, error=_format_error(exc), error_kind=kind, worker_id=self._worker.id
             )
         finally:
-            connection.close()
+            release_connection()
         if not written:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while recording the failure of step {record.seq}")

@@ -16,6 +16,7 @@ from django.db import connection
 from workers import queue
 from workers.context import RecordedStep, RunContext, RunControl
 from workers.errors import LeaseLost, ReleaseRun, Suspend, classify
+from workers.queue import release_connection
 from workers.registry import get_kind
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class RunExecutor:
         try:
             return self._execute()
         finally:
-            connection.close()
+            release_connection()
 
     def _execute(self) -> str | None:
         claimed = self.claimed
@@ -69,7 +70,7 @@ class RunExecutor:
         try:
             recorded = load_step_log(claimed)
         finally:
-            connection.close()
+            release_connection()
         ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control)
         try:
             agent_input = kind.agent_input(claimed.input)
@@ -127,7 +128,7 @@ class RunExecutor:
                 delay_seconds=delay,
             )
         finally:
-            connection.close()
+            release_connection()
         if outcome is None:
             logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
             return None

@@ -2,7 +2,8 @@
 
 Raw SQL on purpose: each of these is a single statement (data-modifying CTEs)
 so that the claim, a checkpoint and an exit are each one round trip and one
-atomic change, fenced on the run's lease token. The ORM cannot say
+atomic change, fenced on the run's lease token. Times are the database's
+``statement_timestamp()`` (Django's ``Now()``), never an app server's clock. The ORM cannot say
 ``FOR UPDATE SKIP LOCKED`` inside a LATERAL join, nor write three tables in
 one statement. Every statement here runs in autocommit on the calling
 thread's Django connection, which the caller hands back to the pool.
@@ -21,6 +22,16 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
 TERMINAL = ("done", "failed", "cancelled")
+
+
+def release_connection() -> None:
+    """Hand this thread's connection back to the pool, unless a transaction still needs it.
+
+    A run waiting on a model or a tool must hold no connection; called after
+    each statement of the worker and the reaper.
+    """
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 def dumps(value: Any) -> str:
@@ -84,7 +95,7 @@ candidates AS (
         WHERE r.tenant_id = t.id
           AND r.status = 'queued'
           AND {queue_filter}
-          AND r.run_after <= now()
+          AND r.run_after <= statement_timestamp()
           AND r.kind = ANY(%(kinds)s)
         ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
         LIMIT LEAST(t.free, %(n)s)
@@ -108,13 +119,13 @@ claimed AS (
         status = 'running',
         lease_token = nextval('runs_lease_token_seq'),
         locked_by = %(worker)s,
-        locked_until = now() + make_interval(secs => %(lease)s),
-        claimed_at = now(),
-        heartbeat_at = now(),
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        claimed_at = statement_timestamp(),
+        heartbeat_at = statement_timestamp(),
         attempt = r.attempt + 1,
         kind_version = COALESCE(r.kind_version, v.version),
-        started_at = COALESCE(r.started_at, now()),
-        updated_at = now(),
+        started_at = COALESCE(r.started_at, statement_timestamp()),
+        updated_at = statement_timestamp(),
         last_event_seq = r.last_event_seq + 1
     FROM picked p
     JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
@@ -125,7 +136,7 @@ claimed AS (
 events AS (
     INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
     SELECT id, last_event_seq, 'run.running', 'worker', %(worker)s::text,
-           jsonb_build_object('from', 'queued', 'attempt', attempt), now()
+           jsonb_build_object('from', 'queued', 'attempt', attempt), statement_timestamp()
     FROM claimed
 )
 SELECT {columns} FROM claimed
@@ -162,14 +173,14 @@ WITH held AS (
 ),
 extended AS (
     UPDATE runs_run r SET
-        locked_until = now() + make_interval(secs => %(lease)s),
-        heartbeat_at = now()
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        heartbeat_at = statement_timestamp()
     FROM held h
     WHERE r.id = h.id AND r.lease_token = h.token AND r.status = 'running'
     RETURNING r.id, r.cancel_requested_at IS NOT NULL, r.pause_requested_at IS NOT NULL
 ),
 seen AS (
-    UPDATE runs_worker SET last_seen_at = now(), runs_held = (SELECT count(*) FROM extended)
+    UPDATE runs_worker SET last_seen_at = statement_timestamp(), runs_held = (SELECT count(*) FROM extended)
     WHERE id = %(worker)s
 )
 SELECT * FROM extended
@@ -199,9 +210,9 @@ WITH r AS (
         current_step = %(name)s,
         cost_cents = cost_cents + %(cost)s,
         failures = 0,
-        locked_until = now() + make_interval(secs => %(lease)s),
-        heartbeat_at = now(),
-        updated_at = now(),
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        heartbeat_at = statement_timestamp(),
+        updated_at = statement_timestamp(),
         last_event_seq = last_event_seq + 1
     WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
     RETURNING id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
@@ -212,7 +223,7 @@ s AS (
                            tokens_in, tokens_out, cost_cents, status, executions, error,
                            started_at, ended_at)
     SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, %(output)s::jsonb,
-           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, 'done', 1, '', %(started_at)s, now()
+           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, 'done', 1, '', %(started_at)s, statement_timestamp()
     FROM r
     ON CONFLICT (run_id, generation, seq) DO UPDATE SET
         output = EXCLUDED.output, status = 'done', error = '',
@@ -226,7 +237,7 @@ s AS (
 e AS (
     INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
     SELECT r.id, r.last_event_seq, 'step.done', 'worker', %(worker)s::text,
-           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s), now()
+           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s), statement_timestamp()
     FROM r
 )
 SELECT cancel, pause, cost_cents FROM r
@@ -288,7 +299,7 @@ WITH r AS (
     UPDATE runs_run SET
         cost_cents = cost_cents + %(cost)s,
         current_step = %(name)s,
-        updated_at = now(),
+        updated_at = statement_timestamp(),
         last_event_seq = last_event_seq + 1
     WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
     RETURNING id, last_event_seq, attempt
@@ -298,7 +309,7 @@ s AS (
                            tokens_in, tokens_out, cost_cents, status, executions, error,
                            started_at, ended_at)
     SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
-           %(tokens_in)s, %(tokens_out)s, %(cost)s, 'failed', 1, %(error)s, %(started_at)s, now()
+           %(tokens_in)s, %(tokens_out)s, %(cost)s, 'failed', 1, %(error)s, %(started_at)s, statement_timestamp()
     FROM r
     ON CONFLICT (run_id, generation, seq) DO UPDATE SET
         status = 'failed', error = EXCLUDED.error,
@@ -314,14 +325,14 @@ a AS (
     INSERT INTO runs_stepattempt (step_id, run_id, attempt, error, error_kind, tokens_in, tokens_out,
                                   cost_cents, worker, started_at, ended_at)
     SELECT s.id, r.id, r.attempt, %(error)s, %(error_kind)s, %(tokens_in)s, %(tokens_out)s, %(cost)s,
-           %(worker)s, %(started_at)s, now()
+           %(worker)s, %(started_at)s, statement_timestamp()
     FROM r, s
 ),
 e AS (
     INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
     SELECT r.id, r.last_event_seq, 'step.failed', 'worker', %(worker)s::text,
            jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'error_kind', %(error_kind)s::text,
-                              'error', left(%(error)s, 500)), now()
+                              'error', left(%(error)s, 500)), statement_timestamp()
     FROM r
 )
 SELECT 1 FROM r
@@ -385,7 +396,7 @@ r AS (
             ({running_until}) - cur.claimed_at)),
         failures = runs_run.failures + %(add_failure)s,
         run_after = CASE WHEN cur.new_status = 'queued'
-                         THEN now() + make_interval(secs => %(delay)s) ELSE runs_run.run_after END,
+                         THEN statement_timestamp() + make_interval(secs => %(delay)s) ELSE runs_run.run_after END,
         result = CASE WHEN cur.new_status = 'done' THEN %(result)s::jsonb ELSE runs_run.result END,
         error = CASE WHEN %(error)s::text IS NOT NULL THEN %(error)s::text ELSE runs_run.error END,
         error_kind = CASE
@@ -393,9 +404,9 @@ r AS (
             WHEN cur.new_status = 'failed' THEN COALESCE(%(error_kind)s, 'fatal')
             WHEN cur.new_status = 'done' THEN ''
             ELSE runs_run.error_kind END,
-        finished_at = CASE WHEN cur.new_status IN ('done', 'failed', 'cancelled') THEN now() END,
+        finished_at = CASE WHEN cur.new_status IN ('done', 'failed', 'cancelled') THEN statement_timestamp() END,
         current_step = CASE WHEN cur.new_status = 'done' THEN '' ELSE runs_run.current_step END,
-        updated_at = now(),
+        updated_at = statement_timestamp(),
         last_event_seq = runs_run.last_event_seq + 1
     FROM cur
     WHERE runs_run.id = cur.id
@@ -411,7 +422,7 @@ e AS (
     SELECT r.id, r.last_event_seq, 'run.' || r.status, %(actor_type)s, %(actor_id)s,
            jsonb_build_object('from', 'running', 'reason', %(reason)s::text,
                               'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500)),
-           now()
+           statement_timestamp()
     FROM r
 )
 SELECT status, queue FROM r
@@ -440,9 +451,9 @@ def leave_running(
     ``only_if_expired`` the lease has not expired): then nothing changed.
     """
     sql = _EXIT_SQL.format(
-        reaper_guard="AND locked_until < now()" if only_if_expired else "",
+        reaper_guard="AND locked_until < statement_timestamp()" if only_if_expired else "",
         # A rescued run was last alive at its last heartbeat, not now.
-        running_until="cur.heartbeat_at" if only_if_expired else "now()",
+        running_until="cur.heartbeat_at" if only_if_expired else "statement_timestamp()",
     )
     with connection.cursor() as cursor:
         cursor.execute(

@@ -15,6 +15,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from workers import queue
+from workers.queue import release_connection
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Reaper:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT id, lease_token, queue FROM runs_run"
-                " WHERE status = 'running' AND locked_until < now() ORDER BY locked_until LIMIT %s",
+                " WHERE status = 'running' AND locked_until < statement_timestamp() ORDER BY locked_until LIMIT %s",
                 [self.batch],
             )
             return [StaleLease(*row) for row in cursor.fetchall()]
@@ -110,7 +111,7 @@ class Reaper:
             if requeued_queues:
                 queue.notify_queues(requeued_queues)
         finally:
-            connection.close()
+            release_connection()
         if report.rescued or report.failed or report.tenants_fixed:
             logger.info("reaped: %s", report)
         return report

@@ -25,6 +25,7 @@ from workers import queue
 from workers.context import RunControl
 from workers.executor import RunExecutor
 from workers.listener import Listener
+from workers.queue import release_connection
 from workers.registry import all_kinds
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class Worker:
             logger.exception("claim failed; retrying after the poll interval")
             return 0
         finally:
-            connection.close()
+            release_connection()
         for claimed in runs:
             control = RunControl()
             with self._lock:
@@ -177,7 +178,7 @@ class Worker:
             with connection.cursor() as cursor:
                 cursor.execute("UPDATE runs_worker SET stopped_at = now(), runs_held = 0 WHERE id = %s", [self.id])
         finally:
-            connection.close()
+            release_connection()
         logger.info("worker %s stopped", self.id)
 
     def _install_signal_handlers(self) -> None:
@@ -193,7 +194,7 @@ class Worker:
                     [self.id, socket.gethostname(), os.getpid(), self.options.queues, sorted(self.kinds), self.options.concurrency],
                 )
         finally:
-            connection.close()
+            release_connection()
 
     # Leases.
     def lease_is_fresh(self) -> bool:
@@ -216,7 +217,7 @@ class Worker:
             logger.exception("heartbeat failed")
             return
         finally:
-            connection.close()
+            release_connection()
         self._last_heartbeat_ok = time.monotonic()
         with self._lock:
             for run_id, h in self._held.items():
@@ -241,4 +242,4 @@ class Worker:
         except Exception:
             logger.exception("notify failed")
         finally:
-            connection.close()
+            release_connection()
