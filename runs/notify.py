@@ -11,9 +11,9 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
-from workers.queue import notify_queues
+from workers.queue import notify_queues, release_connection
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Debouncer:
             try:
                 _send(queues)
             finally:
-                connection.close()  # this timer thread's own connection
+                release_connection()  # this timer thread's own connection
 
 
 def _send(queues: set[str]) -> None:

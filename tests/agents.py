@@ -12,7 +12,7 @@ import time
 
 from pydantic import BaseModel, Field
 
-from workers import Fatal, RunContext, Retryable, agent
+from workers import Fatal, Retryable, RunContext, agent
 
 
 def record(log: str | None, run_id, seq: int, name: str) -> None:

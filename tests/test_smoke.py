@@ -1,8 +1,8 @@
 import pytest
 
 from runs.services import submit_run
-from workers.worker import Worker, WorkerOptions
 from tests.conftest import fresh
+from workers.worker import Worker, WorkerOptions
 
 
 @pytest.mark.django_db(transaction=True)
