@@ -98,3 +98,27 @@ def test_sigterm_releases_without_spending_an_attempt_and_the_next_worker_finish
     run = fresh(run)
     assert (run.status, run.attempt, run.failures) == ("done", 2, 0)
     assert Counter(seq for _, seq, _, _ in executions(log)) == {1: 1, 2: 1, 3: 1, 4: 1}
+
+
+def test_runs_waiting_on_slow_steps_hold_no_database_connection(tenant, processes, tmp_path):
+    """40 runs in flight on a pool of 6 connections: only possible if a step holds none."""
+    from django.db import connection
+
+    log = str(tmp_path / "exec.log")
+    runs = [submit_run(tenant=tenant, kind="steps", input={"steps": 2, "step_seconds": 4, "log": log}) for _ in range(40)]
+    worker = processes.worker("--concurrency", "40", RUNS_DB_POOL_MAX="6")
+
+    def connections_in_use():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0]
+
+    # Every run enters its first 4-second step before any of them finishes it.
+    wait_for(lambda: len(executions(log)) == 40, timeout=30, message="40 runs inside their first step")
+    assert Run.objects.filter(steps_done__gt=0).count() == 0
+    assert connections_in_use() <= 7  # the pool (6) and the dedicated LISTEN connection
+    wait_for(lambda: Run.objects.filter(status="done").count() == len(runs), timeout=60, message="all runs done")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, processes.output(worker)
