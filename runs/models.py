@@ -169,7 +169,8 @@ class Run(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     error_kind = models.CharField(max_length=20, choices=ErrorKind.choices, blank=True, default="")
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "", when absent: the unique constraint applies to keys only.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     request_hash = models.CharField(max_length=64, blank=True, default="")
     cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
     cost_ceiling_cents = models.DecimalField(**MONEY, null=True, blank=True)
@@ -311,6 +312,9 @@ class StepAttempt(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["run", "step"], name="stepattempt_run_step_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.step_id} attempt {self.attempt}"
 
 
 class Event(models.Model):

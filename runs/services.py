@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -50,32 +50,29 @@ def request_hash(*, kind: str, input: Any, queue: str, priority: int) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def submit_run(
-    *,
-    tenant: Tenant,
-    kind: str,
-    input: Any,
-    queue: str | None = None,
-    priority: int | None = None,
-    idempotency_key: str | None = None,
-    max_attempts: int | None = None,
-    cost_ceiling_cents: Decimal | float | int | None = None,
-    deadline_seconds: int | None = None,
-    callback_url: str = "",
-    actor: Actor = SYSTEM,
-) -> Run:
+class SubmitOptions(TypedDict, total=False):
+    queue: str | None
+    priority: int | None
+    idempotency_key: str | None
+    max_attempts: int | None
+    cost_ceiling_cents: Decimal | float | int | None
+    deadline_seconds: int | None
+    callback_url: str
+    actor: Actor
+
+
+def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[SubmitOptions]) -> Run:
     """Validate and queue a run; inside the caller's transaction it commits or rolls back with it.
 
-    Same validation and idempotency as ``POST /api/runs``: an
-    ``idempotency_key`` already used with the same normalised request returns
-    that run; used with another request raises ``IdempotencyConflict``.
+    Same validation, idempotency and backpressure as ``POST /api/runs``: an
+    ``idempotency_key`` already used with the same normalised request
+    (kind, input, queue, priority after defaults) returns that run; used
+    with another request raises ``IdempotencyConflict``. Options:
+    ``queue``, ``priority`` (0-9, lower first), ``idempotency_key``,
+    ``max_attempts``, ``cost_ceiling_cents``, ``deadline_seconds``,
+    ``callback_url``, ``actor`` (recorded on the run's first event).
     """
-    return submit(
-        tenant=tenant, kind=kind, input=input, queue=queue, priority=priority,
-        idempotency_key=idempotency_key, max_attempts=max_attempts,
-        cost_ceiling_cents=cost_ceiling_cents, deadline_seconds=deadline_seconds,
-        callback_url=callback_url, actor=actor,
-    ).run
+    return submit(tenant=tenant, kind=kind, input=input, **options).run
 
 
 def submit(

@@ -13,7 +13,7 @@ from django.utils import timezone
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
 from tests.agents import executions
-from tests.conftest import fresh
+from tests.conftest import fresh, wait_for
 from tests.factories import TenantFactory
 from workers import queue
 from workers.reaper import Reaper
@@ -335,7 +335,12 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
     for seq in range(1, 21):
         assert queue.heartbeat(worker_id=WORKER_ID, held={claimed.id: claimed.lease_token}, lease=60)
         assert queue.checkpoint(step_record(claimed, seq, f"s{seq}"), output_json="null", worker_id=WORKER_ID, lease=60, steps_total=20)
-    after = counters()
+    # Statistics reach the shared counters asynchronously: read until all 40 arrived.
+    after = wait_for(lambda: (c := counters())[0] - before[0] >= 40 and c, timeout=10, message="the statistics flush")
     updates, hot = after[0] - before[0], after[1] - before[1]
     assert updates == 40
-    assert hot == updates
+    # Writing an indexed column makes every such update non-HOT (hot would be
+    # 0 here). An update can also miss HOT when its page is full and cannot be
+    # pruned yet, which a busy server (another session's old snapshot) causes
+    # now and then: allow two of those.
+    assert hot >= updates - 2, f"only {hot} of {updates} heartbeat and checkpoint updates were HOT"

@@ -259,6 +259,23 @@ class StepRecord:
     tokens_out: int = 0
     cost_cents: Decimal = Decimal(0)
 
+    def params(self) -> dict[str, Any]:
+        """The step's columns as named parameters of the statements below."""
+        return {
+            "run": self.run_id,
+            "token": self.token,
+            "generation": self.generation,
+            "seq": self.seq,
+            "name": self.name,
+            "kind": self.kind,
+            "input": dumps(self.input),
+            "key": self.idempotency_key,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "cost": self.cost_cents,
+            "started_at": self.started_at,
+        }
+
 
 def checkpoint(
     step: StepRecord, *, output_json: str, worker_id: UUID, lease: float, steps_total: int | None
@@ -271,24 +288,7 @@ def checkpoint(
     with connection.cursor() as cursor:
         cursor.execute(
             _CHECKPOINT_SQL,
-            {
-                "run": step.run_id,
-                "token": step.token,
-                "generation": step.generation,
-                "seq": step.seq,
-                "name": step.name,
-                "kind": step.kind,
-                "input": dumps(step.input),
-                "output": output_json,
-                "key": step.idempotency_key,
-                "tokens_in": step.tokens_in,
-                "tokens_out": step.tokens_out,
-                "cost": step.cost_cents,
-                "started_at": step.started_at,
-                "lease": lease,
-                "worker": worker_id,
-                "steps_total": steps_total,
-            },
+            step.params() | {"output": output_json, "lease": lease, "worker": worker_id, "steps_total": steps_total},
         )
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1], row[2])
@@ -343,24 +343,7 @@ def record_step_failure(step: StepRecord, *, error: str, error_kind: str, worker
     """Record a failed execution (Step row, StepAttempt, Event, cost). False when the lease is lost."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _STEP_FAILED_SQL,
-            {
-                "run": step.run_id,
-                "token": step.token,
-                "generation": step.generation,
-                "seq": step.seq,
-                "name": step.name,
-                "kind": step.kind,
-                "input": dumps(step.input),
-                "key": step.idempotency_key,
-                "tokens_in": step.tokens_in,
-                "tokens_out": step.tokens_out,
-                "cost": step.cost_cents,
-                "started_at": step.started_at,
-                "error": error,
-                "error_kind": error_kind,
-                "worker": worker_id,
-            },
+            _STEP_FAILED_SQL, step.params() | {"error": error, "error_kind": error_kind, "worker": worker_id}
         )
         return cursor.fetchone() is not None
 
