@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -68,7 +68,6 @@ class WorkerOptions:
 class Held:
     token: int
     control: RunControl
-    future: Future | None = None
 
 
 class Worker:
@@ -147,10 +146,7 @@ class Worker:
             control = RunControl()
             with self._lock:
                 self._held[claimed.id] = Held(token=claimed.lease_token, control=control)
-            future = self._pool.submit(self._execute, claimed, control)
-            with self._lock:
-                if claimed.id in self._held:
-                    self._held[claimed.id].future = future
+            self._pool.submit(self._execute, claimed, control)
         return len(runs)
 
     def _execute(self, claimed, control: RunControl) -> None:
