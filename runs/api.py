@@ -30,7 +30,8 @@ ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: Error
 
 def require_scope(request: HttpRequest, scope: str) -> None:
     if not request.auth.has_scope(scope):
-        raise HttpError(403, f"this API key lacks the {scope!r} scope")
+        # str(), not repr(): a Scope member's repr is "ApiKey.Scope.WRITE", not its value.
+        raise HttpError(403, f"this API key lacks the '{scope}' scope")
 
 
 @router.post("/runs", response={200: RunOut, 202: RunOut} | ERRORS, summary="Submit a run")
