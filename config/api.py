@@ -10,7 +10,13 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from runs.api import router as runs_router
-from runs.exceptions import IdempotencyConflict, InvalidRunInput, InvalidTransition, QueueFull, UnknownKind
+from runs.exceptions import (
+    IdempotencyConflict,
+    InvalidRunInput,
+    InvalidTransition,
+    QueueFull,
+    UnknownKind,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ def on_validation_error(request, exc):
     ]
     if errors:
         first = errors[0]
-        loc = [str(part) for part in first["loc"] if part not in ("body", "payload", "query", "filters")]
+        loc = [str(part) for part in first["loc"] if part not in ("body", "payload", "query", "filters", "path")]
         where = ".".join(loc) or "request"
         detail = f"invalid request: {where}: {first['msg']}"
     else:

@@ -6,7 +6,7 @@ from uuid import UUID
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
-from ninja import Header, Query, Router, Schema
+from ninja import Header, Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
@@ -62,7 +62,7 @@ def submit_run(
         actor=services.Actor(type="api_key", id=str(request.auth.pk)),
     )
     response["Location"] = f"/api/runs/{submitted.run.id}"
-    return (202 if submitted.created else 200), submitted.run
+    return Status(202 if submitted.created else 200, submitted.run)
 
 
 class RunFilters(Schema):
@@ -118,5 +118,5 @@ def health(request: HttpRequest):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
     except Exception:
-        return 503, {"detail": "the database does not answer"}
+        return Status(503, {"detail": "the database does not answer"})
     return {"status": "ok"}
