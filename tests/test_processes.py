@@ -105,7 +105,12 @@ def test_runs_waiting_on_slow_steps_hold_no_database_connection(tenant, processe
     from django.db import connection
 
     log = str(tmp_path / "exec.log")
-    runs = [submit_run(tenant=tenant, kind="steps", input={"steps": 2, "step_seconds": 4, "log": log}) for _ in range(40)]
+    block = tmp_path / "block"
+    block.touch()
+    runs = [
+        submit_run(tenant=tenant, kind="steps", input={"steps": 2, "log": log, "block_at": 1, "block_file": str(block)})
+        for _ in range(40)
+    ]
     worker = processes.worker("--concurrency", "40", RUNS_DB_POOL_MAX="6")
 
     def connections_in_use():
@@ -115,10 +120,10 @@ def test_runs_waiting_on_slow_steps_hold_no_database_connection(tenant, processe
             )
             return cursor.fetchone()[0]
 
-    # Every run enters its first 4-second step before any of them finishes it.
-    wait_for(lambda: len(executions(log)) == 40, timeout=30, message="40 runs inside their first step")
-    assert Run.objects.filter(steps_done__gt=0).count() == 0
+    # Every run enters its first step, which waits (like a slow model call) until the file goes.
+    wait_for(lambda: len(executions(log)) == 40, timeout=60, message="40 runs inside their first step")
     assert connections_in_use() <= 7  # the pool (6) and the dedicated LISTEN connection
+    block.unlink()
     wait_for(lambda: Run.objects.filter(status="done").count() == len(runs), timeout=60, message="all runs done")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0, processes.output(worker)
