@@ -66,9 +66,11 @@ class InvalidAgentInput(Exception):
 def classify(exc: BaseException) -> tuple[str, float | None]:
     """How an exception from agent code is handled: (error kind, seconds the callee asked us to wait).
 
-    Explicit classes say it themselves; anything unknown is fatal, with its
-    traceback kept in the step row.
+    Explicit classes say it themselves; the rules for everything else are in
+    ``workers.classify``. Anything unknown is fatal, with its traceback kept in
+    the step row.
     """
-    if isinstance(exc, StepError):
-        return exc.error_kind, exc.retry_after
-    return "fatal", None
+    from workers.classify import classify as classify_exception  # it imports this module
+
+    c = classify_exception(exc)
+    return c.kind, c.retry_after
