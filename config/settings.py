@@ -6,6 +6,7 @@ embedded PostgreSQL first and exports its URL.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -101,6 +102,9 @@ def _database() -> dict:
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("PostgreSQL is the only supported database.")
     options = config.setdefault("OPTIONS", {})
+    # Names each process in pg_stat_activity: "agentruns runworker", "agentruns reap"...
+    command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else "web"
+    options.setdefault("application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63])
     if env_bool("RUNS_DB_POOL", True):
         # psycopg's pool: a thread that waits on a model or a tool has handed
         # its connection back, so a worker with many runs in flight needs few.
@@ -138,7 +142,7 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # Request bodies above this answer 413 (Django raises RequestDataTooBig).
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)
 
 LOGGING = {
     "version": 1,
@@ -167,6 +171,7 @@ RUNS_EXPIRES_SECONDS = env_int("RUNS_EXPIRES_SECONDS", 7 * 24 * 3600)
 RUNS_BACKOFF_BASE_SECONDS = env_float("RUNS_BACKOFF_BASE_SECONDS", 2)
 RUNS_BACKOFF_CAP_SECONDS = env_float("RUNS_BACKOFF_CAP_SECONDS", 300)
 RUNS_STEP_TIMEOUT_SECONDS = env_float("RUNS_STEP_TIMEOUT_SECONDS", 600)
+RUNS_STEP_GRACE_SECONDS = env_float("RUNS_STEP_GRACE_SECONDS", 30)
 RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
 RUNS_DEMO_DELAY_SCALE = env_float("RUNS_DEMO_DELAY_SCALE", 1.0)
 

@@ -34,6 +34,11 @@ class Tenant(models.Model):
     # Live count of the tenant's running runs: changed only by the claim's
     # guarded update and the one exit from running; the reaper reconciles it.
     running = models.IntegerField(default=0, editable=False)
+    # Approximate count of its queued runs, for backpressure (max_queued):
+    # raised after a submit commits, lowered by the claim, raised by an exit
+    # to queued; the reaper reconciles it. A count per submit would cost
+    # O(max_queued).
+    queued = models.IntegerField(default=0, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -43,6 +48,31 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+class TenantDailyCost(models.Model):
+    """Money a tenant spent on one UTC day; written by checkpoints, read by the claim (daily cap)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_costs", db_index=False)
+    day = models.DateField()
+    cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "day"], name="tenantdailycost_unique_tenant_day")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.day}: {self.cost_cents}"
+
+
+class Queue(models.Model):
+    """Operator state of a queue; a queue with no row is active."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}{' (paused)' if self.paused else ''}"
 
 
 class ApiKey(models.Model):

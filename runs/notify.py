@@ -11,7 +11,7 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from workers.queue import notify_queues, release_connection
 
@@ -67,5 +67,19 @@ def _send(queues: set[str]) -> None:
 _debouncer = Debouncer(settings.RUNS_NOTIFY_DEBOUNCE_SECONDS)
 
 
-def notify_after_commit(queue: str) -> None:
-    transaction.on_commit(lambda: _debouncer.request(queue))
+def count_and_notify_after_commit(*, tenant_id, queue: str) -> None:
+    """Once the submit commits: count the run in its tenant's queued counter, then wake workers.
+
+    Outside the submit's transaction, so that a long caller transaction never
+    holds the tenant row (every submit and claim of the tenant would wait).
+    """
+
+    def after_commit() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("UPDATE runs_tenant SET queued = queued + 1 WHERE id = %s", [tenant_id])
+        except Exception:
+            logger.exception("could not count a queued run (the reaper reconciles the counter)")
+        _debouncer.request(queue)
+
+    transaction.on_commit(after_commit)

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs.exceptions import IdempotencyConflict, InvalidRunInput, UnknownKind
+from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from runs.models import Event, Run, Tenant
-from runs.notify import notify_after_commit
+from runs.notify import count_and_notify_after_commit
 from workers.errors import InvalidAgentInput
 from workers.registry import get_kind
 
@@ -129,6 +129,8 @@ def submit(
         existing = _existing(tenant, idempotency_key, digest)
         if existing is not None:
             return Submitted(run=existing, created=False)
+    # After the idempotency lookup, so that a retried submit still gets its run.
+    _check_queue_room(tenant)
 
     now = timezone.now()
     run = Run(
@@ -164,8 +166,21 @@ def submit(
         if existing is None:
             raise
         return Submitted(run=existing, created=False)
-    notify_after_commit(queue)
+    count_and_notify_after_commit(tenant_id=tenant.pk, queue=queue)
     return Submitted(run=run, created=True)
+
+
+QUEUE_FULL_RETRY_AFTER_SECONDS = 5
+
+
+def _check_queue_room(tenant: Tenant) -> None:
+    """Backpressure: 429 when the tenant already has max_queued runs waiting (its approximate counter)."""
+    queued, max_queued = Tenant.objects.filter(pk=tenant.pk).values_list("queued", "max_queued").get()
+    if queued >= max_queued:
+        raise QueueFull(
+            f"the tenant's queue is full ({queued} runs waiting, limit {max_queued}); retry later",
+            retry_after=QUEUE_FULL_RETRY_AFTER_SECONDS,
+        )
 
 
 def _existing(tenant: Tenant, key: str, digest: str) -> Run | None:

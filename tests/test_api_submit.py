@@ -20,6 +20,7 @@ from runs.exceptions import QueueFull
 from runs.keys import create_api_key
 from runs.models import ApiKey, Event, Run
 from tests.factories import TenantFactory
+from workers.worker import Worker, WorkerOptions
 
 ECHO = {"kind": "echo", "input": {"text": "hello", "times": 2}}
 
@@ -196,12 +197,9 @@ def test_two_concurrent_submits_with_the_same_key_make_one_run(api_key):
 # --- backpressure ------------------------------------------------------------------
 
 # DESIGN §6/§8: a tenant with max_queued runs waiting gets 429 + Retry-After,
-# checked after the idempotency lookup. runs.services.submit does not check
-# Tenant.max_queued yet; strict, so these fail loudly once it does and the
-# marker must go.
-backpressure_missing = pytest.mark.xfail(
-    strict=True, reason="Tenant.max_queued is not enforced by runs.services.submit yet"
-)
+# checked after the idempotency lookup. The tenant's queued counter moves when
+# a submit commits, so these tests commit for real.
+backpressure = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -212,7 +210,7 @@ def full_tenant(tenant):
     return tenant
 
 
-@backpressure_missing
+@backpressure
 def test_a_full_tenant_queue_answers_429_with_retry_after(api, full_tenant):
     assert post_run(api, ECHO).status_code == 202
 
@@ -224,17 +222,18 @@ def test_a_full_tenant_queue_answers_429_with_retry_after(api, full_tenant):
     assert Run.objects.count() == 1
 
 
-@backpressure_missing
+@backpressure
 def test_only_queued_runs_count_against_max_queued(api, full_tenant):
     finished = post_run(api, ECHO).json()["id"]
     assert post_run(api, ECHO).status_code == 429
 
-    Run.objects.filter(id=finished).update(status="done", finished_at=timezone.now())
+    Worker(WorkerOptions(burst=True, heartbeat=1, lease=10, listen=False)).run()
+    assert Run.objects.get(id=finished).status == "done"
 
     assert post_run(api, ECHO).status_code == 202
 
 
-@backpressure_missing
+@backpressure
 def test_a_retried_submit_gets_its_run_even_when_the_queue_is_full(api, full_tenant):
     first = post_run(api, {**ECHO, "idempotency_key": "once"})
     assert post_run(api, {**ECHO, "idempotency_key": "other"}).status_code == 429
@@ -245,7 +244,7 @@ def test_a_retried_submit_gets_its_run_even_when_the_queue_is_full(api, full_ten
     assert again.json()["id"] == first.json()["id"]
 
 
-@backpressure_missing
+@backpressure
 def test_submit_run_applies_the_same_backpressure(full_tenant):
     runs.submit_run(tenant=full_tenant, kind="echo", input={"text": "a"})
 

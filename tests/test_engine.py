@@ -15,7 +15,7 @@ from runs.services import submit_run
 from tests.agents import executions
 from tests.conftest import fresh, wait_for
 from tests.factories import TenantFactory
-from workers import queue
+from workers import checkpoint, queue
 from workers.reaper import Reaper
 from workers.worker import Worker, WorkerOptions
 
@@ -33,7 +33,7 @@ def burst_worker(**options):
 
 
 def step_record(claimed, seq, name="step1"):
-    return queue.StepRecord(
+    return checkpoint.StepRecord(
         run_id=claimed.id, token=claimed.lease_token, generation=claimed.generation, seq=seq,
         name=name, kind="custom", input=None, started_at=datetime.now(UTC),
     )
@@ -108,7 +108,7 @@ class TestFencing:
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         with django_assert_num_queries(1):
-            answer = queue.checkpoint(step_record(claimed, 1), output_json='{"a": 1}', worker_id=WORKER_ID, lease=60, steps_total=3)
+            answer = checkpoint.checkpoint(step_record(claimed, 1), output_json='{"a": 1}', worker_id=WORKER_ID, lease=60, steps_total=3)
         assert answer is not None
         run = Run.objects.get(pk=claimed.id)
         assert (run.steps_done, run.steps_total, run.current_step) == (1, 3, "step1")
@@ -124,22 +124,22 @@ class TestFencing:
         [new] = claim()
         assert new.lease_token != old.lease_token
 
-        answer = queue.checkpoint(step_record(old, 1), output_json='"stale"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        answer = checkpoint.checkpoint(step_record(old, 1), output_json='"stale"', worker_id=WORKER_ID, lease=60, steps_total=None)
         assert answer is None
         assert not Step.objects.filter(run=run).exists()
-        assert queue.record_step_failure(step_record(old, 1), error="x", error_kind="fatal", worker_id=WORKER_ID) is False
+        assert checkpoint.record_step_failure(step_record(old, 1), error="x", error_kind="fatal", worker_id=WORKER_ID) is None
         assert queue.leave_running(run_id=run.id, token=old.lease_token, target="done", reason="stale", result_json="1") is None
         run = fresh(run)
         assert (run.status, run.lease_token, run.steps_done) == ("running", new.lease_token, 0)
         # The new owner writes normally.
-        assert queue.checkpoint(step_record(new, 1), output_json='"fresh"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        assert checkpoint.checkpoint(step_record(new, 1), output_json='"fresh"', worker_id=WORKER_ID, lease=60, steps_total=None)
         assert Step.objects.get(run=run).output == "fresh"
 
     def test_a_done_step_is_never_overwritten(self, tenant):
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
-        assert queue.checkpoint(step_record(claimed, 1), output_json='"first"', worker_id=WORKER_ID, lease=60, steps_total=None)
-        queue.checkpoint(step_record(claimed, 1), output_json='"second"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        assert checkpoint.checkpoint(step_record(claimed, 1), output_json='"first"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        checkpoint.checkpoint(step_record(claimed, 1), output_json='"second"', worker_id=WORKER_ID, lease=60, steps_total=None)
         assert Step.objects.get(run_id=claimed.id).output == "first"
 
 
@@ -271,7 +271,7 @@ class TestExecution:
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 5, "log": log})
         [claimed] = claim()
         for seq in (1, 2, 3):
-            queue.checkpoint(step_record(claimed, seq, f"step{seq}"), output_json=f'{{"seq": {seq}, "name": "step{seq}"}}',
+            checkpoint.checkpoint(step_record(claimed, seq, f"step{seq}"), output_json=f'{{"seq": {seq}, "name": "step{seq}"}}',
                              worker_id=WORKER_ID, lease=60, steps_total=5)
         queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
         burst_worker()
@@ -283,7 +283,7 @@ class TestExecution:
     def test_a_renamed_step_fails_the_run_as_nondeterministic(self, tenant, tmp_path):
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 3})
         [claimed] = claim()
-        queue.checkpoint(step_record(claimed, 1, "old_name"), output_json="1", worker_id=WORKER_ID, lease=60, steps_total=None)
+        checkpoint.checkpoint(step_record(claimed, 1, "old_name"), output_json="1", worker_id=WORKER_ID, lease=60, steps_total=None)
         queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
         burst_worker()
         run = fresh(run)
@@ -334,7 +334,7 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
     before = counters()
     for seq in range(1, 21):
         assert queue.heartbeat(worker_id=WORKER_ID, held={claimed.id: claimed.lease_token}, lease=60)
-        assert queue.checkpoint(step_record(claimed, seq, f"s{seq}"), output_json="null", worker_id=WORKER_ID, lease=60, steps_total=20)
+        assert checkpoint.checkpoint(step_record(claimed, seq, f"s{seq}"), output_json="null", worker_id=WORKER_ID, lease=60, steps_total=20)
     # Statistics reach the shared counters asynchronously: read until all 40 arrived.
     after = wait_for(lambda: (c := counters())[0] - before[0] >= 40 and c, timeout=10, message="the statistics flush")
     updates, hot = after[0] - before[0], after[1] - before[1]

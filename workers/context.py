@@ -3,9 +3,10 @@
 ``ctx.step(name, fn, ...)`` gives each call the next sequence number. When
 the run's step log (loaded once per claim) holds a ``done`` step at that
 number, its stored output is returned and ``fn`` is not called: replay is
-free. Otherwise ``fn`` runs and its outcome is written in one fenced
-statement (``workers.queue.checkpoint``); a worker that lost its lease
-writes nothing and abandons the run.
+free. Otherwise ``fn`` runs on a thread of its own under the step's timeout,
+and its outcome is written in one fenced statement
+(``workers.checkpoint``); a worker that lost its lease writes nothing and
+abandons the run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+import traceback
 import uuid as uuid_module
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,14 +24,29 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from workers import queue
-from workers.errors import Fatal, LeaseLost, NonDeterministic, ReleaseRun, Suspend
+from django.conf import settings
+
+from workers import checkpoint, queue
+from workers.errors import (
+    Fatal,
+    LeaseLost,
+    NonDeterministic,
+    ParkForHuman,
+    ReleaseRun,
+    StepTimeout,
+    StopRun,
+    Suspend,
+)
 from workers.queue import release_connection
 
 if TYPE_CHECKING:
     from workers.queue import ClaimedRun
+    from workers.registry import AgentKind
 
 logger = logging.getLogger(__name__)
+
+# A step still running after this long is written as the run's current step.
+ANNOUNCE_AFTER_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,18 @@ class RecordedStep:
     name: str
     status: str
     output: Any
+    idempotency_key: str = ""
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """How the executor is to handle an exception a step raised."""
+
+    exc: BaseException
+    error_kind: str  # retryable | fatal | ambiguous
+    retry_after: float | None
+    seq: int
+    name: str
 
 
 class RunControl:
@@ -61,14 +91,21 @@ class RunControl:
 class RunContext:
     """The API an agent function uses: steps, progress, and what it may know of its run."""
 
-    def __init__(self, *, claimed: ClaimedRun, recorded: dict[int, RecordedStep], worker, control: RunControl):
+    def __init__(
+        self, *, claimed: ClaimedRun, recorded: dict[int, RecordedStep], worker, control: RunControl, kind: AgentKind
+    ):
         self._claimed = claimed
         self._recorded = recorded
         self._worker = worker
         self._control = control
+        self._kind = kind
         self._seq = 0
+        self._model_steps = 0
         self._steps_total: int | None = None
         self._idempotency_key: str | None = None
+        self._cost = Decimal(claimed.cost_cents)
+        self._claimed_clock = time.monotonic()
+        self.last_failure: StepFailure | None = None
         if claimed.cancel_requested:
             control.cancel_requested.set()
         if claimed.pause_requested:
@@ -102,7 +139,7 @@ class RunContext:
         return self._idempotency_key
 
     def progress(self, *, total: int | None = None, message: str | None = None) -> None:
-        """Announce the number of steps the run expects; written with the next checkpoint."""
+        """Announce the number of steps the run expects; written with the next step's record."""
         if total is not None:
             if total < 0:
                 raise ValueError("total must be >= 0")
@@ -129,8 +166,21 @@ class RunContext:
         calling ``fn``. ``fn`` returns JSON-serialisable data or a
         ``StepResult``; the value returned here is the JSON round trip of
         that data, on the first execution and on replay alike.
+
+        ``side_effect=True`` writes the step ahead of calling ``fn``: if the
+        worker dies inside it, or it times out or loses its connection, the
+        run waits for a person instead of repeating the effect, unless the
+        step has an ``idempotency_key`` (a string, or ``True`` for
+        ``{run_id}:{generation}:{seq}``; ``ctx.idempotency_key`` holds it
+        for the callee), in which case it is re-executed with the same key.
+        ``timeout`` (seconds) overrides the kind's step timeout. ``kind`` is
+        ``llm`` for a model call (counted against the model-iteration limit),
+        ``tool``, or ``custom``.
         """
         seq = self._seq = self._seq + 1
+        if kind == "llm":
+            self._model_steps += 1
+        key = self._step_idempotency_key(seq, idempotency_key)
         recorded = self._recorded.get(seq)
         if recorded is not None:
             if recorded.name != name:
@@ -140,10 +190,14 @@ class RunContext:
                 )
             if recorded.status == "done":
                 return recorded.output
-        self._before_step()
+            if recorded.status in ("running", "waiting"):
+                # Written ahead of a side effect whose outcome nobody recorded.
+                if not recorded.idempotency_key:
+                    self._park_unknown_outcome(seq, name, kind, args, kwargs)
+                key = recorded.idempotency_key
+        self._before_step(seq, kind)
 
-        key = self._step_idempotency_key(seq, idempotency_key)
-        record = queue.StepRecord(
+        record = checkpoint.StepRecord(
             run_id=self.run_id,
             token=self._claimed.lease_token,
             generation=self._claimed.generation,
@@ -154,18 +208,20 @@ class RunContext:
             started_at=datetime.now(UTC),
             idempotency_key=key or "",
         )
+        if side_effect:
+            self._write_ahead(record)
         self._idempotency_key = key
         try:
-            value = fn(*args, **kwargs)
+            value = self._call(fn, args, kwargs, record, self._timeout(timeout))
         except Suspend:
             raise
         except Exception as exc:
-            self._record_failure(record, exc)
+            self._step_failed(record, exc, uncertain_means_ambiguous=side_effect and not key)
+            if self._deadline_left() <= 0:
+                raise StopRun("deadline", self._deadline_message()) from exc
             raise
         finally:
             self._idempotency_key = None
-            # Step code may have used the ORM: hand its connection back.
-            release_connection()
 
         output = value.output if isinstance(value, StepResult) else value
         if isinstance(value, StepResult):
@@ -176,10 +232,10 @@ class RunContext:
             output_json = queue.dumps(output)
         except TypeError as exc:
             error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
-            self._record_failure(record, error)
+            self._step_failed(record, error, uncertain_means_ambiguous=False)
             raise error from None
         try:
-            answer = queue.checkpoint(
+            answer = checkpoint.checkpoint(
                 record,
                 output_json=output_json,
                 worker_id=self._worker.id,
@@ -191,17 +247,26 @@ class RunContext:
         if answer is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
-        cancel, pause, _cost = answer
-        if cancel:
-            self._control.cancel_requested.set()
-        if pause:
-            self._control.pause_requested.set()
+        cancel, pause, self._cost = answer
+        self._note_flags(cancel, pause)
         result = json.loads(output_json)
         self._recorded[seq] = RecordedStep(seq=seq, name=name, status="done", output=result)
+        self._check_budget()
         return result
 
-    def _before_step(self) -> None:
-        """A new step starts only while the run is still ours and wanted."""
+    # Deterministic values, recorded as steps so replay sees the same ones.
+    def now(self) -> datetime:
+        """The current time, recorded: replay returns the same instant."""
+        value = self.step("now", lambda: datetime.now(UTC).isoformat())
+        return datetime.fromisoformat(value)
+
+    def uuid(self) -> UUID:
+        """A random UUID, recorded: replay returns the same one."""
+        return UUID(self.step("uuid", lambda: str(uuid_module.uuid4())))
+
+    # Bounds and signals.
+    def _before_step(self, seq: int, kind: str) -> None:
+        """A new step starts only while the run is still ours, wanted, and within its bounds."""
         if self._control.lease_lost.is_set():
             raise LeaseLost("lease lost")
         if not self._worker.lease_is_fresh():
@@ -213,6 +278,124 @@ class RunContext:
             raise ReleaseRun("cancel or pause requested")
         if self._worker.stopping.is_set():
             raise ReleaseRun("worker shutting down")
+        if seq > self._kind.max_steps:
+            raise StopRun("step_limit", f"the run reached its limit of {self._kind.max_steps} steps")
+        if kind == "llm" and self._model_steps > self._kind.max_model_iterations:
+            raise StopRun(
+                "step_limit", f"the run reached its limit of {self._kind.max_model_iterations} model calls"
+            )
+        if self._deadline_left() <= 0:
+            raise StopRun("deadline", self._deadline_message())
+        self._check_budget()
+
+    def _check_budget(self) -> None:
+        ceiling = self._claimed.cost_ceiling_cents
+        if ceiling is not None and self._cost > ceiling:
+            raise StopRun("budget", f"the run cost {self._cost:.6f}¢, over its ceiling of {ceiling}¢")
+
+    def _deadline_left(self) -> float:
+        used = self._claimed.running_seconds + (time.monotonic() - self._claimed_clock)
+        return self._claimed.deadline_seconds - used
+
+    def _deadline_message(self) -> str:
+        return f"the run used its {self._claimed.deadline_seconds} s of running time (deadline)"
+
+    def _timeout(self, requested: float | None) -> float:
+        timeout = requested or self._kind.step_timeout or settings.RUNS_STEP_TIMEOUT_SECONDS
+        return max(0.001, min(timeout, self._deadline_left()))
+
+    def _note_flags(self, cancel: bool, pause: bool) -> None:
+        if cancel:
+            self._control.cancel_requested.set()
+        if pause:
+            self._control.pause_requested.set()
+
+    # Executing one step.
+    def _call(self, fn, args, kwargs, record: checkpoint.StepRecord, timeout: float) -> Any:
+        """Run ``fn`` on its own thread; announce it when slow; give up on it after ``timeout``."""
+        box: dict[str, Any] = {}
+        finished = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the run's thread
+                box["error"] = exc
+            finally:
+                release_connection()  # step code may have used the ORM
+                finished.set()
+
+        thread = threading.Thread(target=target, name=f"step-{record.seq}-{record.name}", daemon=True)
+        started = time.monotonic()
+        thread.start()
+        if not finished.wait(min(ANNOUNCE_AFTER_SECONDS, timeout)):
+            self._announce(record.name)
+            if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
+                self._worker.watch_stuck_step(thread, timeout)
+                raise StepTimeout(f"step {record.name!r} did not return within {timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _announce(self, name: str) -> None:
+        try:
+            flags = checkpoint.announce_step(
+                run_id=self.run_id, token=self._claimed.lease_token, name=name, steps_total=self._steps_total
+            )
+        finally:
+            release_connection()
+        if flags is None:
+            self._control.lease_lost.set()  # the step's checkpoint will find out too
+        else:
+            self._note_flags(*flags)
+
+    def _write_ahead(self, record: checkpoint.StepRecord) -> None:
+        try:
+            written = checkpoint.begin_side_effect(record, steps_total=self._steps_total)
+        finally:
+            release_connection()
+        if not written:
+            self._control.lease_lost.set()
+            raise LeaseLost(f"lease lost before the side effect of step {record.seq}")
+
+    def _step_failed(self, record: checkpoint.StepRecord, exc: BaseException, *, uncertain_means_ambiguous: bool) -> None:
+        from workers.classify import classify
+
+        found = classify(exc)
+        error_kind = found.kind
+        if uncertain_means_ambiguous and found.kind == "retryable" and found.uncertain:
+            error_kind = "ambiguous"
+        usage = getattr(exc, "usage", None)
+        if usage:
+            record.tokens_in, record.tokens_out = usage[0], usage[1]
+            record.cost_cents = Decimal(str(usage[2]))
+        self._record(record, exc, error_kind, status="waiting" if error_kind == "ambiguous" else "failed")
+        self.last_failure = StepFailure(exc, error_kind, found.retry_after, record.seq, record.name)
+
+    def _park_unknown_outcome(self, seq: int, name: str, kind: str, args, kwargs) -> None:
+        message = (
+            f"step {seq} ({name}) was interrupted after its side effect began and has no idempotency key: "
+            "the effect may or may not have happened, so a person decides"
+        )
+        record = checkpoint.StepRecord(
+            run_id=self.run_id, token=self._claimed.lease_token, generation=self._claimed.generation,
+            seq=seq, name=name, kind=kind, input=_describe_args(args, kwargs), started_at=datetime.now(UTC),
+        )
+        self._record(record, None, "ambiguous", status="waiting", error=message)
+        raise ParkForHuman(message)
+
+    def _record(self, record, exc: BaseException | None, error_kind: str, *, status: str, error: str = "") -> None:
+        try:
+            cost = checkpoint.record_step_failure(
+                record, error=error or _format_error(exc), error_kind=error_kind,
+                worker_id=self._worker.id, status=status,
+            )
+        finally:
+            release_connection()
+        if cost is None:
+            self._control.lease_lost.set()
+            raise LeaseLost(f"lease lost while recording the failure of step {record.seq}")
+        self._cost = cost
 
     def _step_idempotency_key(self, seq: int, requested: str | bool | None) -> str | None:
         if requested is True:
@@ -220,30 +403,6 @@ class RunContext:
         if isinstance(requested, str) and requested:
             return requested
         return None
-
-    def _record_failure(self, record: queue.StepRecord, exc: BaseException) -> None:
-        from workers.errors import classify
-
-        kind, _ = classify(exc)
-        try:
-            written = queue.record_step_failure(
-                record, error=_format_error(exc), error_kind=kind, worker_id=self._worker.id
-            )
-        finally:
-            release_connection()
-        if not written:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while recording the failure of step {record.seq}")
-
-    # Deterministic values, recorded as steps so replay sees the same ones.
-    def now(self) -> datetime:
-        """The current time, recorded: replay returns the same instant."""
-        value = self.step("now", lambda: datetime.now(UTC).isoformat())
-        return datetime.fromisoformat(value)
-
-    def uuid(self) -> UUID:
-        """A random UUID, recorded: replay returns the same one."""
-        return UUID(self.step("uuid", lambda: str(uuid_module.uuid4())))
 
 
 def _describe_args(args: tuple, kwargs: dict) -> Any:
@@ -262,8 +421,8 @@ def _describe_args(args: tuple, kwargs: dict) -> Any:
         return {"repr": repr(payload)[:2000]}
 
 
-def _format_error(exc: BaseException) -> str:
-    import traceback
-
+def _format_error(exc: BaseException | None) -> str:
+    if exc is None:
+        return ""
     text = "".join(traceback.format_exception(exc))
     return f"{type(exc).__name__}: {exc}\n\n{text[-8000:]}"

@@ -14,9 +14,19 @@ class StepError(Exception):
 
     error_kind = "fatal"
 
-    def __init__(self, message: str = "", *, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retry_after: float | None = None,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost_cents: float | int = 0,
+    ):
         super().__init__(message)
         self.retry_after = retry_after
+        # Usage the provider reported before the failure: the money is kept.
+        self.usage = (tokens_in, tokens_out, cost_cents)
 
 
 class Retryable(StepError):
@@ -37,12 +47,6 @@ class Ambiguous(StepError):
     error_kind = "ambiguous"
 
 
-class NonDeterministic(Fatal):
-    """Replay met a different step than the one recorded at this position."""
-
-    error_kind = "nondeterministic"
-
-
 class Suspend(BaseException):  # noqa: N818 - a signal, not an error
     """The run leaves the worker without failing (parked, released or abandoned)."""
 
@@ -53,6 +57,29 @@ class ReleaseRun(Suspend):
 
 class LeaseLost(Suspend):
     """Another worker (or the reaper) owns this run now: stop touching it."""
+
+
+class StopRun(Suspend):
+    """The run fails now with ``error_kind`` (a bound was reached); never retried by itself."""
+
+    def __init__(self, error_kind: str, message: str):
+        super().__init__(message)
+        self.error_kind = error_kind
+
+
+class NonDeterministic(StopRun):
+    """Replay met a different step than the one recorded at this position."""
+
+    def __init__(self, message: str):
+        super().__init__("nondeterministic", message)
+
+
+class ParkForHuman(Suspend):
+    """The run waits for a person: a side effect may or may not have happened."""
+
+
+class StepTimeout(TimeoutError):
+    """A step did not return within its timeout (it may still be running in its thread)."""
 
 
 class InvalidAgentInput(Exception):

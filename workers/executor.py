@@ -15,12 +15,13 @@ from django.db import connection
 
 from workers import queue
 from workers.context import RecordedStep, RunContext, RunControl
-from workers.errors import LeaseLost, ReleaseRun, Suspend, classify
+from workers.errors import LeaseLost, ParkForHuman, ReleaseRun, StopRun, Suspend, classify
 from workers.queue import release_connection
 from workers.registry import get_kind
 
 if TYPE_CHECKING:
     from workers.queue import ClaimedRun
+    from workers.registry import AgentKind
     from workers.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -30,11 +31,15 @@ def load_step_log(claimed: ClaimedRun) -> dict[int, RecordedStep]:
     """The run's recorded steps in its current generation, read once per claim."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT seq, name, status, output FROM runs_step WHERE run_id = %s AND generation = %s ORDER BY seq",
+            "SELECT seq, name, status, output, idempotency_key FROM runs_step"
+            " WHERE run_id = %s AND generation = %s ORDER BY seq",
             [claimed.id, claimed.generation],
         )
         rows = cursor.fetchall()
-    return {seq: RecordedStep(seq=seq, name=name, status=status, output=queue.loads(output)) for seq, name, status, output in rows}
+    return {
+        seq: RecordedStep(seq=seq, name=name, status=status, output=queue.loads(output), idempotency_key=key)
+        for seq, name, status, output, key in rows
+    }
 
 
 def backoff_seconds(failures: int, *, base: float, cap: float, retry_after: float | None) -> float:
@@ -71,7 +76,7 @@ class RunExecutor:
             recorded = load_step_log(claimed)
         finally:
             release_connection()
-        ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control)
+        ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind)
         try:
             agent_input = kind.agent_input(claimed.input)
         except Exception as exc:  # the stored input no longer validates
@@ -86,10 +91,15 @@ class RunExecutor:
             # Shutdown, cancel or pause: back to queued; the exit turns a
             # requested cancel or pause into cancelled or paused.
             return self._leave("queued", reason=str(exc) or "released")
+        except StopRun as exc:
+            logger.info("run stopped (%s): %s", exc.error_kind, exc, extra=self.log_extra)
+            return self._leave("failed", reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
+        except ParkForHuman as exc:
+            return self._leave("waiting_human", reason="ambiguous", error=str(exc), error_kind="ambiguous")
         except Suspend:
             raise
         except Exception as exc:
-            return self._fail(exc)
+            return self._fail(exc, ctx, kind)
 
         try:
             result_json = queue.dumps(result)
@@ -97,20 +107,29 @@ class RunExecutor:
             return self._leave("failed", reason="result", error=f"the agent returned a result that is not JSON-serialisable: {exc}", error_kind="fatal")
         return self._leave("done", reason="finished", result_json=result_json)
 
-    def _fail(self, exc: Exception) -> str | None:
-        kind, retry_after = classify(exc)
-        message = f"{type(exc).__name__}: {exc}"
-        if kind == "retryable":
+    def _fail(self, exc: Exception, ctx: RunContext, kind: AgentKind) -> str | None:
+        failure = ctx.last_failure
+        if failure is not None and failure.exc is exc:
+            error_kind, retry_after = failure.error_kind, failure.retry_after
+            where = f"step {failure.seq} ({failure.name}): "
+        else:  # raised by agent code between steps
+            error_kind, retry_after = classify(exc)
+            where = ""
+        message = f"{where}{type(exc).__name__}: {exc}"
+        if error_kind == "ambiguous":
+            logger.warning("side effect of unknown outcome, waiting for a person: %s", message, extra=self.log_extra)
+            return self._leave("waiting_human", reason="ambiguous", error=message, error_kind="ambiguous")
+        if error_kind == "retryable":
             delay = backoff_seconds(
                 self.claimed.failures + 1,
-                base=settings.RUNS_BACKOFF_BASE_SECONDS,
-                cap=settings.RUNS_BACKOFF_CAP_SECONDS,
+                base=kind.backoff_base if kind.backoff_base is not None else settings.RUNS_BACKOFF_BASE_SECONDS,
+                cap=kind.backoff_cap if kind.backoff_cap is not None else settings.RUNS_BACKOFF_CAP_SECONDS,
                 retry_after=retry_after,
             )
             logger.info("retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra)
             return self._leave("queued", reason="retry", error=message, error_kind="retryable", add_failure=True, delay=delay)
-        logger.info("run failed (%s): %s", kind, message, extra=self.log_extra)
-        return self._leave("failed", reason="error", error=message, error_kind=kind)
+        logger.info("run failed (%s): %s", error_kind, message, extra=self.log_extra)
+        return self._leave("failed", reason="error", error=message, error_kind=error_kind)
 
     def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
                error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0) -> str | None:

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
@@ -85,6 +86,9 @@ WITH tenants AS (
     SELECT t.id, t.max_running - t.running AS free
     FROM runs_tenant t
     WHERE NOT t.paused AND t.running < t.max_running
+      AND (t.daily_cost_cap_cents IS NULL OR t.daily_cost_cap_cents > COALESCE(
+          (SELECT c.cost_cents FROM runs_tenantdailycost c
+           WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
 ),
 candidates AS (
     SELECT c.*
@@ -109,7 +113,7 @@ per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
 ),
 bumped AS (
-    UPDATE runs_tenant t SET running = t.running + p.n
+    UPDATE runs_tenant t SET running = t.running + p.n, queued = GREATEST(t.queued - p.n, 0)
     FROM per_tenant p
     WHERE t.id = p.tenant_id AND t.running + p.n <= t.max_running
     RETURNING t.id
@@ -148,8 +152,18 @@ def claim(*, worker_id: UUID, queues: list[str], kinds: dict[str, int], n: int, 
     if n <= 0 or not kinds or not queues:
         return []
     # One queue (the usual case) compares with =, so the index scan returns
-    # rows already in claim order; several queues use = ANY.
-    queue_filter = "r.queue = %(queue)s" if len(queues) == 1 else "r.queue = ANY(%(queues)s)"
+    # rows already in claim order; several queues use = ANY. Paused queues
+    # drop out in an InitPlan evaluated once per claim.
+    if len(queues) == 1:
+        queue_filter = (
+            "r.queue = (SELECT %(queue)s::text WHERE NOT EXISTS"
+            " (SELECT 1 FROM runs_queue q WHERE q.name = %(queue)s AND q.paused))"
+        )
+    else:
+        queue_filter = (
+            "r.queue = ANY(ARRAY(SELECT unnest(%(queues)s::text[])"
+            " EXCEPT SELECT q.name FROM runs_queue q WHERE q.paused))"
+        )
     sql = _CLAIM_SQL.format(queue_filter=queue_filter, columns=_CLAIM_COLUMNS)
     names = list(kinds)
     params = {
@@ -202,152 +216,6 @@ def heartbeat(*, worker_id: UUID, held: dict[UUID, int], lease: float) -> dict[U
         return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
 
 
-_CHECKPOINT_SQL = """
-WITH r AS (
-    UPDATE runs_run SET
-        steps_done = steps_done + 1,
-        steps_total = COALESCE(%(steps_total)s, steps_total),
-        current_step = %(name)s,
-        cost_cents = cost_cents + %(cost)s,
-        failures = 0,
-        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
-        heartbeat_at = statement_timestamp(),
-        updated_at = statement_timestamp(),
-        last_event_seq = last_event_seq + 1
-    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
-    RETURNING id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
-              pause_requested_at IS NOT NULL AS pause, cost_cents
-),
-s AS (
-    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
-                           tokens_in, tokens_out, cost_cents, status, executions, error,
-                           started_at, ended_at)
-    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, %(output)s::jsonb,
-           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, 'done', 1, '', %(started_at)s, statement_timestamp()
-    FROM r
-    ON CONFLICT (run_id, generation, seq) DO UPDATE SET
-        output = EXCLUDED.output, status = 'done', error = '',
-        tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
-        tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
-        cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
-        executions = runs_step.executions + 1,
-        started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
-    WHERE runs_step.status <> 'done'
-),
-e AS (
-    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
-    SELECT r.id, r.last_event_seq, 'step.done', 'worker', %(worker)s::text,
-           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s), statement_timestamp()
-    FROM r
-)
-SELECT cancel, pause, cost_cents FROM r
-"""
-
-
-@dataclass
-class StepRecord:
-    run_id: UUID
-    token: int
-    generation: int
-    seq: int
-    name: str
-    kind: str
-    input: Any
-    started_at: datetime
-    idempotency_key: str = ""
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_cents: Decimal = Decimal(0)
-
-    def params(self) -> dict[str, Any]:
-        """The step's columns as named parameters of the statements below."""
-        return {
-            "run": self.run_id,
-            "token": self.token,
-            "generation": self.generation,
-            "seq": self.seq,
-            "name": self.name,
-            "kind": self.kind,
-            "input": dumps(self.input),
-            "key": self.idempotency_key,
-            "tokens_in": self.tokens_in,
-            "tokens_out": self.tokens_out,
-            "cost": self.cost_cents,
-            "started_at": self.started_at,
-        }
-
-
-def checkpoint(
-    step: StepRecord, *, output_json: str, worker_id: UUID, lease: float, steps_total: int | None
-) -> tuple[bool, bool, Decimal] | None:
-    """Record a finished step with the run's progress, cost and lease extension, in one statement.
-
-    Returns (cancel requested, pause requested, run cost) or None when the
-    lease is lost, in which case nothing at all was written.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CHECKPOINT_SQL,
-            step.params() | {"output": output_json, "lease": lease, "worker": worker_id, "steps_total": steps_total},
-        )
-        row = cursor.fetchone()
-    return None if row is None else (row[0], row[1], row[2])
-
-
-_STEP_FAILED_SQL = """
-WITH r AS (
-    UPDATE runs_run SET
-        cost_cents = cost_cents + %(cost)s,
-        current_step = %(name)s,
-        updated_at = statement_timestamp(),
-        last_event_seq = last_event_seq + 1
-    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
-    RETURNING id, last_event_seq, attempt
-),
-s AS (
-    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
-                           tokens_in, tokens_out, cost_cents, status, executions, error,
-                           started_at, ended_at)
-    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
-           %(tokens_in)s, %(tokens_out)s, %(cost)s, 'failed', 1, %(error)s, %(started_at)s, statement_timestamp()
-    FROM r
-    ON CONFLICT (run_id, generation, seq) DO UPDATE SET
-        status = 'failed', error = EXCLUDED.error,
-        tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
-        tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
-        cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
-        executions = runs_step.executions + 1,
-        started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
-    WHERE runs_step.status <> 'done'
-    RETURNING id
-),
-a AS (
-    INSERT INTO runs_stepattempt (step_id, run_id, attempt, error, error_kind, tokens_in, tokens_out,
-                                  cost_cents, worker, started_at, ended_at)
-    SELECT s.id, r.id, r.attempt, %(error)s, %(error_kind)s, %(tokens_in)s, %(tokens_out)s, %(cost)s,
-           %(worker)s, %(started_at)s, statement_timestamp()
-    FROM r, s
-),
-e AS (
-    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
-    SELECT r.id, r.last_event_seq, 'step.failed', 'worker', %(worker)s::text,
-           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'error_kind', %(error_kind)s::text,
-                              'error', left(%(error)s, 500)), statement_timestamp()
-    FROM r
-)
-SELECT 1 FROM r
-"""
-
-
-def record_step_failure(step: StepRecord, *, error: str, error_kind: str, worker_id: UUID) -> bool:
-    """Record a failed execution (Step row, StepAttempt, Event, cost). False when the lease is lost."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _STEP_FAILED_SQL, step.params() | {"error": error, "error_kind": error_kind, "worker": worker_id}
-        )
-        return cursor.fetchone() is not None
-
-
 # The one exit from running (DESIGN.md §5). Every path out of `running`
 # (finish, fail, retry, park, graceful release, lease rescue by the reaper)
 # runs this statement, which clears the lease, gives the tenant slot back,
@@ -386,7 +254,10 @@ r AS (
             WHEN cur.new_status = 'failed' AND %(target)s = 'queued' THEN 'retryable'
             WHEN cur.new_status = 'failed' THEN COALESCE(%(error_kind)s, 'fatal')
             WHEN cur.new_status = 'done' THEN ''
-            ELSE runs_run.error_kind END,
+            ELSE COALESCE(%(error_kind)s, runs_run.error_kind) END,
+        expires_at = CASE WHEN cur.new_status IN ('waiting_human', 'waiting', 'paused')
+                          THEN statement_timestamp() + make_interval(secs => %(expires)s)
+                          ELSE runs_run.expires_at END,
         finished_at = CASE WHEN cur.new_status IN ('done', 'failed', 'cancelled') THEN statement_timestamp() END,
         current_step = CASE WHEN cur.new_status = 'done' THEN '' ELSE runs_run.current_step END,
         updated_at = statement_timestamp(),
@@ -397,7 +268,8 @@ r AS (
               runs_run.error_kind, runs_run.queue
 ),
 t AS (
-    UPDATE runs_tenant SET running = GREATEST(running - 1, 0)
+    UPDATE runs_tenant SET running = GREATEST(running - 1, 0),
+                           queued = queued + (r.status = 'queued')::int
     FROM r WHERE runs_tenant.id = r.tenant_id
 ),
 e AS (
@@ -426,6 +298,7 @@ def leave_running(
     add_failure: bool = False,
     delay_seconds: float = 0.0,
     only_if_expired: bool = False,
+    expires_seconds: float | None = None,
 ) -> tuple[str, str] | None:
     """Move a run out of ``running`` towards ``target``; see the comment above _EXIT_SQL.
 
@@ -453,6 +326,7 @@ def leave_running(
                 "actor_type": actor_type,
                 "actor_id": actor_id,
                 "reason": reason,
+                "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
             },
         )
         row = cursor.fetchone()

@@ -31,6 +31,10 @@ class AgentKind:
     version: int = 1
     resumes_versions: frozenset[int] = field(default_factory=frozenset)
     step_timeout: float | None = None
+    max_steps: int = 200
+    max_model_iterations: int = 25
+    backoff_base: float | None = None
+    backoff_cap: float | None = None
     description: str = ""
 
     def validate_input(self, data: Any) -> Any:
@@ -79,6 +83,10 @@ def agent(
     version: int = 1,
     resumes_versions: tuple[int, ...] = (),
     step_timeout: float | None = None,
+    max_steps: int = 200,
+    max_model_iterations: int = 25,
+    backoff_base: float | None = None,
+    backoff_cap: float | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function ``fn(ctx, input)`` as the agent kind ``name``.
 
@@ -87,7 +95,11 @@ def agent(
     default queue of its runs; ``max_attempts``, ``cost_ceiling_cents`` and
     ``deadline`` are per-kind defaults a submit may override; ``version`` is
     recorded on each run at first claim, and ``resumes_versions`` lists older
-    versions whose runs this code can still resume.
+    versions whose runs this code can still resume. ``step_timeout`` (seconds,
+    default RUNS_STEP_TIMEOUT_SECONDS) bounds each step unless the step says
+    otherwise; ``max_steps`` and ``max_model_iterations`` (steps of kind
+    ``llm``) bound a run (``step_limit``); ``backoff_base`` and
+    ``backoff_cap`` override RUNS_BACKOFF_BASE_SECONDS / _CAP_SECONDS.
     """
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,6 +117,10 @@ def agent(
             version=version,
             resumes_versions=frozenset(resumes_versions),
             step_timeout=step_timeout,
+            max_steps=max_steps,
+            max_model_iterations=max_model_iterations,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
             description=inspect.cleandoc(func.__doc__ or ""),
         )
         return func

@@ -85,6 +85,9 @@ class Worker:
         self._pool = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="run")
         self._listener: Listener | None = None
         self._heartbeat_thread: threading.Thread | None = None
+        self._stuck: list[tuple[threading.Thread, float]] = []
+        # Set when a step thread never returned: the process should be replaced.
+        self.poisoned = False
 
     # Lifecycle.
     def run(self, *, install_signal_handlers: bool = False) -> None:
@@ -117,6 +120,7 @@ class Worker:
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
+            self._check_stuck_steps()
             free = self.options.concurrency - self.in_flight()
             claimed = 0
             if free > 0 and self.lease_is_fresh():
@@ -129,7 +133,7 @@ class Worker:
                 continue
             if claimed and claimed == free:
                 continue  # there may be more: claim again as soon as a slot frees up
-            self._wake.wait(self.poll)
+            self._wake.wait(min(self.poll, 1.0) if self._stuck else self.poll)
             self._wake.clear()
 
     def _claim(self, n: int) -> int:
@@ -191,6 +195,25 @@ class Worker:
                 )
         finally:
             release_connection()
+
+    # Steps that never return.
+    def watch_stuck_step(self, thread: threading.Thread, timeout: float) -> None:
+        """A step outlived its timeout; if its thread is still alive after the grace period, give up the process."""
+        with self._lock:
+            self._stuck.append((thread, time.monotonic() + settings.RUNS_STEP_GRACE_SECONDS))
+        self._wake.set()
+
+    def _check_stuck_steps(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._stuck = [(t, limit) for t, limit in self._stuck if t.is_alive()]
+            hopeless = [t for t, limit in self._stuck if now > limit]
+        if hopeless and not self.poisoned:
+            # A thread cannot be killed: release the other runs and exit, so
+            # that the supervisor starts a clean process.
+            logger.error("step thread %s never returned; releasing runs and exiting for a restart", hopeless[0].name)
+            self.poisoned = True
+            self.stop()
 
     # Leases.
     def lease_is_fresh(self) -> bool:

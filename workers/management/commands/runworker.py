@@ -32,3 +32,5 @@ class Command(BaseCommand):
             worker.run(install_signal_handlers=True)
         except (ValueError, RuntimeError) as exc:
             raise CommandError(str(exc)) from exc
+        if worker.poisoned:
+            raise SystemExit(3)  # a step thread never returned: restart this process

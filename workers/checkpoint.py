@@ -1,0 +1,232 @@
+"""The SQL of a step: write-ahead, announce, checkpoint and failure, each one fenced statement.
+
+Every statement here is guarded by ``status = 'running' AND lease_token =
+<mine>`` on the run row and writes the step, the run's progress and money,
+and the Event together, or nothing at all: a worker that lost its lease
+records nothing. Money also goes to the tenant's spend of the day (the
+daily cost cap reads it in the claim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+from workers.queue import dumps
+
+
+@dataclass
+class StepRecord:
+    run_id: UUID
+    token: int
+    generation: int
+    seq: int
+    name: str
+    kind: str
+    input: Any
+    started_at: datetime
+    idempotency_key: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_cents: Decimal = Decimal(0)
+
+    def params(self) -> dict[str, Any]:
+        """The step's columns as named parameters of the statements below."""
+        return {
+            "run": self.run_id,
+            "token": self.token,
+            "generation": self.generation,
+            "seq": self.seq,
+            "name": self.name,
+            "kind": self.kind,
+            "input": dumps(self.input),
+            "key": self.idempotency_key,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "cost": self.cost_cents,
+            "started_at": self.started_at,
+        }
+
+
+# Adds the step's cost to the tenant's spend of the day (UTC), only when
+# there is a cost: a no-op checkpoint does not touch the row.
+_DAILY_COST_CTE = """
+d AS (
+    INSERT INTO runs_tenantdailycost (tenant_id, day, cost_cents)
+    SELECT r.tenant_id, (statement_timestamp() AT TIME ZONE 'UTC')::date, %(cost)s
+    FROM r WHERE %(cost)s > 0
+    ON CONFLICT (tenant_id, day) DO UPDATE SET cost_cents = runs_tenantdailycost.cost_cents + EXCLUDED.cost_cents
+)"""
+
+_CHECKPOINT_SQL = """
+WITH r AS (
+    UPDATE runs_run SET
+        steps_done = steps_done + 1,
+        steps_total = COALESCE(%(steps_total)s, steps_total),
+        current_step = %(name)s,
+        cost_cents = cost_cents + %(cost)s,
+        failures = 0,
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        heartbeat_at = statement_timestamp(),
+        updated_at = statement_timestamp(),
+        last_event_seq = last_event_seq + 1
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    RETURNING id, tenant_id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
+              pause_requested_at IS NOT NULL AS pause, cost_cents
+),
+s AS (
+    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
+                           tokens_in, tokens_out, cost_cents, status, executions, error,
+                           started_at, ended_at)
+    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, %(output)s::jsonb,
+           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, 'done', 1, '', %(started_at)s,
+           statement_timestamp()
+    FROM r
+    ON CONFLICT (run_id, generation, seq) DO UPDATE SET
+        output = EXCLUDED.output, status = 'done', error = '',
+        tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
+        tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
+        cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
+        -- A write-ahead row already counted this execution when it began.
+        executions = runs_step.executions + (runs_step.status <> 'running')::int,
+        started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
+    WHERE runs_step.status <> 'done'
+),
+e AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT r.id, r.last_event_seq, 'step.done', 'worker', %(worker)s::text,
+           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s),
+           statement_timestamp()
+    FROM r
+),""" + _DAILY_COST_CTE + """
+SELECT cancel, pause, cost_cents FROM r
+"""
+
+
+def checkpoint(
+    step: StepRecord, *, output_json: str, worker_id: UUID, lease: float, steps_total: int | None
+) -> tuple[bool, bool, Decimal] | None:
+    """Record a finished step with the run's progress, cost and lease extension, in one statement.
+
+    Returns (cancel requested, pause requested, run cost) or None when the
+    lease is lost, in which case nothing at all was written.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CHECKPOINT_SQL,
+            step.params() | {"output": output_json, "lease": lease, "worker": worker_id, "steps_total": steps_total},
+        )
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+_STEP_FAILED_SQL = """
+WITH r AS (
+    UPDATE runs_run SET
+        cost_cents = cost_cents + %(cost)s,
+        current_step = %(name)s,
+        updated_at = statement_timestamp(),
+        last_event_seq = last_event_seq + 1
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    RETURNING id, tenant_id, last_event_seq, attempt, cost_cents
+),
+s AS (
+    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
+                           tokens_in, tokens_out, cost_cents, status, executions, error,
+                           started_at, ended_at)
+    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
+           %(tokens_in)s, %(tokens_out)s, %(cost)s, %(status)s, 1, %(error)s, %(started_at)s,
+           statement_timestamp()
+    FROM r
+    ON CONFLICT (run_id, generation, seq) DO UPDATE SET
+        status = EXCLUDED.status, error = EXCLUDED.error,
+        tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
+        tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
+        cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
+        executions = runs_step.executions + (runs_step.status <> 'running')::int,
+        started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
+    WHERE runs_step.status <> 'done'
+    RETURNING id
+),
+a AS (
+    INSERT INTO runs_stepattempt (step_id, run_id, attempt, error, error_kind, tokens_in, tokens_out,
+                                  cost_cents, worker, started_at, ended_at)
+    SELECT s.id, r.id, r.attempt, %(error)s, %(error_kind)s, %(tokens_in)s, %(tokens_out)s, %(cost)s,
+           %(worker)s, %(started_at)s, statement_timestamp()
+    FROM r, s
+),
+e AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT r.id, r.last_event_seq, 'step.failed', 'worker', %(worker)s::text,
+           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'error_kind', %(error_kind)s::text,
+                              'error', left(%(error)s, 500)), statement_timestamp()
+    FROM r
+),""" + _DAILY_COST_CTE + """
+SELECT cost_cents FROM r
+"""
+
+
+def record_step_failure(
+    step: StepRecord, *, error: str, error_kind: str, worker_id: UUID, status: str = "failed"
+) -> Decimal | None:
+    """Record a failed execution (Step row, StepAttempt, Event, cost).
+
+    ``status`` is ``failed``, or ``waiting`` for an ambiguous side effect a
+    person must decide. Returns the run's cost, or None when the lease is lost.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _STEP_FAILED_SQL,
+            step.params() | {"error": error, "error_kind": error_kind, "worker": worker_id, "status": status},
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+# Write-ahead for side effects: the Step row is committed as `running` before
+# the effect, so that a crash leaves a record that the effect may have
+# happened. Re-executing a keyed step counts one more execution.
+_BEGIN_SQL = """
+WITH r AS (
+    UPDATE runs_run SET current_step = %(name)s, steps_total = COALESCE(%(steps_total)s, steps_total)
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    RETURNING id
+)
+INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
+                       tokens_in, tokens_out, cost_cents, status, executions, error, started_at)
+SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
+       0, 0, 0, 'running', 1, '', %(started_at)s
+FROM r
+ON CONFLICT (run_id, generation, seq) DO UPDATE SET
+    status = 'running', executions = runs_step.executions + 1, started_at = EXCLUDED.started_at,
+    idempotency_key = EXCLUDED.idempotency_key, ended_at = NULL
+WHERE runs_step.status <> 'done'
+RETURNING id
+"""
+
+
+def begin_side_effect(step: StepRecord, *, steps_total: int | None) -> bool:
+    """Commit the step as `running` before its side effect. False when the lease is lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BEGIN_SQL, step.params() | {"steps_total": steps_total})
+        return cursor.fetchone() is not None
+
+
+_ANNOUNCE_SQL = """
+UPDATE runs_run SET current_step = %(name)s, steps_total = COALESCE(%(steps_total)s, steps_total)
+WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+RETURNING cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL
+"""
+
+
+def announce_step(*, run_id: UUID, token: int, name: str, steps_total: int | None) -> tuple[bool, bool] | None:
+    """Show a slow step as the one in progress (a HOT update). None when the lease is lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ANNOUNCE_SQL, {"run": run_id, "token": token, "name": name, "steps_total": steps_total})
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
