@@ -163,6 +163,8 @@ RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 300)
 RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 30)
 RUNS_POLL_SECONDS = env_float("RUNS_POLL_SECONDS", 1.0)
 RUNS_CONCURRENCY = env_int("RUNS_CONCURRENCY", 5)
+# Queues runs may name besides their kind's default queue (and queues an operator created).
+RUNS_QUEUES = env_list("RUNS_QUEUES", "default,short,long")
 RUNS_LISTEN = env_bool("RUNS_LISTEN", True)
 RUNS_NOTIFY_DEBOUNCE_SECONDS = env_float("RUNS_NOTIFY_DEBOUNCE_SECONDS", 0.005)
 RUNS_MAX_ATTEMPTS = env_int("RUNS_MAX_ATTEMPTS", 3)

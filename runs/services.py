@@ -19,7 +19,7 @@ from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, Unk
 from runs.models import Event, Run, Tenant
 from runs.notify import count_and_notify_after_commit
 from workers.errors import InvalidAgentInput
-from workers.registry import get_kind
+from workers.registry import all_kinds, get_kind
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,11 @@ def submit(
     queue = queue or agent_kind.queue
     if not QUEUE_NAME.match(queue):
         raise InvalidRunInput(f"invalid queue name {queue!r}: use lowercase letters, digits, '_', '-' and '.'")
+    if queue != agent_kind.queue and queue not in known_queues():
+        raise InvalidRunInput(
+            f"unknown queue {queue!r}; known queues: {', '.join(sorted(known_queues()))} "
+            "(a queue is known when a kind uses it by default, it is listed in RUNS_QUEUES, or an operator created it)"
+        )
     priority = 5 if priority is None else priority
     if not 0 <= priority <= 9:
         raise InvalidRunInput("priority must be between 0 and 9 (lower runs first)")
@@ -171,6 +176,14 @@ def submit(
 
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
+
+
+def known_queues() -> set[str]:
+    """Queues a run may be submitted to: kinds' default queues, RUNS_QUEUES, and operator-made queues."""
+    from runs.models import Queue
+
+    names = {kind.queue for kind in all_kinds()} | set(settings.RUNS_QUEUES)
+    return names | set(Queue.objects.values_list("name", flat=True))
 
 
 def _check_queue_room(tenant: Tenant) -> None:

@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from runs.keys import create_api_key
-from runs.models import ApiKey, Run
+from runs.models import ApiKey, Queue, Run
 from runs.services import submit_run
 from tests.factories import TenantFactory
 from workers.worker import Worker, WorkerOptions
@@ -264,6 +264,7 @@ def mixed_runs(tenant):
     done = echo(tenant, text="done")
     Run.objects.filter(id=done.id).update(status="done", finished_at=timezone.now())
     queued = echo(tenant, text="queued")
+    Queue.objects.create(name="bulk")  # an operator-made queue
     bulk = submit_run(tenant=tenant, kind="noop3", input={}, queue="bulk")
     return {"done": str(done.id), "queued": str(queued.id), "bulk": str(bulk.id)}
 

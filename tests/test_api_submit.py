@@ -18,7 +18,7 @@ from django.utils import timezone
 import runs
 from runs.exceptions import QueueFull
 from runs.keys import create_api_key
-from runs.models import ApiKey, Event, Run
+from runs.models import ApiKey, Event, Queue, Run
 from tests.factories import TenantFactory
 from workers.worker import Worker, WorkerOptions
 
@@ -70,11 +70,19 @@ def test_submit_stores_the_normalised_input_and_kind_defaults(api):
 
 
 def test_submit_honours_queue_priority_and_max_attempts(api):
+    Queue.objects.create(name="bulk.low")
     response = post_run(api, {**ECHO, "queue": "bulk.low", "priority": 0, "max_attempts": 7})
 
     assert response.status_code == 202
     run = Run.objects.get(id=response.json()["id"])
     assert (run.queue, run.priority, run.max_attempts) == ("bulk.low", 0, 7)
+
+
+def test_an_unknown_queue_is_422_and_names_the_known_ones(api):
+    body = assert_error(post_run(api, {**ECHO, "queue": "nobody-serves-this"}), 422)
+    assert "unknown queue 'nobody-serves-this'" in body["detail"]
+    assert "default" in body["detail"]
+    assert Run.objects.count() == 0
 
 
 # --- idempotency --------------------------------------------------------------
