@@ -347,6 +347,31 @@ class StepAttempt(models.Model):
         return f"{self.step_id} attempt {self.attempt}"
 
 
+class Message(models.Model):
+    """A person's message to a run; consumed by the run's `message` step with its checkpoint."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages", db_index=False)
+    author_type = models.CharField(max_length=16)
+    author_id = models.CharField(max_length=64, blank=True, default="")
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+    consumed_by_step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="consumed_messages"
+    )
+
+    class Meta:
+        ordering = ["run", "id"]
+        indexes = [
+            models.Index(fields=["run", "id"], name="message_run_idx"),
+            models.Index(
+                fields=["run", "id"], condition=Q(consumed_by_step__isnull=True), name="message_unconsumed_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} message {self.pk}"
+
+
 class Event(models.Model):
     """Outbox: one row per transition and finished step, written with the change."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from ninja import Schema
@@ -45,6 +45,12 @@ class RunOut(Schema):
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
+
+    @staticmethod
+    def resolve_waiting_for(run) -> Any:
+        from runs.selectors import waiting_for
+
+        return waiting_for(run)
 
     @staticmethod
     def resolve_cancel_requested(run) -> bool:
@@ -92,3 +98,23 @@ class HealthOut(Schema):
 
 class ErrorOut(Schema):
     detail: str
+
+
+class DecisionIn(Schema):
+    comment: str = Field(default="", max_length=5000)
+    step: int | None = Field(default=None, ge=1, description="the pending approval's step number; 409 if another is pending")
+
+
+class MessageIn(Schema):
+    text: str = Field(min_length=1, max_length=20000)
+
+
+class ResolveIn(Schema):
+    action: Literal["done", "retry", "fail"]
+    output: Any = None
+
+
+class RetryIn(Schema):
+    from_step: int | None = Field(default=None, ge=1)
+    deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+    cost_ceiling_cents: float | None = Field(default=None, ge=0)

@@ -10,9 +10,10 @@ from uuid import UUID
 
 from django.db.models import Q
 from django.http import Http404
+from django.utils import timezone
 
 from runs.exceptions import InvalidRunInput
-from runs.models import Run, Step, Tenant
+from runs.models import Run, RunStatus, Step, StepStatus, Tenant
 
 
 def get_run(*, tenant: Tenant, run_id: UUID) -> Run:
@@ -65,3 +66,27 @@ def list_runs(
 
 def list_steps(*, run: Run) -> list[Step]:
     return list(Step.objects.filter(run=run).order_by("generation", "seq"))
+
+
+def waiting_for(run: Run) -> dict | None:
+    """What a run waits for, for people and integrations; queries only for runs that wait."""
+    if run.status == RunStatus.WAITING_HUMAN:
+        step = (
+            Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING).order_by("-seq").first()
+        )
+        if step is None:
+            return {"type": "person"}
+        if step.kind == "approval":
+            proposal = (step.input or {}).get("proposal")
+            return {"type": "approval", "step": step.seq, "name": step.name, "proposal": proposal}
+        return {"type": "ambiguous", "step": step.seq, "name": step.name, "input": step.input, "error": step.error,
+                "actions": ["done", "retry", "fail"]}
+    if run.status == RunStatus.WAITING:
+        if run.children_pending:
+            return {"type": "children", "pending": run.children_pending}
+        return {"type": "message"}
+    if run.status == RunStatus.PAUSED:
+        return {"type": "resume"}
+    if run.status == RunStatus.QUEUED and run.run_after and run.run_after > timezone.now():
+        return {"type": "run_after", "until": run.run_after.isoformat()}
+    return None

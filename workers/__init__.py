@@ -3,8 +3,8 @@
     from workers import agent, RunContext, StepResult, Retryable, Fatal, Ambiguous
 """
 
-from workers.context import RunContext, StepResult
+from workers.context import Decision, RunContext, StepResult
 from workers.errors import Ambiguous, Fatal, Retryable
 from workers.registry import agent
 
-__all__ = ["agent", "RunContext", "StepResult", "Retryable", "Fatal", "Ambiguous"]
+__all__ = ["agent", "RunContext", "StepResult", "Decision", "Retryable", "Fatal", "Ambiguous"]

@@ -96,6 +96,15 @@ s AS (
         executions = runs_step.executions + (runs_step.status <> 'running')::int,
         started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
     WHERE runs_step.status <> 'done'
+    RETURNING id
+),
+-- Messages a `message` step read are consumed with its checkpoint (ack
+-- after persist): a crash before this statement delivers them again.
+m AS (
+    UPDATE runs_message SET consumed_by_step_id = s.id
+    FROM s
+    WHERE runs_message.run_id = %(run)s AND runs_message.id = ANY(%(message_ids)s::bigint[])
+      AND runs_message.consumed_by_step_id IS NULL
 ),
 e AS (
     INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
@@ -109,7 +118,13 @@ SELECT cancel, pause, cost_cents FROM r
 
 
 def checkpoint(
-    step: StepRecord, *, output_json: str, worker_id: UUID, lease: float, steps_total: int | None
+    step: StepRecord,
+    *,
+    output_json: str,
+    worker_id: UUID,
+    lease: float,
+    steps_total: int | None,
+    consumed_message_ids: list[int] | None = None,
 ) -> tuple[bool, bool, Decimal] | None:
     """Record a finished step with the run's progress, cost and lease extension, in one statement.
 
@@ -119,7 +134,14 @@ def checkpoint(
     with connection.cursor() as cursor:
         cursor.execute(
             _CHECKPOINT_SQL,
-            step.params() | {"output": output_json, "lease": lease, "worker": worker_id, "steps_total": steps_total},
+            step.params()
+            | {
+                "output": output_json,
+                "lease": lease,
+                "worker": worker_id,
+                "steps_total": steps_total,
+                "message_ids": consumed_message_ids or [],
+            },
         )
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1], row[2])
@@ -230,3 +252,32 @@ def announce_step(*, run_id: UUID, token: int, name: str, steps_total: int | Non
         cursor.execute(_ANNOUNCE_SQL, {"run": run_id, "token": token, "name": name, "steps_total": steps_total})
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
+
+
+_AWAIT_SQL = """
+WITH r AS (
+    UPDATE runs_run SET current_step = %(name)s
+    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    RETURNING id
+)
+INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
+                       tokens_in, tokens_out, cost_cents, status, executions, error, started_at)
+SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, '',
+       0, 0, 0, 'waiting', 1, '', %(started_at)s
+FROM r
+ON CONFLICT (run_id, generation, seq) DO NOTHING
+RETURNING id
+"""
+
+
+def record_pending(step: StepRecord) -> bool:
+    """Write a step that waits for a person (an approval), unless it is already pending. False: lease lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(_AWAIT_SQL, step.params())
+        if cursor.fetchone() is not None:
+            return True
+        cursor.execute(
+            "SELECT 1 FROM runs_run WHERE id = %s AND status = 'running' AND lease_token = %s",
+            [step.run_id, step.token],
+        )
+        return cursor.fetchone() is not None

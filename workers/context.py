@@ -28,6 +28,8 @@ from django.conf import settings
 
 from workers import checkpoint, queue
 from workers.errors import (
+    AwaitApproval,
+    AwaitMessage,
     Fatal,
     LeaseLost,
     NonDeterministic,
@@ -57,6 +59,34 @@ class StepResult:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_cents: Decimal | float | int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A person's answer to ``ctx.approval``."""
+
+    approved: bool
+    comment: str
+    by: str
+    at: datetime
+
+    @classmethod
+    def from_output(cls, output: dict) -> Decision:
+        return cls(
+            approved=bool(output["approved"]),
+            comment=output.get("comment", ""),
+            by=output.get("by", ""),
+            at=datetime.fromisoformat(output["at"]),
+        )
+
+
+def _unconsumed_messages(run_id: UUID) -> list[dict]:
+    from runs.models import Message
+
+    return [
+        {"id": m.pk, "text": m.text, "author": f"{m.author_type}:{m.author_id}", "at": m.created_at.isoformat()}
+        for m in Message.objects.filter(run_id=run_id, consumed_by_step__isnull=True).order_by("id")
+    ]
 
 
 @dataclass(frozen=True)
@@ -177,6 +207,11 @@ class RunContext:
         ``llm`` for a model call (counted against the model-iteration limit),
         ``tool``, or ``custom``.
         """
+        return self._run_step(name, fn, args, kwargs, side_effect=side_effect, idempotency_key=idempotency_key,
+                              timeout=timeout, kind=kind)
+
+    def _run_step(self, name, fn, args, kwargs, *, side_effect=False, idempotency_key=None, timeout=None,
+                  kind="custom", consumes_messages=False) -> Any:
         seq = self._seq = self._seq + 1
         if kind == "llm":
             self._model_steps += 1
@@ -241,6 +276,7 @@ class RunContext:
                 worker_id=self._worker.id,
                 lease=self._worker.lease,
                 steps_total=self._steps_total,
+                consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
             )
         finally:
             release_connection()
@@ -263,6 +299,63 @@ class RunContext:
     def uuid(self) -> UUID:
         """A random UUID, recorded: replay returns the same one."""
         return UUID(self.step("uuid", lambda: str(uuid_module.uuid4())))
+
+    # People in the loop.
+    def approval(self, name: str, *, proposal: Any) -> Decision:
+        """Ask a person to approve ``proposal``; the run waits (holding no worker) until they decide.
+
+        Returns the decision (``approved``, ``comment``, ``by``, ``at``). The
+        proposal is recorded in the step; replays return the same decision
+        and never ask again.
+        """
+        seq = self._seq = self._seq + 1
+        recorded = self._recorded.get(seq)
+        if recorded is not None:
+            if recorded.name != name:
+                raise NonDeterministic(
+                    f"step {seq} was recorded as {recorded.name!r} but the code now asks for approval {name!r}"
+                )
+            if recorded.status == "done":
+                return Decision.from_output(recorded.output)
+        self._before_step(seq, "approval")
+        try:
+            queue.dumps(proposal)
+        except TypeError as exc:
+            raise Fatal(f"the proposal of approval {name!r} is not JSON-serialisable: {exc}") from None
+        record = checkpoint.StepRecord(
+            run_id=self.run_id, token=self._claimed.lease_token, generation=self._claimed.generation,
+            seq=seq, name=name, kind="approval", input={"proposal": proposal}, started_at=datetime.now(UTC),
+        )
+        try:
+            written = checkpoint.record_pending(record)
+        finally:
+            release_connection()
+        if not written:
+            self._control.lease_lost.set()
+            raise LeaseLost(f"lease lost while asking for approval {name!r}")
+        raise AwaitApproval(f"waiting for approval of {name!r} (step {seq})")
+
+    def messages(self) -> list[dict]:
+        """Messages people sent to this run since the last call, oldest first (a recorded step).
+
+        Each is ``{"id", "text", "author", "at"}``. They are marked consumed
+        with this step's checkpoint, so a crash delivers them again and a
+        replay sees the same ones.
+        """
+        return self._run_step("messages", _unconsumed_messages, (self.run_id,), {}, kind="message",
+                              consumes_messages=True)
+
+    def wait_for_message(self) -> list[dict]:
+        """Return new messages; with none, park the run in ``waiting`` (no worker held) until one arrives."""
+        if self._recorded.get(self._seq + 1) is None:
+            self._before_step(self._seq + 1, "message")
+            try:
+                pending = _unconsumed_messages(self.run_id)
+            finally:
+                release_connection()
+            if not pending:
+                raise AwaitMessage("waiting for a message")
+        return self.messages()
 
     # Bounds and signals.
     def _before_step(self, seq: int, kind: str) -> None:

@@ -78,6 +78,14 @@ class ParkForHuman(Suspend):
     """The run waits for a person: a side effect may or may not have happened."""
 
 
+class AwaitApproval(Suspend):
+    """The run waits for a person to approve or reject a proposal."""
+
+
+class AwaitMessage(Suspend):
+    """The run waits in `waiting` until a message arrives."""
+
+
 class StepTimeout(TimeoutError):
     """A step did not return within its timeout (it may still be running in its thread)."""
 

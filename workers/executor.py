@@ -15,7 +15,16 @@ from django.db import connection
 
 from workers import queue
 from workers.context import RecordedStep, RunContext, RunControl
-from workers.errors import LeaseLost, ParkForHuman, ReleaseRun, StopRun, Suspend, classify
+from workers.errors import (
+    AwaitApproval,
+    AwaitMessage,
+    LeaseLost,
+    ParkForHuman,
+    ReleaseRun,
+    StopRun,
+    Suspend,
+    classify,
+)
 from workers.queue import release_connection
 from workers.registry import get_kind
 
@@ -96,6 +105,10 @@ class RunExecutor:
             return self._leave("failed", reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
         except ParkForHuman as exc:
             return self._leave("waiting_human", reason="ambiguous", error=str(exc), error_kind="ambiguous")
+        except AwaitApproval:
+            return self._leave("waiting_human", reason="approval", error="", error_kind="")
+        except AwaitMessage:
+            return self._leave("waiting", reason="message", error="", error_kind="", wake_on_message=True)
         except Suspend:
             raise
         except Exception as exc:
@@ -132,7 +145,8 @@ class RunExecutor:
         return self._leave("failed", reason="error", error=message, error_kind=error_kind)
 
     def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
-               error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0) -> str | None:
+               error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0,
+               wake_on_message: bool = False) -> str | None:
         try:
             outcome = queue.leave_running(
                 run_id=self.claimed.id,
@@ -145,6 +159,7 @@ class RunExecutor:
                 error_kind=error_kind,
                 add_failure=add_failure,
                 delay_seconds=delay,
+                wake_on_message=wake_on_message,
             )
         finally:
             release_connection()

@@ -28,9 +28,10 @@ def connection_kwargs() -> dict:
 
 
 class Listener:
-    def __init__(self, *, queues: set[str], on_notify: Callable[[], None]):
+    def __init__(self, *, queues: set[str], on_notify: Callable[[], None], on_control: Callable[[], None]):
         self.queues = queues
         self.on_notify = on_notify
+        self.on_control = on_control  # a person cancelled or paused a run: heartbeat now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="listener", daemon=True)
         self._conn: psycopg.Connection | None = None
@@ -56,6 +57,8 @@ class Listener:
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in self.queues:
                                 self.on_notify()
+                            elif note.payload == "control":
+                                self.on_control()
             except Exception as exc:
                 if self._stop.is_set():
                     return

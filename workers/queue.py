@@ -232,6 +232,11 @@ WITH cur AS (
                 THEN 'failed'
             WHEN %(target)s = 'queued' AND pause_requested_at IS NOT NULL
                 THEN 'paused'
+            -- Parking to wait for a message re-checks for one under the row
+            -- lock: a message that arrived meanwhile is not missed.
+            WHEN %(target)s = 'waiting' AND %(wake_on_message)s AND EXISTS (
+                SELECT 1 FROM runs_message m WHERE m.run_id = runs_run.id AND m.consumed_by_step_id IS NULL)
+                THEN 'queued'
             ELSE %(target)s
         END AS new_status
     FROM runs_run
@@ -299,6 +304,7 @@ def leave_running(
     delay_seconds: float = 0.0,
     only_if_expired: bool = False,
     expires_seconds: float | None = None,
+    wake_on_message: bool = False,
 ) -> tuple[str, str] | None:
     """Move a run out of ``running`` towards ``target``; see the comment above _EXIT_SQL.
 
@@ -327,6 +333,7 @@ def leave_running(
                 "actor_id": actor_id,
                 "reason": reason,
                 "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
+                "wake_on_message": wake_on_message,
             },
         )
         row = cursor.fetchone()

@@ -79,6 +79,7 @@ class Worker:
         self.kinds = {kind.name: kind.version for kind in all_kinds()}
         self.stopping = threading.Event()
         self._wake = threading.Event()
+        self._beat_now = threading.Event()
         self._held: dict[uuid.UUID, Held] = {}
         self._lock = threading.Lock()
         self._last_heartbeat_ok = time.monotonic()
@@ -98,7 +99,9 @@ class Worker:
         if install_signal_handlers:
             self._install_signal_handlers()
         if self.options.listen and not self.options.burst:
-            self._listener = Listener(queues=set(self.options.queues), on_notify=self._wake.set)
+            self._listener = Listener(
+                queues=set(self.options.queues), on_notify=self._wake.set, on_control=self._beat_now.set
+            )
             self._listener.start()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         self._heartbeat_thread.start()
@@ -117,6 +120,7 @@ class Worker:
             logger.info("worker %s stopping: finishing in-flight steps, then releasing runs", self.id)
         self.stopping.set()
         self._wake.set()
+        self._beat_now.set()
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -222,8 +226,9 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         while True:
-            stopped = self.stopping.wait(self.options.heartbeat)
-            if stopped and self.in_flight() == 0:
+            self._beat_now.wait(self.options.heartbeat)
+            self._beat_now.clear()
+            if self.stopping.is_set() and self.in_flight() == 0:
                 return
             self.heartbeat_once()
 

@@ -1,0 +1,81 @@
+"""Control endpoints of the runs Router: people acting on live runs (see runs.control)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.http import HttpRequest
+from ninja import Status
+
+from runs import control, selectors
+from runs.api import ERRORS, require_scope, router
+from runs.models import ApiKey
+from runs.schemas import DecisionIn, MessageIn, ResolveIn, RetryIn, RunOut
+from runs.services import Actor
+
+RESPONSES = {200: RunOut, 202: RunOut} | ERRORS
+
+
+def _target(request: HttpRequest, run_id: UUID, scope: str):
+    """401 (auth) → 404 (another tenant's run) → 403 (scope), in that order."""
+    run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
+    require_scope(request, scope)
+    return run, Actor(type="api_key", id=str(request.auth.pk))
+
+
+def _answer(outcome: control.Outcome):
+    return Status(202 if outcome.later else 200, outcome.run)
+
+
+@router.post("/runs/{run_id}/cancel", response=RESPONSES, summary="Cancel a run (202: at its next step boundary)")
+def cancel(request: HttpRequest, run_id: UUID):
+    run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    return _answer(control.cancel_run(run=run, actor=actor))
+
+
+@router.post("/runs/{run_id}/pause", response=RESPONSES, summary="Pause a run (202: at its next step boundary)")
+def pause(request: HttpRequest, run_id: UUID):
+    run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    return _answer(control.pause_run(run=run, actor=actor))
+
+
+@router.post("/runs/{run_id}/resume", response=RESPONSES, summary="Resume a paused run")
+def resume(request: HttpRequest, run_id: UUID):
+    run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    return _answer(control.resume_run(run=run, actor=actor))
+
+
+@router.post("/runs/{run_id}/approve", response=RESPONSES, summary="Approve the pending approval")
+def approve(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None):
+    run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
+    payload = payload or DecisionIn()
+    return _answer(control.approve_run(run=run, actor=actor, comment=payload.comment, step=payload.step))
+
+
+@router.post("/runs/{run_id}/reject", response=RESPONSES, summary="Reject the pending approval")
+def reject(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None):
+    run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
+    payload = payload or DecisionIn()
+    return _answer(control.reject_run(run=run, actor=actor, comment=payload.comment, step=payload.step))
+
+
+@router.post("/runs/{run_id}/resolve", response=RESPONSES, summary="Resolve an ambiguous side effect")
+def resolve(request: HttpRequest, run_id: UUID, payload: ResolveIn):
+    run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
+    return _answer(control.resolve_run(run=run, actor=actor, action=payload.action, output=payload.output))
+
+
+@router.post("/runs/{run_id}/messages", response=RESPONSES, summary="Send a message to a run")
+def message(request: HttpRequest, run_id: UUID, payload: MessageIn):
+    run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    return _answer(control.post_message(run=run, actor=actor, text=payload.text))
+
+
+@router.post("/runs/{run_id}/retry", response=RESPONSES, summary="Retry a failed or cancelled run")
+def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
+    run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    payload = payload or RetryIn()
+    return _answer(control.retry_run(
+        run=run, actor=actor, from_step=payload.from_step,
+        deadline_seconds=payload.deadline_seconds, cost_ceiling_cents=payload.cost_ceiling_cents,
+    ))
