@@ -137,6 +137,11 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # nor the tests need collectstatic; production may run collectstatic too.
 WHITENOISE_USE_FINDERS = True
 
+# Artifacts and other uploads: local files by default; any Django storage
+# backend (S3 through django-storages) works through STORAGES.
+MEDIA_ROOT = os.environ.get("MEDIA_ROOT") or str(BASE_DIR / ".data" / "media")
+MEDIA_URL = "media/"
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

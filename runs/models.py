@@ -372,6 +372,26 @@ class Message(models.Model):
         return f"{self.run_id} message {self.pk}"
 
 
+class Artifact(models.Model):
+    """A large step output (or tool output) kept out of the step row; the model sees an excerpt."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts")
+    name = models.CharField(max_length=200)
+    content_type = models.CharField(max_length=100, default="text/plain")
+    size = models.PositiveBigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64)
+    summary = models.TextField(blank=True, default="")
+    file = models.FileField(upload_to="artifacts/%Y/%m/%d/", max_length=500)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "id"], name="artifact_run_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.size} bytes)"
+
+
 class Event(models.Model):
     """Outbox: one row per transition and finished step, written with the change."""
 

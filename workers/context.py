@@ -164,6 +164,12 @@ class RunContext:
         return self._control.cancel_requested.is_set() or self._control.lease_lost.is_set()
 
     @property
+    def budget_left_cents(self) -> Decimal | None:
+        """What the run may still spend under its cost ceiling (None without a ceiling)."""
+        ceiling = self._claimed.cost_ceiling_cents
+        return None if ceiling is None else max(Decimal(0), Decimal(ceiling) - self._cost)
+
+    @property
     def idempotency_key(self) -> str | None:
         """The idempotency key of the step being executed, for passing to the callee."""
         return self._idempotency_key
