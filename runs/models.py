@@ -75,6 +75,17 @@ class Queue(models.Model):
         return f"{self.name}{' (paused)' if self.paused else ''}"
 
 
+class KindState(models.Model):
+    """Operator state of an agent kind; a kind with no row is active."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}{' (paused)' if self.paused else ''}"
+
+
 class ApiKey(models.Model):
     class Scope(models.TextChoices):
         READ = "runs:read"  # read runs, steps, kinds

@@ -100,7 +100,8 @@ candidates AS (
           AND r.status = 'queued'
           AND {queue_filter}
           AND r.run_after <= statement_timestamp()
-          AND r.kind = ANY(%(kinds)s)
+          AND r.kind = ANY(ARRAY(SELECT unnest(%(kinds)s::text[])
+                                 EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused))
         ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
         LIMIT LEAST(t.free, %(n)s)
         FOR UPDATE SKIP LOCKED

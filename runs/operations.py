@@ -1,0 +1,60 @@
+"""Operator levers (DESIGN §9): pause and resume queues, tenants and kinds; requeue a stuck run.
+
+Pausing stops workers claiming from a queue, for a tenant, or of a kind;
+runs already running finish. Each lever is recorded in the log with the
+operator; run-level actions are Events through runs.control.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.exceptions import InvalidTransition
+from runs.models import KindState, Queue, Run, RunStatus, Tenant
+from runs.services import Actor
+from workers import queue as queue_sql
+
+logger = logging.getLogger(__name__)
+
+
+def set_queue_paused(*, name: str, paused: bool, actor: Actor) -> Queue:
+    queue, _ = Queue.objects.update_or_create(
+        name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
+    )
+    logger.info("queue %s %s by %s:%s", name, "paused" if paused else "resumed", actor.type, actor.id)
+    if not paused:
+        transaction.on_commit(lambda: queue_sql.notify_queues([name]))
+    return queue
+
+
+def set_kind_paused(*, name: str, paused: bool, actor: Actor) -> KindState:
+    state, _ = KindState.objects.update_or_create(
+        name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
+    )
+    logger.info("kind %s %s by %s:%s", name, "paused" if paused else "resumed", actor.type, actor.id)
+    return state
+
+
+def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
+    Tenant.objects.filter(pk=tenant.pk).update(paused=paused)
+    tenant.paused = paused
+    logger.info("tenant %s %s by %s:%s", tenant.slug, "paused" if paused else "resumed", actor.type, actor.id)
+    return tenant
+
+
+def requeue_stuck_run(*, run: Run, actor: Actor) -> Run:
+    """Return a running run whose lease expired to the queue now, as the reaper would (fenced on its token)."""
+    run = Run.objects.get(pk=run.pk)
+    if run.status != RunStatus.RUNNING or run.locked_until is None or run.locked_until >= timezone.now():
+        raise InvalidTransition("only a running run whose lease has expired can be requeued")
+    outcome = queue_sql.leave_running(
+        run_id=run.pk, token=run.lease_token, target="queued", reason="requeued", actor_type=actor.type,
+        actor_id=actor.id, error="requeued by an operator after its worker stopped heartbeating",
+        add_failure=True, only_if_expired=True,
+    )
+    if outcome is None:
+        raise InvalidTransition("the run changed meanwhile (it finished, or its worker came back)")
+    return Run.objects.get(pk=run.pk)
