@@ -1,0 +1,1 @@
+"""Benchmarks of the run engine (not part of the test run): ``python bench/engine.py``."""

@@ -1,0 +1,43 @@
+"""Agent kinds used by the benchmarks (AGENT_MODULES=bench.agents in every bench process).
+
+All of them are no-ops apart from what the benchmark measures: the cost
+measured is the engine's (claim, step log, checkpoints, exit), not the work.
+"""
+
+from __future__ import annotations
+
+import time
+
+from workers import RunContext, agent
+
+
+def _now() -> dict:
+    # Wall clock on purpose: compared with the submitting process's commit
+    # time on the same machine.
+    return {"t": time.time()}
+
+
+def _noop(i: int) -> dict:
+    return {"i": i}
+
+
+@agent("bench_noop", queue="bench_accept")
+def bench_noop(ctx: RunContext, data: dict) -> dict:
+    """Accept-latency kind: never executed by the benchmark (no worker listens on its queue)."""
+    return {}
+
+
+@agent("bench_probe", queue="bench_dispatch")
+def bench_probe(ctx: RunContext, data: dict) -> dict:
+    """Dispatch-latency probe: its one step records when it started."""
+    return ctx.step("first", _now)
+
+
+@agent("bench_steps", queue="bench_tp")
+def bench_steps(ctx: RunContext, data: dict) -> dict:
+    """Throughput kind: ``data["steps"]`` (default 3) checkpointed no-op steps."""
+    n = int(data.get("steps", 3))
+    ctx.progress(total=n)
+    for i in range(n):
+        ctx.step(f"s{i + 1}", _noop, i)
+    return {"steps": n}
