@@ -277,6 +277,14 @@ class Run(models.Model):
             models.Index(F("tenant"), F("created_at").desc(), F("id").desc(), name="run_tenant_recent_idx"),
             models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="run_parent_idx"),
         ]
+        # The operations console's actions (runs/admin); staff need these besides view_run.
+        permissions = [
+            ("cancel_run", "Can cancel runs"),
+            ("retry_run", "Can retry runs"),
+            ("requeue_run", "Can requeue stuck runs"),
+            ("approve_run", "Can approve or reject runs"),
+            ("resolve_run", "Can resolve ambiguous steps"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id}"
