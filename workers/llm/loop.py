@@ -1,0 +1,213 @@
+"""The tool-calling loop, each model call and each tool call one checkpointed step.
+
+A model step stores only the assistant message it added; a tool step only
+what the model was told. On replay every step returns what it recorded, so
+the loop rebuilds the same conversation from the step log, deterministically
+and for free, and a run that died at its 9th model call makes the calls from
+the 9th on only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from workers.context import StepResult
+from workers.errors import StopRun
+from workers.llm import artifacts, conf, pricing
+from workers.llm.providers import ChatModel, Script, choose_model, model_for
+from workers.llm.tools import Tool, ToolError, tool
+
+if TYPE_CHECKING:
+    from workers.context import RunContext
+
+# The SDK gives up this long after the step's timeout, so a hung request
+# ends its thread well before the worker counts the thread as stuck.
+SDK_TIMEOUT_MARGIN_SECONDS = 5.0
+
+
+@dataclass
+class AgentResult:
+    """What ``run_agent_loop`` returns: the final answer and what happened on the way."""
+
+    answer: str
+    iterations: int
+    model: str
+    tool_calls: list[dict] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON for a run's result (without the conversation, which the step log holds)."""
+        data = asdict(self)
+        data.pop("messages")
+        return data
+
+
+def run_agent_loop(
+    ctx: RunContext,
+    *,
+    system: str,
+    user: str,
+    tools: Iterable[Tool | Callable[..., Any]] = (),
+    max_iterations: int = 25,
+    model: ChatModel | str | None = None,
+    script: Script | None = None,
+    timeout: float | None = None,
+    max_output_tokens: int | None = None,
+) -> AgentResult:
+    """Let a model work on ``user`` with ``tools`` until it answers without calling one.
+
+    Each model call is one step (``kind="llm"``, named "Thinking (iteration
+    N)") and each tool call one step (``kind="tool"``, "Calling <tool>");
+    a tool declared ``needs_approval`` waits for a person first, and a
+    ``side_effect`` tool runs write-ahead with an idempotency key. Messages
+    people send to the run join the conversation between iterations. A
+    malformed call (arguments that are not valid JSON or do not fit the
+    schema, an unknown tool) and a ``ToolError`` are answered to the model
+    as tool errors. Tool output over ``RUNS_ARTIFACT_THRESHOLD_BYTES``
+    becomes an Artifact and the model sees an excerpt.
+
+    ``model`` is a ``ChatModel``, a model name for the configured provider,
+    or None for ``LLM_MODEL``; with no provider configured (no
+    ``LLM_BASE_URL``) a ``ScriptedModel`` driven by ``script`` stands in.
+    The model and the system prompt are recorded at the run's start and
+    kept for the whole run. ``max_iterations`` model calls without a final
+    answer fail the run (``step_limit``); the run's remaining budget caps
+    each call's output tokens (with ``max_output_tokens``, default
+    ``LLM_MAX_OUTPUT_TOKENS``). ``timeout`` overrides the step timeout of
+    model calls.
+    """
+    toolbox: dict[str, Tool] = {}
+    for item in tools:
+        declared = item if isinstance(item, Tool) else tool(item)
+        toolbox[declared.name] = declared
+    specs = [t.spec() for t in toolbox.values()]
+
+    chosen = choose_model(model, script=script)
+    setup = ctx.step("Starting the agent", lambda: {**chosen.describe(), "system": system})
+    chat = model if isinstance(model, ChatModel) else model_for(setup["provider"], setup["model"], script=script)
+
+    step_timeout = timeout or _kind_step_timeout(ctx)
+    cap = max_output_tokens or conf.get("LLM_MAX_OUTPUT_TOKENS")
+    conversation: list[dict] = [{"role": "system", "content": setup["system"]}, {"role": "user", "content": user}]
+    calls_made: list[dict] = []
+
+    for iteration in range(1, max_iterations + 2):
+        if iteration > max_iterations:
+            raise StopRun(
+                "step_limit", f"the agent made {max_iterations} model calls without a final answer (max_iterations)"
+            )
+        if iteration > 1:
+            for message in ctx.messages():
+                conversation.append(
+                    {"role": "user", "content": f"[Message from {message['author']}] {message['text']}"}
+                )
+
+        snapshot = list(conversation)
+
+        def think(request: dict, snapshot: list[dict] = snapshot) -> StepResult:
+            limit = _output_limit(ctx, chat, snapshot, specs, cap)
+            done = chat.complete(snapshot, tools=specs, max_tokens=limit,
+                                 timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS)
+            return StepResult(done.message, done.tokens_in, done.tokens_out, done.cost_cents)
+
+        request = {"model": chat.model, "iteration": iteration, "messages": len(snapshot), "tools": list(toolbox)}
+        assistant = ctx.step(f"Thinking (iteration {iteration})", think, request=request, kind="llm",
+                             timeout=step_timeout)
+        conversation.append(assistant)
+        calls = assistant.get("tool_calls") or []
+        if not calls:
+            return AgentResult(
+                answer=assistant.get("content") or "", iterations=iteration, model=chat.model,
+                tool_calls=calls_made, messages=conversation,
+            )
+        for call in calls:
+            outcome = _use_tool(ctx, toolbox, call, note=assistant.get("content") or "")
+            calls_made.append(outcome)
+            conversation.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": outcome["content"]})
+    raise AssertionError("unreachable")
+
+
+def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: str) -> dict:
+    """Run one tool call the model asked for; returns what the model is told, and how it went."""
+    function = call.get("function") or {}
+    name = str(function.get("name") or "")
+    raw = function.get("arguments") or ""
+    outcome: dict[str, Any] = {"id": call.get("id", ""), "name": name, "arguments": raw, "error": False}
+    tool_ = toolbox.get(name)
+    try:
+        if tool_ is None:
+            known = ", ".join(toolbox) or "none"
+            raise ToolError(f"there is no tool named {name!r} (the tools are: {known})")
+        try:
+            arguments = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            raise ToolError(f"the arguments of {name} are not valid JSON ({exc.msg} at position {exc.pos})") from None
+        outcome["arguments"] = arguments
+        tool_.validate(arguments)
+    except ToolError as exc:
+        # Deterministic from the recorded assistant message, yet recorded so
+        # that the audit trail shows what the model was told.
+        told = {"content": f"Error: {exc}", "error": True}
+        answer = ctx.step(f"Rejecting a call to {name or 'a tool'}", lambda: told, kind="tool")
+        return outcome | answer
+
+    if tool_.needs_approval:
+        decision = ctx.approval(f"Approve {name}", proposal={"tool": name, "arguments": arguments, "note": note})
+        outcome["approved"] = decision.approved
+        if not decision.approved:
+            reason = f": {decision.comment}" if decision.comment else ""
+            outcome |= {"error": True, "content": f"A person ({decision.by}) rejected this call{reason}. Do not retry it."}
+            return outcome
+
+    def execute(call: dict) -> Any:
+        try:
+            value = tool_.invoke(ctx, call["arguments"])
+        except ToolError as exc:
+            return {"content": f"Error: {exc}", "error": True}
+        usage = value if isinstance(value, StepResult) else None
+        if usage is not None:
+            value = usage.output
+        if isinstance(value, str):
+            content, content_type = value, "text/plain"
+        else:
+            content, content_type = json.dumps(value, ensure_ascii=False, default=str), "application/json"
+        recorded = artifacts.for_the_model(
+            run_id=ctx.run_id, name=f"{name} output ({call['id']})", content=content, content_type=content_type
+        )
+        if usage is not None:
+            return StepResult(recorded, usage.tokens_in, usage.tokens_out, usage.cost_cents)
+        return recorded
+
+    answer = ctx.step(
+        f"Calling {name}", execute, call={"id": outcome["id"], "name": name, "arguments": arguments}, kind="tool",
+        side_effect=tool_.side_effect, idempotency_key=True if tool_.side_effect else None, timeout=tool_.timeout,
+    )
+    return outcome | answer
+
+
+def _output_limit(ctx: RunContext, chat: ChatModel, messages: list[dict], specs: list[dict], cap: int) -> int:
+    """Output tokens the next call may use: ``cap``, or fewer when the run's budget cannot pay for them."""
+    left = ctx.budget_left_cents
+    price = pricing.price_for(chat.model) if left is not None else None
+    if left is None or price is None or price.output <= 0:
+        return cap
+    input_cost = price.input * (pricing.estimate_tokens(messages) + pricing.estimate_tokens(specs))
+    affordable = int((left - input_cost) / price.output)
+    if affordable < 1:
+        raise StopRun(
+            "budget",
+            f"the run's remaining budget ({left:.6f}¢) cannot pay for another model call "
+            f"(about {input_cost:.6f}¢ of input alone)",
+        )
+    return min(cap, affordable)
+
+
+def _kind_step_timeout(ctx: RunContext) -> float:
+    # RunContext has no public accessor for its kind's step timeout yet.
+    kind = getattr(ctx, "_kind", None)
+    return float(getattr(kind, "step_timeout", None) or settings.RUNS_STEP_TIMEOUT_SECONDS)

@@ -1,0 +1,205 @@
+"""Chat models behind one small interface: OpenAI-compatible servers, Anthropic, and a scripted stand-in.
+
+Conversations use the OpenAI Chat Completions message format (``role``,
+``content``, ``tool_calls``, ``tool_call_id``) whatever the provider; each
+adapter translates at its edge. Adapters never retry: their SDK's retries
+are off, and a failure reaches the engine's classifier (``workers.classify``)
+as the SDK raised it, so a 429 waits its Retry-After, a 5xx is retried with
+backoff and a 400 fails the run at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from workers.errors import Fatal, Retryable
+from workers.llm import conf, pricing
+
+# A scripted model's brain: (conversation, tool specs) -> {"content": ..., "tool_calls": [{"name", "arguments"}]}.
+Script = Callable[[list[dict], list[dict]], dict]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One model answer: the assistant message (Chat Completions form), its usage and its cost."""
+
+    message: dict
+    tokens_in: int
+    tokens_out: int
+    cost_cents: Decimal
+    model: str
+    finish_reason: str = ""
+
+
+class ChatModel:
+    """The interface of a chat model: ``complete`` one turn of a conversation.
+
+    ``provider`` and ``model`` name it; ``describe()`` is what a run
+    records at its start, so the run keeps its model when settings change.
+    """
+
+    provider = ""
+    model = ""
+
+    def complete(
+        self, messages: list[dict], *, tools: list[dict], max_tokens: int | None, timeout: float | None
+    ) -> Completion:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"provider": self.provider, "model": self.model}
+
+
+_clients: dict[tuple, Any] = {}
+_clients_lock = threading.Lock()
+
+
+class OpenAIChat(ChatModel):
+    """Chat Completions with tool calling on the official ``openai`` SDK (OpenAI, vLLM, Ollama, llama.cpp...).
+
+    ``base_url``, ``api_key`` and ``model`` default to ``LLM_BASE_URL``,
+    ``LLM_API_KEY`` and ``LLM_MODEL``. The SDK's own retries are off.
+    """
+
+    provider = "openai"
+
+    def __init__(self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None):
+        self.model = model or conf.get("LLM_MODEL") or "gpt-4o-mini"
+        self.base_url = base_url or conf.get("LLM_BASE_URL") or None
+        # Local servers ignore the key, but the SDK insists on one.
+        self.api_key = api_key or conf.get("LLM_API_KEY") or "not-needed"
+
+    def _client(self):
+        from openai import OpenAI
+
+        key = (self.base_url, self.api_key)
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _clients[key] = OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
+        return client
+
+    def _max_tokens_parameter(self) -> str:
+        # OpenAI's own API wants max_completion_tokens (reasoning models refuse
+        # max_tokens); compatible servers know max_tokens.
+        host = urlsplit(self.base_url or "https://api.openai.com").hostname or ""
+        return "max_completion_tokens" if host.endswith("openai.com") else "max_tokens"
+
+    def complete(self, messages, *, tools, max_tokens, timeout) -> Completion:
+        params: dict[str, Any] = {"model": self.model, "messages": messages}
+        if tools:
+            params["tools"] = tools
+        if max_tokens:
+            params[self._max_tokens_parameter()] = max_tokens
+        if timeout:
+            params["timeout"] = timeout
+        response = self._client().chat.completions.create(**params)
+        usage = response.usage
+        tokens_in = (usage.prompt_tokens or 0) if usage else 0
+        tokens_out = (usage.completion_tokens or 0) if usage else 0
+        cost = pricing.cost_cents(response.model or "", tokens_in, tokens_out, fallback=self.model)
+        spent = {"tokens_in": tokens_in, "tokens_out": tokens_out, "cost_cents": cost}
+        if not response.choices:
+            raise Retryable("the model answered without a choice", **spent)
+        choice = response.choices[0]
+        message = choice.message
+        if getattr(message, "refusal", None) or choice.finish_reason == "content_filter":
+            raise Fatal(f"the model refused: {message.refusal or 'content filter'}", **spent)
+        added: dict[str, Any] = {"role": "assistant", "content": message.content}
+        calls = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments or ""}}
+            for call in message.tool_calls or []
+            if getattr(call, "function", None) is not None
+        ]
+        if calls:
+            added["tool_calls"] = calls
+        return Completion(added, tokens_in, tokens_out, cost, response.model or self.model, choice.finish_reason or "")
+
+
+class ScriptedModel(ChatModel):
+    """A deterministic offline model: a ``script`` function decides each turn from the conversation.
+
+    It drives the same loop, tools and checkpoints as a real model, reports
+    token counts estimated from the text (4 characters a token), and is
+    priced as the model ``scripted`` in the price table. Its latency is
+    scaled by ``RUNS_DEMO_DELAY_SCALE``. Without a script it answers the
+    last user message.
+    """
+
+    provider = "scripted"
+
+    def __init__(self, script: Script | None = None, *, model: str = "scripted", latency: float = 0.4):
+        self.script = script
+        self.model = model
+        self.latency = latency
+
+    def complete(self, messages, *, tools, max_tokens, timeout) -> Completion:
+        time.sleep(self.latency * settings.RUNS_DEMO_DELAY_SCALE)
+        reply = (self.script or echo_script)(messages, tools)
+        turn = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        message = to_assistant_message(reply, turn=turn)
+        tokens_in = pricing.estimate_tokens(messages) + (pricing.estimate_tokens(tools) if tools else 0)
+        tokens_out = pricing.estimate_tokens(message)
+        if max_tokens:
+            tokens_out = min(tokens_out, max_tokens)
+        cost = pricing.cost_cents(self.model, tokens_in, tokens_out)
+        return Completion(message, tokens_in, tokens_out, cost, self.model, "tool_calls" if "tool_calls" in message else "stop")
+
+
+def to_assistant_message(reply: dict, *, turn: int) -> dict:
+    """A script's reply (``content`` and ``tool_calls`` of ``{"name", "arguments"}``) as an assistant message."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
+    calls = []
+    for index, call in enumerate(reply.get("tool_calls") or [], start=1):
+        arguments = call.get("arguments", {})
+        calls.append({
+            "id": f"call_{turn}_{index}",
+            "type": "function",
+            "function": {
+                "name": call["name"],
+                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+            },
+        })
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def echo_script(messages: list[dict], tools: list[dict]) -> dict:
+    last = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "") or ""
+    return {"content": f"(scripted model) You said: {last}"}
+
+
+def choose_model(model: ChatModel | str | None = None, *, script: Script | None = None) -> ChatModel:
+    """The model a run that starts now uses: ``model`` itself, a model name for the configured provider, or the default.
+
+    The provider is ``LLM_PROVIDER`` when set, else ``openai`` when
+    ``LLM_BASE_URL`` is set, else the scripted model driven by ``script``.
+    """
+    if isinstance(model, ChatModel):
+        return model
+    return model_for(conf.provider(), model, script=script)
+
+
+def model_for(provider: str, model: str | None, *, script: Script | None = None) -> ChatModel:
+    """The adapter for a provider name and model (as recorded at a run's start)."""
+    if provider == "scripted":
+        return ScriptedModel(script, model=model or "scripted")
+    if provider == "openai":
+        return OpenAIChat(model)
+    if provider == "anthropic":
+        from workers.llm.anthropic_chat import AnthropicChat
+
+        return AnthropicChat(model)
+    raise ImproperlyConfigured(f"unknown LLM provider {provider!r}: use openai, anthropic or scripted")
