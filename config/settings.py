@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "ninja",
     "runs",
     "workers",
+    "crm",
 ]
 
 MIDDLEWARE = [

@@ -1,5 +1,9 @@
 """Built-in agent kinds that work offline, so that `make run` shows runs moving.
 
+``research`` and ``crm_update`` are real tool-calling agents on
+``workers.llm``: with a provider configured they use it, without one a
+deterministic scripted model drives the same loop and tools.
+
 ``research_brief`` looks like real agent work: it plans, searches several
 sources, reads and extracts facts, drafts, reviews and writes a brief. Its
 "model" and "tools" are deterministic functions of the input with realistic
@@ -10,6 +14,8 @@ returns the same data and costs nothing.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import time
 
 from django.conf import settings
@@ -88,4 +94,78 @@ def research_brief(ctx: RunContext, brief: BriefIn) -> dict:
         "questions": the_plan["questions"],
         "sources": the_plan["sources"],
         "review": verdict["notes"],
+    }
+
+
+# LLM agents: the tool-calling loop of workers.llm, driven by the model of
+# LLM_BASE_URL / LLM_MODEL, or offline by a scripted model (workers.llm.scripts).
+
+RESEARCH_SYSTEM = (
+    "You are a careful research assistant answering from a local document corpus only. "
+    "First write a short plan. Then search with search_docs (several queries if useful) and read the most "
+    "relevant documents with read_doc. Answer concisely and cite every claim with the document id in square "
+    "brackets, like [leases-and-heartbeats]. If the corpus does not answer the question, say so."
+)
+
+CRM_SYSTEM = (
+    "You keep a CRM up to date. Read the lead with get_lead, then propose exactly one update with update_lead "
+    "that reflects the instruction: a stage change if the instruction implies one, and a short factual note. "
+    "A person approves the update before it is written. Finish with one sentence saying what changed."
+)
+
+
+class ResearchIn(BaseModel):
+    question: str = Field(min_length=3, max_length=500, description="What to find out from the document corpus")
+    max_sources: int = Field(default=3, ge=1, le=6, description="How many documents to read at most")
+
+
+class CrmUpdateIn(BaseModel):
+    lead_id: int = Field(default=1, ge=1, description="The lead to update")
+    instruction: str = Field(
+        min_length=3, max_length=2000, description="What happened, e.g. 'They signed the contract today'"
+    )
+
+
+@agent("research", input_schema=ResearchIn, max_attempts=3, max_model_iterations=12)
+def research(ctx: RunContext, data: ResearchIn) -> dict:
+    """Answer a question from the local document corpus: plan, search, read, answer with citations."""
+    from workers.llm import corpus, run_agent_loop
+    from workers.llm.scripts import RESEARCH_USER, research_script
+
+    result = run_agent_loop(
+        ctx, system=RESEARCH_SYSTEM, user=RESEARCH_USER.format(question=data.question, max_sources=data.max_sources),
+        tools=[corpus.search_docs, corpus.read_doc], max_iterations=10, script=research_script,
+    )
+    docs = corpus.documents()
+    cited = [doc_id for doc_id in dict.fromkeys(re.findall(r"\[([a-z0-9-]+)\]", result.answer)) if doc_id in docs]
+    first = next((m for m in result.messages if m.get("role") == "assistant"), {})
+    return {
+        "question": data.question,
+        "answer": result.answer,
+        "citations": [{"doc_id": doc_id, "title": docs[doc_id].title} for doc_id in cited],
+        "plan": first.get("content") or "",
+        "iterations": result.iterations,
+        "model": result.model,
+    }
+
+
+@agent("crm_update", input_schema=CrmUpdateIn, max_attempts=3, max_model_iterations=8)
+def crm_update(ctx: RunContext, data: CrmUpdateIn) -> dict:
+    """Read a CRM lead, propose an update from an instruction, wait for approval, then write it (idempotently)."""
+    from crm.tools import get_lead, update_lead
+    from workers.llm import run_agent_loop
+    from workers.llm.scripts import CRM_USER, crm_script
+
+    result = run_agent_loop(
+        ctx, system=CRM_SYSTEM, user=CRM_USER.format(lead_id=data.lead_id, instruction=data.instruction),
+        tools=[get_lead, update_lead], max_iterations=6, script=crm_script,
+    )
+    applied = next((c for c in result.tool_calls if c["name"] == "update_lead" and not c["error"]), None)
+    return {
+        "lead_id": data.lead_id,
+        "applied": applied is not None,
+        "update": json.loads(applied["content"]) if applied else None,
+        "summary": result.answer,
+        "iterations": result.iterations,
+        "model": result.model,
     }

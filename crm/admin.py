@@ -1,0 +1,16 @@
+from django.contrib import admin
+
+from crm.models import Lead, LeadUpdate
+
+
+@admin.register(Lead)
+class LeadAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "company", "stage", "updated_at"]
+    list_filter = ["stage"]
+    search_fields = ["name", "company", "email"]
+
+
+@admin.register(LeadUpdate)
+class LeadUpdateAdmin(admin.ModelAdmin):
+    list_display = ["id", "lead", "changes", "run_id", "applied_at"]
+    readonly_fields = ["idempotency_key", "lead", "changes", "previous", "run_id", "applied_at"]

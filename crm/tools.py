@@ -1,0 +1,37 @@
+"""The tools the ``crm_update`` agent works with: read a lead, write an update (idempotent, approved first)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from crm.models import Lead
+from crm.services import LeadNotFound, apply_lead_update
+from workers.llm.tools import ToolError, tool
+
+if TYPE_CHECKING:
+    from workers.context import RunContext
+
+StageName = Literal["new", "contacted", "qualified", "proposal", "won", "lost"]
+
+
+@tool
+def get_lead(lead_id: int) -> dict:
+    """Read a lead of the CRM: name, company, email, stage and notes."""
+    lead = Lead.objects.filter(pk=lead_id).first()
+    if lead is None:
+        raise ToolError(f"there is no lead {lead_id}")
+    return lead.as_dict()
+
+
+@tool(side_effect=True, needs_approval=True)
+def update_lead(ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = "") -> dict:
+    """Change a lead's stage and/or add a dated note. A person approves every update before it is written."""
+    if stage is None and not note.strip():
+        raise ToolError("nothing to update: give a stage, a note, or both")
+    try:
+        update = apply_lead_update(
+            lead_id=lead_id, stage=stage, note=note.strip(), idempotency_key=ctx.idempotency_key, run_id=ctx.run_id
+        )
+    except LeadNotFound as exc:
+        raise ToolError(str(exc)) from None
+    return update.as_dict()
