@@ -136,6 +136,7 @@ class RunContext:
         self._cost = Decimal(claimed.cost_cents)
         self._claimed_clock = time.monotonic()
         self.last_failure: StepFailure | None = None
+        self.progressed = False  # a step completed during this attempt
         if claimed.cancel_requested:
             control.cancel_requested.set()
         if claimed.pause_requested:
@@ -290,6 +291,7 @@ class RunContext:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
         cancel, pause, self._cost = answer
+        self.progressed = True  # the checkpoint reset the run's failures to 0
         self._note_flags(cancel, pause)
         result = json.loads(output_json)
         self._recorded[seq] = RecordedStep(seq=seq, name=name, status="done", output=result)
@@ -470,6 +472,8 @@ class RunContext:
             record.cost_cents = Decimal(str(usage[2]))
         self._record(record, exc, error_kind, status="waiting" if error_kind == "ambiguous" else "failed")
         self.last_failure = StepFailure(exc, error_kind, found.retry_after, record.seq, record.name)
+        # Money a failed call cost counts against the ceiling too: a bound, not a retry.
+        self._check_budget()
 
     def _park_unknown_outcome(self, seq: int, name: str, kind: str, args, kwargs) -> None:
         message = (

@@ -133,8 +133,11 @@ class RunExecutor:
             logger.warning("side effect of unknown outcome, waiting for a person: %s", message, extra=self.log_extra)
             return self._leave("waiting_human", reason="ambiguous", error=message, error_kind="ambiguous")
         if error_kind == "retryable":
+            # Consecutive failures as the database now counts them: a step
+            # completed in this attempt started the count again.
+            failures = 0 if ctx.progressed else self.claimed.failures
             delay = backoff_seconds(
-                self.claimed.failures + 1,
+                failures + 1,
                 base=kind.backoff_base if kind.backoff_base is not None else settings.RUNS_BACKOFF_BASE_SECONDS,
                 cap=kind.backoff_cap if kind.backoff_cap is not None else settings.RUNS_BACKOFF_CAP_SECONDS,
                 retry_after=retry_after,
