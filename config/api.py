@@ -9,6 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+import runs.api_artifacts  # noqa: F401  (registers the artifact endpoints on the runs router)
 import runs.api_control  # noqa: F401  (registers the control endpoints on the runs router)
 from runs.api import router as runs_router
 from runs.exceptions import (
