@@ -1,0 +1,155 @@
+"""The built-in LLM kinds, research and crm_update: offline (scripted model) and against the fake provider."""
+
+from __future__ import annotations
+
+import pytest
+
+from crm.models import Lead, LeadUpdate
+from crm.services import apply_lead_update
+from runs.control import approve_run, reject_run
+from runs.models import Step
+from runs.selectors import waiting_for
+from runs.services import Actor, submit_run
+from tests.conftest import fresh
+from tests.fake_openai import MODEL, drive, from_script
+from workers.llm.scripts import crm_script, research_script
+
+pytest_plugins = ["tests.fake_openai"]  # the fake_llm and offline fixtures
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PERSON = Actor(type="user", id="42")
+QUESTION = "How does a worker avoid running a step twice after a crash?"
+
+
+def tool_names(run):
+    return list(Step.objects.filter(run=run, kind="tool").order_by("seq").values_list("name", flat=True))
+
+
+def assert_cited_research(run):
+    assert run.status == "done", run.error
+    result = run.result
+    assert result["plan"].startswith("Plan:")
+    assert 1 <= len(result["citations"]) <= 2
+    for citation in result["citations"]:
+        assert f"[{citation['doc_id']}]" in result["answer"]
+    assert {"checkpoints-and-replay", "idempotency-keys"} & {c["doc_id"] for c in result["citations"]}
+    assert tool_names(run)[:2] == ["Calling search_docs", "Calling search_docs"]
+    assert set(tool_names(run)[2:]) == {"Calling read_doc"}
+    assert Step.objects.filter(run=run, kind="llm").count() == result["iterations"] == 3
+    assert run.cost_cents > 0
+
+
+def test_research_finishes_offline_with_citations(tenant, offline):
+    run = submit_run(tenant=tenant, kind="research", input={"question": QUESTION, "max_sources": 2})
+    [run] = drive(run)
+    assert_cited_research(run)
+    assert run.result["model"] == "scripted"
+
+
+def test_research_finishes_against_the_provider(tenant, fake_llm):
+    fake_llm.brain = from_script(research_script)
+    run = submit_run(tenant=tenant, kind="research", input={"question": QUESTION, "max_sources": 2})
+    [run] = drive(run)
+    assert_cited_research(run)
+    assert run.result["model"] == MODEL
+    assert fake_llm.count == 3
+    assert [t["function"]["name"] for t in fake_llm.bodies()[0]["tools"]] == ["search_docs", "read_doc"]
+
+
+def test_research_through_the_anthropic_adapter(tenant, fake_llm, settings):
+    settings.LLM_PROVIDER = "anthropic"
+    settings.LLM_BASE_URL = fake_llm.url.removesuffix("/v1")
+    fake_llm.brain = from_script(research_script)
+    run = submit_run(tenant=tenant, kind="research", input={"question": QUESTION, "max_sources": 2})
+    [run] = drive(run)
+    assert_cited_research(run)
+    assert {r["path"] for r in fake_llm.requests} == {"/v1/messages"}
+    last = fake_llm.bodies()[-1]
+    assert last["system"].startswith("You are a careful research assistant")
+    assert any(block["type"] == "tool_result" for turn in last["messages"] if isinstance(turn["content"], list)
+               for block in turn["content"])
+
+
+def make_lead(**fields):
+    return Lead.objects.create(**({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
+                                   "stage": "proposal"} | fields))
+
+
+def crm_run_until_approval(tenant, lead):
+    run = submit_run(tenant=tenant, kind="crm_update",
+                     input={"lead_id": lead.pk, "instruction": "They signed the contract today"})
+    [run] = drive(run)
+    assert run.status == "waiting_human", run.error
+    pending = waiting_for(run)
+    assert pending["type"] == "approval" and pending["name"] == "Approve update_lead"
+    assert pending["proposal"]["arguments"] == {
+        "lead_id": lead.pk, "stage": "won", "note": "They signed the contract today",
+    }
+    assert fresh_lead(lead).stage == "proposal"  # nothing written before the approval
+    return run
+
+
+def fresh_lead(lead):
+    return Lead.objects.get(pk=lead.pk)
+
+
+@pytest.mark.parametrize("provider", ["scripted", "openai"])
+def test_crm_update_waits_for_approval_then_writes_once(tenant, provider, request):
+    if provider == "openai":
+        request.getfixturevalue("fake_llm").brain = from_script(crm_script)
+    else:
+        request.getfixturevalue("offline")
+    lead = make_lead()
+    run = crm_run_until_approval(tenant, lead)
+    approve_run(run=run, actor=PERSON, comment="yes")
+    [run] = drive(run)
+    assert run.status == "done", run.error
+    assert run.result["applied"] is True
+    assert run.result["update"]["changes"] == {"stage": "won", "note": "They signed the contract today"}
+    assert "proposal → won" in run.result["summary"]
+    lead = fresh_lead(lead)
+    assert lead.stage == "won" and lead.notes.endswith("They signed the contract today")
+    update = LeadUpdate.objects.get(lead=lead)
+    write = Step.objects.get(run=run, name="Calling update_lead")
+    assert update.idempotency_key == write.idempotency_key == f"{run.pk}:1:{write.seq}"
+    assert update.run_id == run.pk
+
+
+def test_a_rejected_crm_update_is_not_written(tenant, offline):
+    lead = make_lead()
+    run = crm_run_until_approval(tenant, lead)
+    reject_run(run=run, actor=PERSON, comment="not yet, wait for the countersignature")
+    [run] = drive(run)
+    assert run.status == "done", run.error
+    assert run.result["applied"] is False
+    assert "countersignature" in run.result["summary"]
+    assert fresh_lead(lead).stage == "proposal"
+    assert not LeadUpdate.objects.exists()
+    assert "Calling update_lead" not in tool_names(run)
+
+
+def test_crm_update_of_a_missing_lead_ends_with_an_explanation(tenant, offline):
+    run = submit_run(tenant=tenant, kind="crm_update", input={"lead_id": 999999, "instruction": "They called back"})
+    [run] = drive(run)
+    assert run.status == "done", run.error
+    assert run.result["applied"] is False
+    assert "there is no lead 999999" in run.result["summary"]
+
+
+def test_the_crm_write_is_idempotent_per_key(db):
+    lead = make_lead(stage="contacted")
+    first = apply_lead_update(lead_id=lead.pk, stage="qualified", note="budget confirmed", idempotency_key="k1")
+    again = apply_lead_update(lead_id=lead.pk, stage="lost", note="other", idempotency_key="k1")
+    assert again.pk == first.pk
+    lead = fresh_lead(lead)
+    assert lead.stage == "qualified" and lead.notes.count("budget confirmed") == 1
+    assert LeadUpdate.objects.count() == 1
+
+
+def test_the_built_in_kinds_finish_offline_in_a_worker_process(tenant, processes):
+    run = submit_run(tenant=tenant, kind="research", input={"question": "What happens to a run when its worker is killed?"})
+    worker = processes.worker("--burst", LLM_BASE_URL="", LLM_PROVIDER="", RUNS_DEMO_DELAY_SCALE="0")
+    assert worker.wait(60) == 0, processes.output(worker)
+    run = fresh(run)
+    assert run.status == "done", run.error
+    assert run.result["citations"] and run.result["model"] == "scripted"
