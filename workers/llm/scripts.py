@@ -71,7 +71,9 @@ def research_script(messages: list[dict], tools: list[dict]) -> dict:
             for hit in _json(result.get("content")) or []:
                 if isinstance(hit, dict) and "doc_id" in hit:
                     best[hit["doc_id"]] = max(best.get(hit["doc_id"], 0.0), float(hit.get("score", 0)))
-        chosen = sorted(best, key=lambda doc_id: (-best[doc_id], doc_id))[:limit]
+        ranked = sorted(best, key=lambda doc_id: (-best[doc_id], doc_id))
+        # Documents far behind the best match are noise, not sources.
+        chosen = [doc_id for doc_id in ranked[:limit] if best[doc_id] >= 0.5 * best[ranked[0]]]
         if not chosen:
             return {"content": f"The corpus has no document about: {question}"}
         return {"content": f"Reading {len(chosen)} documents.",
