@@ -276,6 +276,18 @@ class Run(models.Model):
             # The dashboard and GET /api/runs (keyset pages).
             models.Index(F("tenant"), F("created_at").desc(), F("id").desc(), name="run_tenant_recent_idx"),
             models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="run_parent_idx"),
+            # The operations console (bench/admin_million.py: each one turned a full scan of a
+            # million runs into an index scan). Columns and predicates that only transitions
+            # write, so heartbeats and checkpoints stay HOT: the admin run list, newest first...
+            models.Index(F("created_at").desc(), F("id").desc(), name="run_created_idx"),
+            # ...queue depth of live runs (the overview)...
+            models.Index(
+                fields=["queue", "status"],
+                condition=Q(status__in=["queued", "running", "waiting_human", "waiting", "paused"]),
+                name="run_live_idx",
+            ),
+            # ...and runs finished in the last hour (throughput and failure rate).
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_idx"),
         ]
         # The operations console's actions (runs/admin); staff need these besides view_run.
         permissions = [

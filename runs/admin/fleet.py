@@ -1,0 +1,140 @@
+"""Workers, queues and kinds: who is alive, and the levers that stop claiming (runs.operations)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.utils import timezone
+
+from runs import operations
+from runs.admin.common import operator, worker_lease
+from runs.models import KindState, Queue, Worker
+from runs.services import QUEUE_NAME
+from workers.registry import all_kinds
+
+
+class WorkerStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [("alive", "alive"), ("dead", "dead or stopped")]
+
+    def queryset(self, request, queryset):
+        alive = {"stopped_at__isnull": True, "last_seen_at__gte": timezone.now() - worker_lease()}
+        if self.value() == "alive":
+            return queryset.filter(**alive)
+        if self.value() == "dead":
+            return queryset.exclude(**alive)
+        return queryset
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("host", "pid", "state", "runs_held", "concurrency", "queue_list", "last_seen_at",
+                    "started_at", "stopped_at", "id")
+    list_filter = (WorkerStateFilter,)
+    search_fields = ("host",)
+    ordering = ("-last_seen_at",)
+    readonly_fields = ("id", "host", "pid", "state", "queues", "kinds", "concurrency", "runs_held", "started_at",
+                       "last_seen_at", "stopped_at")
+    fields = readonly_fields
+
+    @admin.display(description="state")
+    def state(self, worker: Worker) -> str:
+        if worker.stopped_at is not None:
+            return "stopped"
+        silent = timezone.now() - worker.last_seen_at
+        if silent > worker_lease():
+            return f"dead (silent {int(silent.total_seconds())} s)"
+        return "alive"
+
+    @admin.display(description="queues")
+    def queue_list(self, worker: Worker) -> str:
+        return ", ".join(worker.queues)
+
+    # Rows are the workers' own: registered and heartbeated by the processes.
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class PausableAdmin(admin.ModelAdmin):
+    """Queue and kind rows: adding one (paused or not) and the pause / resume actions go through the service."""
+
+    list_display = ("name", "paused", "paused_at")
+    list_filter = ("paused",)
+    ordering = ("name",)
+    actions = ("pause", "resume")
+
+    def set_paused(self, *, name: str, paused: bool, actor) -> None:
+        raise NotImplementedError
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("name", "paused", "paused_at") if obj is not None else ("paused_at",)
+
+    def save_model(self, request, obj, form, change) -> None:
+        if not change:
+            self.set_paused(name=obj.name, paused=obj.paused, actor=operator(request))
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # resume instead: the row keeps when it was last paused
+
+    @admin.action(description="Pause: workers stop claiming (running runs finish)", permissions=["change"])
+    def pause(self, request, queryset):
+        self._set(request, queryset, paused=True)
+
+    @admin.action(description="Resume", permissions=["change"])
+    def resume(self, request, queryset):
+        self._set(request, queryset, paused=False)
+
+    def _set(self, request, queryset, *, paused: bool) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            self.set_paused(name=name, paused=paused, actor=operator(request))
+        self.message_user(request, f"{'Paused' if paused else 'Resumed'}: {', '.join(names)}.")
+
+
+class QueueForm(forms.ModelForm):
+    class Meta:
+        model = Queue
+        fields = ("name", "paused")
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if not QUEUE_NAME.match(name):
+            raise forms.ValidationError("lowercase letters, digits, '_', '.', '-'; at most 64 characters")
+        return name
+
+
+@admin.register(Queue)
+class QueueAdmin(PausableAdmin):
+    form = QueueForm
+
+    def set_paused(self, *, name: str, paused: bool, actor) -> None:
+        operations.set_queue_paused(name=name, paused=paused, actor=actor)
+
+
+class KindStateForm(forms.ModelForm):
+    name = forms.ChoiceField(choices=())
+
+    class Meta:
+        model = KindState
+        fields = ("name", "paused")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["name"].choices = [(k.name, k.name) for k in sorted(all_kinds(), key=lambda k: k.name)]
+
+
+@admin.register(KindState)
+class KindStateAdmin(PausableAdmin):
+    form = KindStateForm
+
+    def set_paused(self, *, name: str, paused: bool, actor) -> None:
+        operations.set_kind_paused(name=name, paused=paused, actor=actor)
