@@ -1,9 +1,20 @@
 from django.urls import path
 
-from runs import views
+from runs import views, views_actions
 
 app_name = "runs"
 urlpatterns = [
     path("", views.run_list, name="list"),
+    path("runs/new/", views.submit_form, name="submit"),
+    path("tenant/", views.switch_tenant, name="switch_tenant"),
     path("runs/<uuid:run_id>/", views.run_detail, name="detail"),
+    path("runs/<uuid:run_id>/artifacts/<int:artifact_id>/", views.artifact_download, name="artifact"),
+    path("runs/<uuid:run_id>/cancel/", views_actions.cancel, name="cancel"),
+    path("runs/<uuid:run_id>/pause/", views_actions.pause, name="pause"),
+    path("runs/<uuid:run_id>/resume/", views_actions.resume, name="resume"),
+    path("runs/<uuid:run_id>/retry/", views_actions.retry, name="retry"),
+    path("runs/<uuid:run_id>/approve/", views_actions.approve, name="approve"),
+    path("runs/<uuid:run_id>/reject/", views_actions.reject, name="reject"),
+    path("runs/<uuid:run_id>/resolve/", views_actions.resolve, name="resolve"),
+    path("runs/<uuid:run_id>/messages/", views_actions.post_message, name="message"),
 ]

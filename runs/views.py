@@ -1,60 +1,243 @@
-"""The minimal dashboard: the tenant's runs and a run page whose progress polls every 2 s."""
+"""The dashboard's pages: the run list, the run page, the submit form (POST actions: runs.views_actions).
+
+One view per screen. For htmx polls a view answers with a named partial of
+its template; at a terminal state it answers 286, which stops htmx polling.
+"""
 
 from __future__ import annotations
 
-import json
 from typing import Any
-from uuid import UUID
+from urllib.parse import urlencode
+from uuid import UUID, uuid4
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
 
-from runs import selectors
-from runs.models import Membership, Run, Tenant
+from runs import dashboard_selectors, presenters, selectors, services
+from runs.dashboard_access import Access, Action, current_access, require, select_tenant
+from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
+from runs.forms import (
+    DecisionForm,
+    KindInputForm,
+    MessageForm,
+    ResolveForm,
+    RetryForm,
+    RunFilterForm,
+)
+from runs.models import Run
+from workers.registry import all_kinds, get_kind
 
-# htmx stops polling when a response has this status (a terminal run).
+# htmx stops polling when a response has this status (a terminal run, a list with no live run).
 HTMX_STOP_POLLING = 286
+PAGE_SIZE = 50
 
 
-def current_tenant(request: HttpRequest) -> Tenant:
-    membership = (
-        Membership.objects.select_related("tenant")
-        .filter(user=request.user)
-        .order_by("tenant__slug")
-        .first()
-    )
-    if membership is None:
-        raise Http404("you are not a member of any tenant")
-    return membership.tenant
+def actor_of(request: HttpRequest) -> services.Actor:
+    return services.Actor(type="user", id=str(request.user.pk))
+
+
+# The run list
 
 
 @login_required
 def run_list(request: HttpRequest) -> HttpResponse:
-    tenant = current_tenant(request)
-    page = selectors.list_runs(tenant=tenant, limit=50, cursor=request.GET.get("cursor") or None)
-    return render(request, "runs/list.html", {"tenant": tenant, "page": page})
+    access = current_access(request)
+    filters = RunFilterForm(request.GET, kinds=[kind.name for kind in all_kinds()])
+    page, error = selectors.Page(items=[], next_cursor=None), ""
+    if filters.is_valid():
+        wanted = filters.cleaned_data
+        try:
+            page = dashboard_selectors.list_runs(
+                tenant=access.tenant, limit=PAGE_SIZE, cursor=wanted["cursor"] or None,
+                status=wanted["status"] or None, kind=wanted["kind"] or None,
+                id_search=dashboard_selectors.id_range(wanted["q"]) if wanted["q"] else None,
+            )
+        except InvalidRunInput as exc:  # a mangled cursor
+            error = str(exc)
+    live = any(not run.is_terminal for run in page.items)
+    context = {
+        "access": access,
+        "tenant": access.tenant,
+        "filters": filters,
+        "filtered": filters.is_bound and any(request.GET.get(name) for name in ("status", "kind", "q", "cursor")),
+        "page": page,
+        "error": error,
+        "live": live,
+        "waiting_count": (
+            dashboard_selectors.count_waiting_for_people(tenant=access.tenant) if access.can_approve else None
+        ),
+        "next_url": _page_url(filters, page.next_cursor),
+        "poll_url": request.get_full_path(),
+    }
+    if request.htmx:
+        response = render(request, "runs/list.html#runs", context)
+        if not live:
+            response.status_code = HTMX_STOP_POLLING
+        return response
+    return render(request, "runs/list.html", context)
 
 
-def pretty_json(value: Any) -> str:
-    """Model and tool output as indented JSON text; the template escapes it like any other string."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+def _page_url(filters: RunFilterForm, cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    kept = {name: filters.data.get(name, "") for name in ("status", "kind", "q")}
+    return "?" + urlencode({**{k: v for k, v in kept.items() if v}, "cursor": cursor})
+
+
+# The run page
 
 
 @login_required
 def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
-    tenant = current_tenant(request)
-    run: Run = selectors.get_run(tenant=tenant, run_id=run_id)
-    context = {
-        "tenant": tenant,
-        "run": run,
-        # The timeline is part of the polled fragment, so it grows while the page is open.
-        "steps": selectors.list_steps(run=run),
-        "result_json": None if run.result is None else pretty_json(run.result),
-    }
+    access = current_access(request)
+    run = selectors.get_run(tenant=access.tenant, run_id=run_id)
     if request.htmx:
-        response = render(request, "runs/detail.html#progress", context)
-        if run.is_terminal:
-            response.status_code = HTMX_STOP_POLLING
-        return response
-    return render(request, "runs/detail.html", context)
+        return _poll(request, access, run)
+    return render_run_page(request, access, run)
+
+
+def render_run_page(
+    request: HttpRequest, access: Access, run: Run, *, forms: dict[str, Any] | None = None, status: int = 200
+) -> HttpResponse:
+    """The whole run page; ``forms`` replaces blank forms with bound ones that carry errors (422)."""
+    context = run_context(access, run, controls=True, work=True, forms=forms)
+    return render(request, "runs/detail.html", context, status=status)
+
+
+def _poll(request: HttpRequest, access: Access, run: Run) -> HttpResponse:
+    """The progress section, plus the controls and the timeline when they changed since the page's versions."""
+    controls_changed = request.GET.get("state") != presenters.controls_version(run)
+    work_changed = request.GET.get("seen") != presenters.timeline_version(run)
+    context = run_context(access, run, controls=controls_changed, work=work_changed)
+    context["oob"] = True
+    response = render(request, "runs/detail.html#poll", context)
+    if run.is_terminal:
+        response.status_code = HTMX_STOP_POLLING
+    return response
+
+
+def run_context(
+    access: Access, run: Run, *, controls: bool, work: bool, forms: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What the run page's three parts show; ``controls`` and ``work`` say which parts to load."""
+    state, seen = presenters.controls_version(run), presenters.timeline_version(run)
+    context: dict[str, Any] = {
+        "access": access,
+        "tenant": access.tenant,
+        "run": run,
+        "status_label": presenters.status_label(run.status),
+        "elapsed": presenters.duration(presenters.elapsed_seconds(run)),
+        "progress": presenters.progress_percent(run),
+        "cost_percent": presenters.cost_percent(run),
+        "advice": presenters.advice(run),
+        "poll_url": reverse("runs:detail", args=[run.id]) + "?" + urlencode({"state": state, "seen": seen}),
+        "controls_changed": controls,
+        "work_changed": work,
+    }
+    if controls:
+        waiting = selectors.waiting_for(run)
+        pending = (waiting or {}).get("step")
+        context.update(
+            waiting=waiting,
+            waiting_json=_waiting_json(waiting),
+            controls=presenters.controls(run, access, waiting),
+            new_bound=presenters.needs_new_bound(run),
+            run_messages=dashboard_selectors.recent_messages(run=run),
+            decision_form=DecisionForm(initial={"step": pending}),
+            message_form=MessageForm(),
+            resolve_form=ResolveForm(),
+            retry_form=RetryForm(),
+        )
+        context.update({f"{name}_form": form for name, form in (forms or {}).items()})
+    if work:
+        steps = dashboard_selectors.timeline(run=run)
+        context.update(
+            steps=steps,
+            step_in_progress=presenters.step_in_progress(run, [item.step for item in steps]),
+            next_seq=(steps[-1].step.seq if steps else 0) + 1,
+            result_json=None if run.result is None else presenters.pretty_json(run.result),
+        )
+    return context
+
+
+def _waiting_json(waiting: dict | None) -> str | None:
+    """The proposal of a pending approval, or the input of an ambiguous step, as indented JSON text."""
+    if not waiting:
+        return None
+    if waiting["type"] == "approval":
+        return presenters.pretty_json(waiting.get("proposal"))
+    if waiting["type"] == "ambiguous":
+        return presenters.pretty_json(waiting.get("input"))
+    return None
+
+
+@login_required
+def artifact_download(request: HttpRequest, run_id: UUID, artifact_id: int) -> FileResponse:
+    access = current_access(request)
+    run = selectors.get_run(tenant=access.tenant, run_id=run_id)
+    artifact = dashboard_selectors.get_artifact(run=run, artifact_id=artifact_id)
+    if artifact is None:
+        raise Http404("artifact not found")
+    try:
+        handle = artifact.file.open("rb")
+    except (FileNotFoundError, ValueError):
+        raise Http404("the artifact's file is missing from storage") from None
+    # Agent output is untrusted: always a download, never rendered by the browser.
+    response = FileResponse(
+        handle, as_attachment=True, filename=artifact.name, content_type="application/octet-stream"
+    )
+    response["Content-Security-Policy"] = "sandbox"
+    return response
+
+
+# Submitting
+
+
+@login_required
+def submit_form(request: HttpRequest) -> HttpResponse:
+    """Pick a kind, fill in the form built from its input schema, and land on the new run's page."""
+    access = current_access(request)
+    require(access, Action.SUBMIT)
+    kind_name = request.GET.get("kind", "")
+    kind = get_kind(kind_name) if kind_name else None
+    context: dict[str, Any] = {"access": access, "tenant": access.tenant, "kinds": all_kinds(), "kind": kind}
+    if kind is None:
+        context["unknown_kind"] = kind_name
+        return render(request, "runs/submit.html", context, status=404 if kind_name else 200)
+    form = KindInputForm(kind.input_json_schema(), request.POST if request.method == "POST" else None)
+    # One key per rendered form: a double click or a resent POST finds the run it created.
+    key = request.POST.get("idempotency_key") or uuid4().hex
+    if request.method == "POST" and form.is_valid():
+        try:
+            submitted = services.submit(
+                tenant=access.tenant, kind=kind.name, input=form.input_data(),
+                idempotency_key=key, actor=actor_of(request),
+            )
+        except InvalidRunInput as exc:
+            form.add_input_errors(str(exc), exc.errors)
+        except IdempotencyConflict:
+            form.add_error(None, "This form was already used to submit another run; submit again for a new one.")
+            key = uuid4().hex
+        except (QueueFull, UnknownKind) as exc:
+            form.add_error(None, str(exc))
+        else:
+            created = "Run submitted." if submitted.created else "This form was already submitted: here is its run."
+            messages.success(request, created)
+            return redirect("runs:detail", run_id=submitted.run.id)
+    context.update(form=form, idempotency_key=key)
+    return render(request, "runs/submit.html", context, status=422 if form.errors else 200)
+
+
+# Tenants
+
+
+@require_POST
+@login_required
+def switch_tenant(request: HttpRequest) -> HttpResponse:
+    tenant = select_tenant(request, request.POST.get("tenant", ""))
+    messages.info(request, f"Now showing the runs of {tenant.name}.")
+    return redirect("runs:list")

@@ -1,0 +1,111 @@
+"""Who may do what on the dashboard: the selected tenant and the user's role in it.
+
+Roles (DESIGN.md §4): a viewer reads; an operator also submits, cancels,
+pauses, resumes, retries and messages; an approver also approves, rejects and
+resolves; staff may do everything in the tenants they belong to. Views check
+with ``require`` (403 otherwise); templates only hide what the server refuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from uuid import UUID
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest
+
+from runs.models import Membership, Tenant
+
+# The session key holding the id of the tenant the user selected.
+SESSION_TENANT = "dashboard_tenant_id"
+
+
+class Action(StrEnum):
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RETRY = "retry"
+    MESSAGE = "message"
+    APPROVE = "approve"
+    REJECT = "reject"
+    RESOLVE = "resolve"
+
+
+OPERATOR_ACTIONS = frozenset(
+    {Action.SUBMIT, Action.CANCEL, Action.PAUSE, Action.RESUME, Action.RETRY, Action.MESSAGE}
+)
+APPROVER_ACTIONS = OPERATOR_ACTIONS | {Action.APPROVE, Action.REJECT, Action.RESOLVE}
+ROLE_ACTIONS = {
+    Membership.Role.VIEWER: frozenset(),
+    Membership.Role.OPERATOR: OPERATOR_ACTIONS,
+    Membership.Role.APPROVER: APPROVER_ACTIONS,
+}
+
+
+@dataclass(frozen=True)
+class Access:
+    """The tenant a request acts in, the user's role there, and the other tenants they may switch to."""
+
+    tenant: Tenant
+    role: str
+    is_staff: bool
+    memberships: tuple[Membership, ...]
+
+    def can(self, action: Action) -> bool:
+        return self.is_staff or action in ROLE_ACTIONS.get(self.role, frozenset())
+
+    @property
+    def can_operate(self) -> bool:
+        return self.can(Action.CANCEL)
+
+    @property
+    def can_approve(self) -> bool:
+        return self.can(Action.APPROVE)
+
+    @property
+    def role_label(self) -> str:
+        return "staff" if self.is_staff else self.role
+
+    @property
+    def can_switch(self) -> bool:
+        return len(self.memberships) > 1
+
+
+def current_access(request: HttpRequest) -> Access:
+    """The tenant selected in the session if the user is still a member of it, else their first tenant."""
+    memberships = tuple(
+        Membership.objects.select_related("tenant")
+        .filter(user=request.user)
+        .order_by("tenant__name", "tenant__slug")
+    )
+    if not memberships:
+        raise Http404("you are not a member of any tenant: ask an administrator to add you to one")
+    selected = request.session.get(SESSION_TENANT)
+    chosen = next((m for m in memberships if str(m.tenant_id) == selected), memberships[0])
+    return Access(
+        tenant=chosen.tenant, role=chosen.role, is_staff=request.user.is_staff, memberships=memberships
+    )
+
+
+def require(access: Access, action: Action) -> None:
+    if not access.can(action):
+        raise PermissionDenied(
+            f"your role in {access.tenant.name} ({access.role_label}) does not allow you to {action} runs"
+        )
+
+
+def select_tenant(request: HttpRequest, tenant_id: str) -> Tenant:
+    """Remember the tenant for this session; only a tenant the user is a member of (404 otherwise)."""
+    try:
+        tenant_uuid = UUID(str(tenant_id))
+    except ValueError:
+        raise Http404("you are not a member of that tenant") from None
+    membership = (
+        Membership.objects.select_related("tenant").filter(user=request.user, tenant_id=tenant_uuid).first()
+    )
+    if membership is None:
+        raise Http404("you are not a member of that tenant")
+    request.session[SESSION_TENANT] = str(membership.tenant_id)
+    return membership.tenant

@@ -1,0 +1,200 @@
+"""Dashboard forms: the submit form built from a kind's JSON schema, the run page's action forms, the filters.
+
+The submit form is generated on the server from ``kind.input_json_schema()``
+(pydantic's JSON schema): strings, integers and numbers with their bounds,
+booleans, enums, optional (``X | None``) fields; anything else (arrays,
+objects) is a JSON text box. The Django fields give quick, familiar errors
+and HTML attributes (``required``, ``min``, ``max``); the kind's own
+validation in ``services.submit`` stays the authority, and its errors are
+mapped back onto the fields by ``add_input_errors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+
+from runs.dashboard_selectors import id_range
+from runs.models import RunStatus
+from runs.presenters import status_label
+
+# Strings longer than this get a text area instead of a one-line input.
+LONG_TEXT = 200
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    kind: str  # "string" | "integer" | "number" | "boolean" | "enum" | "json"
+    required: bool
+    nullable: bool
+
+
+def _resolve(schema: dict, prop: dict) -> tuple[dict, bool]:
+    """Follow a local $ref and unwrap ``anyOf: [X, null]``; return (property, nullable)."""
+    nullable = False
+    variants = prop.get("anyOf") or prop.get("oneOf")
+    if variants:
+        others = [v for v in variants if v.get("type") != "null"]
+        nullable = len(others) < len(variants)
+        if len(others) == 1:
+            outer = {k: v for k, v in prop.items() if k not in ("anyOf", "oneOf")}
+            prop = {**others[0], **outer}
+    ref = prop.get("$ref", "")
+    if ref.startswith("#/$defs/"):
+        target = schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"), {})
+        outer = {k: v for k, v in prop.items() if k != "$ref"}
+        prop = {**target, **outer}
+    return prop, nullable
+
+
+def _field(prop: dict, required: bool, nullable: bool) -> tuple[forms.Field, str]:
+    common: dict[str, Any] = {
+        "required": required,
+        "label": prop.get("title"),
+        "help_text": prop.get("description", ""),
+    }
+    if "default" in prop and prop["default"] is not None:
+        common["initial"] = prop["default"]
+    kind = prop.get("type")
+    choices = prop.get("enum") or ([prop["const"]] if "const" in prop else None)
+    if choices:
+        coerce = {"integer": int, "number": float}.get(kind, str)
+        options = [(c, str(c)) for c in choices]
+        if not required and prop.get("default") is None:
+            options = [("", "—"), *options]
+        return forms.TypedChoiceField(choices=options, coerce=coerce, empty_value=None, **common), "enum"
+    if kind == "string":
+        long = prop.get("maxLength") is None or prop["maxLength"] > LONG_TEXT
+        widget = forms.Textarea(attrs={"rows": 3}) if long else None
+        return forms.CharField(
+            min_length=prop.get("minLength"), max_length=prop.get("maxLength"), widget=widget, **common
+        ), "string"
+    if kind == "integer":
+        low = prop.get("minimum", _plus(prop.get("exclusiveMinimum"), 1))
+        high = prop.get("maximum", _plus(prop.get("exclusiveMaximum"), -1))
+        return forms.IntegerField(min_value=low, max_value=high, **common), "integer"
+    if kind == "number":
+        return forms.FloatField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common), "number"
+    if kind == "boolean":
+        common["required"] = False  # an unticked box is False, not missing
+        return forms.BooleanField(**common), "boolean"
+    common["help_text"] = " ".join(filter(None, [common["help_text"], "JSON."]))
+    return forms.JSONField(widget=forms.Textarea(attrs={"rows": 3}), **common), "json"
+
+
+def _plus(value: float | None, delta: int) -> float | None:
+    return None if value is None else value + delta
+
+
+class KindInputForm(forms.Form):
+    """The input of one kind, one field per top-level property of its JSON schema."""
+
+    WHOLE_INPUT = "input"  # the single field of a kind without a schema
+
+    def __init__(self, schema: dict, *args: Any, **kwargs: Any):
+        kwargs.setdefault("prefix", "input")
+        super().__init__(*args, **kwargs)
+        self.specs: dict[str, FieldSpec] = {}
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or [])
+        if not properties:
+            self.fields[self.WHOLE_INPUT] = forms.JSONField(
+                label="Input", initial={}, help_text="A JSON object.", widget=forms.Textarea(attrs={"rows": 6})
+            )
+            self.specs[self.WHOLE_INPUT] = FieldSpec("json", True, False)
+            return
+        for name, raw in properties.items():
+            prop, nullable = _resolve(schema, raw)
+            is_required = name in required
+            # A required but nullable field may be left blank: it is sent as null.
+            field, kind = _field(prop, is_required and not nullable, nullable)
+            self.fields[name] = field
+            self.specs[name] = FieldSpec(kind, is_required, nullable)
+
+    def input_data(self) -> Any:
+        """The run's input from the cleaned fields; blank optional fields are left out so defaults apply."""
+        if self.WHOLE_INPUT in self.specs and len(self.specs) == 1:
+            return self.cleaned_data[self.WHOLE_INPUT]
+        data: dict[str, Any] = {}
+        for name, spec in self.specs.items():
+            value = self.cleaned_data.get(name)
+            if spec.kind == "boolean":
+                data[name] = bool(value)
+            elif value is not None and value != "":
+                data[name] = value
+            elif spec.required and spec.nullable:
+                data[name] = None
+        return data
+
+    def add_input_errors(self, message: str, errors: list[dict]) -> None:
+        """Put the kind's validation errors next to the fields they name; the rest above the form."""
+        placed = False
+        for error in errors:
+            loc = [str(part) for part in error.get("loc") or []]
+            if loc and loc[0] in self.fields:
+                suffix = f" ({'.'.join(loc[1:])})" if len(loc) > 1 else ""
+                self.add_error(loc[0], f"{error.get('msg', 'invalid value')}{suffix}")
+                placed = True
+            elif not loc and self.WHOLE_INPUT in self.fields:
+                self.add_error(self.WHOLE_INPUT, error.get("msg", message))
+                placed = True
+        if not placed:
+            self.add_error(None, message)
+
+
+class DecisionForm(forms.Form):
+    comment = forms.CharField(
+        max_length=5000, required=False, widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Optional; the agent receives it with your decision.",
+    )
+    # The pending approval's step: a decision on a card that went stale is refused, not applied to the next one.
+    step = forms.IntegerField(min_value=1, required=False, widget=forms.HiddenInput)
+
+
+class MessageForm(forms.Form):
+    text = forms.CharField(max_length=20000, widget=forms.Textarea(attrs={"rows": 2}), label="Message")
+
+
+class ResolveForm(forms.Form):
+    ACTIONS = [
+        ("done", "It happened: mark the step done"),
+        ("retry", "It did not happen: run the step again"),
+        ("fail", "Fail the run"),
+    ]
+    action = forms.ChoiceField(choices=ACTIONS)
+    output = forms.JSONField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Step output (JSON)",
+        help_text="Only for “it happened”: what the step would have returned.",
+    )
+
+
+class RetryForm(forms.Form):
+    from_step = forms.IntegerField(
+        min_value=1, required=False, label="From step",
+        help_text="Run this step and the later ones again; empty: continue after the last finished step.",
+    )
+    deadline_seconds = forms.IntegerField(
+        min_value=1, max_value=30 * 24 * 3600, required=False, label="New deadline (seconds)"
+    )
+    cost_ceiling_cents = forms.DecimalField(min_value=0, decimal_places=6, required=False, label="New cost ceiling (¢)")
+
+
+class RunFilterForm(forms.Form):
+    status = forms.ChoiceField(required=False)
+    kind = forms.ChoiceField(required=False)
+    q = forms.CharField(required=False, max_length=36, label="Run id")
+    cursor = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, kinds: list[str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["status"].choices = [("", "Any status")] + [(s, status_label(s)) for s in RunStatus.values]
+        self.fields["kind"].choices = [("", "Any kind")] + [(k, k) for k in kinds]
+        self.fields["q"].widget.attrs.update({"placeholder": "id or its first characters", "autocomplete": "off"})
+
+    def clean_q(self) -> str:
+        q = self.cleaned_data["q"].strip()
+        if q and id_range(q) is None:
+            raise forms.ValidationError("A run id has only 0-9, a-f and dashes.")
+        return q

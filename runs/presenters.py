@@ -1,0 +1,219 @@
+"""How the dashboard words a run: labels, advice, the buttons its state allows, what a poll must refresh.
+
+Plain functions of a run, so templates only print and tests can call them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.utils import timezone
+
+from runs.dashboard_access import Access, Action
+from runs.models import Run, RunStatus, Step
+
+CENT = Decimal("0.01")
+
+# Large step payloads are cut for display; the API serves them whole.
+MAX_JSON_CHARS = 20_000
+
+STATUS_LABELS = {
+    RunStatus.QUEUED: "Queued",
+    RunStatus.RUNNING: "Running",
+    RunStatus.WAITING_HUMAN: "Needs a person",
+    RunStatus.WAITING: "Waiting",
+    RunStatus.PAUSED: "Paused",
+    RunStatus.DONE: "Done",
+    RunStatus.FAILED: "Failed",
+    RunStatus.CANCELLED: "Cancelled",
+}
+
+
+def status_label(status: str) -> str:
+    return STATUS_LABELS.get(status, status.replace("_", " ").capitalize())
+
+
+def pretty_json(value: Any, limit: int = MAX_JSON_CHARS) -> str:
+    """Model and tool output as indented JSON text; the template escapes it like any other string."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) > limit:
+        return f"{text[:limit]}\n… ({len(text) - limit:,} more characters; GET /api/runs/<id>/steps has all of it)"
+    return text
+
+
+def money(cents: Decimal | float | int | None) -> str:
+    """Cents as people read them: "0¢", "< 0.01¢", "2.35¢", "$12.40"."""
+    if cents is None:
+        return "—"
+    cents = Decimal(str(cents))
+    if cents == 0:
+        return "0¢"
+    if cents < Decimal("0.01"):
+        return "< 0.01¢"
+    if cents < 100:
+        return f"{cents.quantize(CENT, ROUND_HALF_UP)}¢"
+    return f"${(cents / 100).quantize(CENT, ROUND_HALF_UP):,}"
+
+
+def duration(seconds: float | None) -> str:
+    """"0.4 s", "12 s", "3 min 05 s", "2 h 03 min"."""
+    if seconds is None:
+        return "—"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    total = int(seconds)
+    if total < 60:
+        return f"{total} s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def ago(moment: datetime | None, now: datetime | None = None) -> str:
+    """"12 s ago", "5 min ago", "3 h ago", "4 days ago"."""
+    if moment is None:
+        return "—"
+    seconds = max(0, int(((now or timezone.now()) - moment).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60} min ago"
+    if seconds < 86400:
+        return f"{seconds // 3600} h ago"
+    days = seconds // 86400
+    return f"{days} day{'s' if days != 1 else ''} ago"
+
+
+def error_parts(error: str) -> tuple[str, str]:
+    """A step error as (the sentence, the traceback after it): people read the first, developers open the second."""
+    summary, _, details = (error or "").partition("\n\n")
+    return summary, details.strip()
+
+
+def elapsed_seconds(run: Run, now: datetime | None = None) -> float | None:
+    """Wall time since the run first started, until it finished (or now)."""
+    if run.started_at is None:
+        return None
+    end = run.finished_at or now or timezone.now()
+    return max(0.0, (end - run.started_at).total_seconds())
+
+
+def progress_percent(run: Run) -> int | None:
+    if not run.steps_total:
+        return None
+    return min(100, round(100 * run.steps_done / run.steps_total))
+
+
+def cost_percent(run: Run) -> int | None:
+    if not run.cost_ceiling_cents:
+        return None
+    return min(100, round(100 * run.cost_cents / run.cost_ceiling_cents))
+
+
+ADVICE = {
+    "retryable": "It kept failing on errors that usually pass (timeouts, rate limits, 5xx answers) until its "
+                 "attempts ran out. Check that the service it calls is back, then retry it.",
+    "fatal": "Retrying the same input will fail the same way. Fix the input or the system it talks to, then "
+             "retry it or submit a new run.",
+    "ambiguous": "A side effect may or may not have happened, and a person decided to fail the run. Check "
+                 "the other system before retrying, or the effect may happen twice.",
+    "deadline": "It ran out of running time. Retry with a larger deadline (the finished steps are kept).",
+    "budget": "It reached its cost ceiling. Retry with a larger ceiling (the finished steps are kept).",
+    "step_limit": "It made more steps or model calls than its kind allows. Retry from an earlier step, or ask "
+                  "the agent's author to raise the limit.",
+    "expired": "It waited for a person longer than allowed. Retry it to queue it again.",
+    "nondeterministic": "The agent's code changed under a run in progress: replay met a different step than "
+                        "the one recorded. Retry from the step that changed.",
+}
+
+
+def advice(run: Run) -> str:
+    """What to do about a run that stopped, in one or two sentences."""
+    if run.status == RunStatus.CANCELLED:
+        return "A person cancelled it. Retry it to start again; its finished steps are kept."
+    if run.status == RunStatus.FAILED:
+        return ADVICE.get(run.error_kind, "Read the error, fix its cause, then retry it.")
+    if run.status == RunStatus.QUEUED and run.error:
+        return "The last attempt failed; it will be retried automatically."
+    return ""
+
+
+def step_in_progress(run: Run, steps: list[Step]) -> str:
+    """The name of a step that is executing but has no row yet (a step is written when it ends), or ""."""
+    if run.status != RunStatus.RUNNING or not run.current_step:
+        return ""
+    if steps and steps[-1].name == run.current_step:
+        return ""  # between steps, current_step names the last finished one
+    return run.current_step
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The buttons a run's state allows, already filtered by the user's role."""
+
+    cancel: bool
+    pause: bool
+    resume: bool
+    retry: bool
+    message: bool
+    decide: bool  # approve / reject a pending approval
+    resolve: bool  # decide an ambiguous side effect
+    cancel_requested: bool
+    pause_requested: bool
+
+    @property
+    def any_button(self) -> bool:
+        """Any of the buttons of the action bar (Retry has a form of its own)."""
+        return self.cancel or self.pause or self.resume
+
+
+def controls(run: Run, access: Access, waiting: dict | None) -> Controls:
+    live = not run.is_terminal
+    running = run.status == RunStatus.RUNNING
+    kind = (waiting or {}).get("type")
+    return Controls(
+        cancel=access.can(Action.CANCEL) and live and run.cancel_requested_at is None,
+        pause=access.can(Action.PAUSE) and (
+            run.status == RunStatus.QUEUED or (running and run.pause_requested_at is None)
+        ),
+        resume=access.can(Action.RESUME) and (
+            run.status == RunStatus.PAUSED or (running and run.pause_requested_at is not None)
+        ),
+        retry=access.can(Action.RETRY) and run.status in (RunStatus.FAILED, RunStatus.CANCELLED),
+        message=access.can(Action.MESSAGE) and live,
+        decide=access.can(Action.APPROVE) and kind == "approval",
+        resolve=access.can(Action.RESOLVE) and kind == "ambiguous",
+        cancel_requested=live and run.cancel_requested_at is not None,
+        pause_requested=live and run.pause_requested_at is not None,
+    )
+
+
+def needs_new_bound(run: Run) -> str:
+    """Which bound a retry must raise ("deadline", "budget") for a run that failed on one, else ""."""
+    if run.status == RunStatus.FAILED and run.error_kind in ("deadline", "budget"):
+        return run.error_kind
+    return ""
+
+
+# What a poll of the run page must refresh. The poll URL carries the
+# versions the page shows; the answer re-renders the controls and the step
+# timeline only when theirs changed, so a comment being typed or an opened
+# <details> survives the polls in between.
+def controls_version(run: Run) -> str:
+    version = f"{run.status}.{int(run.cancel_requested_at is not None)}.{int(run.pause_requested_at is not None)}"
+    if run.status == RunStatus.WAITING_HUMAN:
+        version += f".{run.last_event_seq}"  # a second approval in a row is a new card
+    return version
+
+
+def timeline_version(run: Run) -> str:
+    # Every finished step writes an event; a step that starts changes current_step.
+    raw = f"{run.generation}.{run.last_event_seq}.{run.status}.{run.current_step}"
+    return hashlib.blake2s(raw.encode(), digest_size=6).hexdigest()

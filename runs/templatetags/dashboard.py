@@ -1,0 +1,36 @@
+"""Formatting filters of the dashboard templates (presentation only; see runs.presenters)."""
+
+from __future__ import annotations
+
+from django import template
+from django.utils import timezone
+
+from runs import presenters
+from runs.models import Step
+
+register = template.Library()
+
+register.filter("status_label", presenters.status_label)
+register.filter("money", presenters.money)
+register.filter("duration", presenters.duration)
+register.filter("pretty_json", presenters.pretty_json)
+register.filter("ago", presenters.ago)
+
+
+@register.filter
+def error_summary(error: str) -> str:
+    return presenters.error_parts(error)[0]
+
+
+@register.filter
+def error_details(error: str) -> str:
+    return presenters.error_parts(error)[1]
+
+
+@register.filter
+def step_seconds(step: Step) -> float | None:
+    """How long a step took, or has been running so far."""
+    if step.started_at is None:
+        return None
+    end = step.ended_at or timezone.now()
+    return max(0.0, (end - step.started_at).total_seconds())

@@ -1,0 +1,161 @@
+"""The run page's POST actions: thin calls into ``runs.control``.
+
+Each action finds the run in the user's tenant (404), checks the role (403),
+then calls the service. The answer is a redirect to the run page with a
+one-line message, so every button works without JavaScript; an invalid form
+re-renders the page with the error next to the field (422). A state that no
+longer allows the action (``InvalidTransition``) is reported, never forced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from uuid import UUID
+
+from django import forms as django_forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from runs import control, selectors
+from runs.control import Outcome
+from runs.dashboard_access import Access, Action, current_access, require
+from runs.exceptions import InvalidRunInput, InvalidTransition
+from runs.forms import DecisionForm, MessageForm, ResolveForm, RetryForm
+from runs.models import Run
+from runs.views import actor_of, render_run_page
+
+
+def _target(request: HttpRequest, run_id: UUID, action: Action) -> tuple[Access, Run]:
+    """404 for a run outside the user's tenant, then 403 for a role that does not allow the action."""
+    access = current_access(request)
+    run = selectors.get_run(tenant=access.tenant, run_id=run_id)
+    require(access, action)
+    return access, run
+
+
+def _apply(request: HttpRequest, run: Run, call: Callable[[], Outcome], *, done: str, later: str = "") -> HttpResponse:
+    try:
+        outcome = call()
+    except InvalidTransition as exc:
+        messages.error(request, f"Nothing changed: {exc}. The page shows the run as it is now.")
+    else:
+        messages.success(request, later if outcome.later and later else done)
+    return redirect("runs:detail", run_id=run.id)
+
+
+def _invalid(request: HttpRequest, access: Access, run: Run, name: str, form: django_forms.Form) -> HttpResponse:
+    return render_run_page(request, access, run, forms={name: form}, status=422)
+
+
+@require_POST
+@login_required
+def cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    _, run = _target(request, run_id, Action.CANCEL)
+    return _apply(
+        request, run, lambda: control.cancel_run(run=run, actor=actor_of(request)),
+        done="Run cancelled.", later="Cancel requested: the run stops at the end of its current step.",
+    )
+
+
+@require_POST
+@login_required
+def pause(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    _, run = _target(request, run_id, Action.PAUSE)
+    return _apply(
+        request, run, lambda: control.pause_run(run=run, actor=actor_of(request)),
+        done="Run paused.", later="Pause requested: the run pauses at the end of its current step.",
+    )
+
+
+@require_POST
+@login_required
+def resume(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    _, run = _target(request, run_id, Action.RESUME)
+    return _apply(request, run, lambda: control.resume_run(run=run, actor=actor_of(request)), done="Run resumed.")
+
+
+def _decide(request: HttpRequest, run_id: UUID, *, approved: bool) -> HttpResponse:
+    access, run = _target(request, run_id, Action.APPROVE if approved else Action.REJECT)
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, access, run, "decision", form)
+    service = control.approve_run if approved else control.reject_run
+    return _apply(
+        request, run,
+        lambda: service(run=run, actor=actor_of(request), comment=form.cleaned_data["comment"],
+                        step=form.cleaned_data["step"]),
+        done="Approved: the run continues." if approved else "Rejected: the run continues without it.",
+    )
+
+
+@require_POST
+@login_required
+def approve(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    return _decide(request, run_id, approved=True)
+
+
+@require_POST
+@login_required
+def reject(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    return _decide(request, run_id, approved=False)
+
+
+@require_POST
+@login_required
+def resolve(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    access, run = _target(request, run_id, Action.RESOLVE)
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, access, run, "resolve", form)
+    action, output = form.cleaned_data["action"], form.cleaned_data["output"]
+    try:
+        return _apply(
+            request, run, lambda: control.resolve_run(run=run, actor=actor_of(request), action=action, output=output),
+            done={"done": "Marked done: the run continues.", "retry": "The step runs again.",
+                  "fail": "The run failed."}[action],
+        )
+    except InvalidRunInput as exc:
+        form.add_error("output", str(exc))
+        return _invalid(request, access, run, "resolve", form)
+
+
+@require_POST
+@login_required
+def post_message(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    access, run = _target(request, run_id, Action.MESSAGE)
+    form = MessageForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, access, run, "message", form)
+    try:
+        return _apply(
+            request, run, lambda: control.post_message(run=run, actor=actor_of(request), text=form.cleaned_data["text"]),
+            done="Message sent.",
+        )
+    except InvalidRunInput as exc:
+        form.add_error("text", str(exc))
+        return _invalid(request, access, run, "message", form)
+
+
+@require_POST
+@login_required
+def retry(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    access, run = _target(request, run_id, Action.RETRY)
+    form = RetryForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, access, run, "retry", form)
+    wanted = form.cleaned_data
+    try:
+        return _apply(
+            request, run,
+            lambda: control.retry_run(
+                run=run, actor=actor_of(request), from_step=wanted["from_step"],
+                deadline_seconds=wanted["deadline_seconds"], cost_ceiling_cents=wanted["cost_ceiling_cents"],
+            ),
+            done="Run queued again.",
+        )
+    except InvalidRunInput as exc:
+        form.add_error("from_step", str(exc))
+        return _invalid(request, access, run, "retry", form)
