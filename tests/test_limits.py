@@ -75,7 +75,7 @@ def test_four_workers_never_run_more_than_max_running_of_a_tenant_while_another_
         b_runs = [submit_run(tenant=b, kind="steps", input=work) for _ in range(12)]
 
     samples = []  # (A running rows, A's counter, B running rows, A queued rows, A done, B done)
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 60  # about 7 s on an idle machine
     while True:
         seen = Run.objects.aggregate(
             a_running=Count("pk", filter=Q(tenant=a, status="running")),
@@ -91,7 +91,7 @@ def test_four_workers_never_run_more_than_max_running_of_a_tenant_while_another_
         if seen["a_done"] == len(a_runs) and seen["b_done"] == len(b_runs):
             break
         if time.monotonic() > deadline:
-            pytest.fail(f"runs did not finish within 40 s; last sample {samples[-1]}")
+            pytest.fail(f"runs did not finish within 60 s; last sample {samples[-1]}")
         time.sleep(0.02)
 
     stop(processes, *workers)
@@ -329,6 +329,37 @@ def test_max_queued_refuses_submits_until_a_worker_drains_and_the_reaper_reconci
     assert counters(tenant) == (0, Run.objects.filter(status="queued").count()) == (0, 1)
     assert [post_run(api, ECHO).status_code for _ in range(3)] == [202, 202, 429]
     assert Run.objects.filter(status="queued").count() == 3
+
+
+@processes_db
+@pytest.mark.xfail(
+    strict=True,
+    raises=QueueFull,
+    reason="engine bug: the claim clamps Tenant.queued at 0 (GREATEST in workers/queue.py _CLAIM_SQL), "
+    "so runs claimed before their after-commit increment leave the counter too high until the reaper runs",
+)
+def test_runs_claimed_before_their_count_lands_do_not_fill_the_queue(tenant):
+    Tenant.objects.filter(pk=tenant.pk).update(max_queued=3)
+    kinds = {k.name: k.version for k in all_kinds()}
+    claimed = []
+    with transaction.atomic():
+        # Registered first, so it runs right after the commit, before the
+        # submits' own callbacks raise the counter: a worker that polls at
+        # that moment (seen with real workers in the max_running test above).
+        transaction.on_commit(
+            lambda: claimed.extend(
+                queue.claim(worker_id=uuid.uuid4(), queues=["default"], kinds=kinds, n=3, lease=60)
+            )
+        )
+        for text in ("a", "b", "c"):
+            submit_run(tenant=tenant, kind="echo", input={"text": text})
+    assert len(claimed) == 3
+    for run in claimed:
+        queue.leave_running(run_id=run.id, token=run.lease_token, target="done", reason="test")
+    assert not Run.objects.filter(status="queued").exists()
+
+    # Nothing is queued, so the tenant has room for three more.
+    submit_run(tenant=tenant, kind="echo", input={"text": "d"})
 
 
 # --- bad input (what tests/test_api_submit.py does not already cover) ----------------
