@@ -20,7 +20,6 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
-from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from runs.exceptions import InvalidRunInput, InvalidTransition
@@ -63,7 +62,7 @@ def _transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | 
     if to == RunStatus.QUEUED:
         count_and_notify_after_commit(tenant_id=run.tenant_id, queue=run.queue)
     if previous == RunStatus.QUEUED:
-        Tenant.objects.filter(pk=run.tenant_id).update(queued=Greatest(F("queued") - 1, 0))
+        Tenant.objects.filter(pk=run.tenant_id).update(queued=F("queued") - 1)
     return run
 
 

@@ -332,12 +332,6 @@ def test_max_queued_refuses_submits_until_a_worker_drains_and_the_reaper_reconci
 
 
 @processes_db
-@pytest.mark.xfail(
-    strict=True,
-    raises=QueueFull,
-    reason="engine bug: the claim clamps Tenant.queued at 0 (GREATEST in workers/queue.py _CLAIM_SQL), "
-    "so runs claimed before their after-commit increment leave the counter too high until the reaper runs",
-)
 def test_runs_claimed_before_their_count_lands_do_not_fill_the_queue(tenant):
     Tenant.objects.filter(pk=tenant.pk).update(max_queued=3)
     kinds = {k.name: k.version for k in all_kinds()}

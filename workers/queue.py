@@ -114,7 +114,9 @@ per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
 ),
 bumped AS (
-    UPDATE runs_tenant t SET running = t.running + p.n, queued = GREATEST(t.queued - p.n, 0)
+    -- queued may dip below 0 for a moment: a run can be claimed before the
+    -- increment of its submit (sent after commit) lands; they cancel out.
+    UPDATE runs_tenant t SET running = t.running + p.n, queued = t.queued - p.n
     FROM per_tenant p
     WHERE t.id = p.tenant_id AND t.running + p.n <= t.max_running
     RETURNING t.id
