@@ -14,11 +14,12 @@ class RunIn(Schema):
     kind: str = Field(min_length=1, max_length=100)
     input: dict[str, Any] = Field(default_factory=dict)
     queue: str | None = Field(default=None, max_length=64)
-    priority: int | None = Field(default=None, ge=0, le=9)
+    # Strict: "priority": true or "5" is a client bug worth a 422, not a silent 1 or 5.
+    priority: int | None = Field(default=None, ge=0, le=9, strict=True)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    max_attempts: int | None = Field(default=None, ge=1, le=100, strict=True)
     cost_ceiling_cents: float | None = Field(default=None, ge=0)
-    deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+    deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600, strict=True)
     callback_url: str | None = Field(default=None, max_length=2000)
 
 

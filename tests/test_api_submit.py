@@ -426,3 +426,10 @@ def test_last_used_at_is_refreshed_after_a_minute(api):
     assert api.get("/api/runs").status_code == 200
 
     assert ApiKey.objects.get().last_used_at > long_ago + timedelta(minutes=4)
+
+
+@pytest.mark.parametrize("priority", [True, "5", 2.0])
+def test_priority_must_be_a_json_integer(api, priority):
+    body = assert_error(post_run(api, {**ECHO, "priority": priority}), 422)
+    assert "priority" in body["detail"]
+    assert Run.objects.count() == 0
