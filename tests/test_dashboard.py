@@ -769,6 +769,22 @@ def test_the_list_pages_with_a_keyset_cursor_keeping_the_filters(member_client, 
 
 
 @pytest.mark.django_db
+def test_keyset_pages_split_runs_created_in_the_same_instant_exactly_once(member_client, member):
+    runs = [submit_run(tenant=member.tenant, kind="echo", input={"text": str(i)}) for i in range(120)]
+    same = timezone.now()
+    Run.objects.filter(pk__in=[r.pk for r in runs[:70]]).update(created_at=same)
+    Run.objects.filter(pk__in=[r.pk for r in runs[70:]]).update(created_at=same - timedelta(seconds=1))
+
+    seen, url = [], "/"
+    while url:
+        response = member_client.get(url if url.startswith("/") else "/" + url)
+        seen += [r.id for r in response.context["page"].items]
+        url = response.context["next_url"]
+
+    assert len(seen) == len(set(seen)) == 120
+
+
+@pytest.mark.django_db
 def test_approvers_see_how_many_runs_wait_for_them():
     client, membership = login("approver")
     waiting_for_approval(membership.tenant)
