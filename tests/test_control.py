@@ -167,7 +167,7 @@ def test_cancels_racing_runs_to_their_end_leave_each_in_exactly_one_terminal_sta
         assert_events_consistent(run)
     # No step ran twice, and every slot came back.
     assert set(Counter((r, seq) for r, seq, _, _ in executions(log)).values()) <= {1}
-    assert tenant_running(tenant) == 0
+    assert Tenant.objects.filter(pk=tenant.pk).values_list("running", "queued").get() == (0, 0)
     assert worker.poll() is None
     stop(processes, worker)
 
