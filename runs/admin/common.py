@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
+from math import ceil
 from typing import Any
 
 from django.conf import settings
@@ -43,10 +44,13 @@ class EstimatedCountPaginator(Paginator):
     EXPLAIN gives the estimated rows of the (filtered) query in about a
     millisecond. Small results are counted exactly, but never past
     ``exact_up_to`` rows, so a wrong estimate cannot turn into a full scan.
-    ``estimated`` tells the template to say "about".
+    ``estimated`` tells the template to say "about". Pages stop at
+    ``max_pages``, so no link leads to an OFFSET of a million rows.
     """
 
     exact_up_to = 1000
+    # A page costs its OFFSET: deeper than this, narrow the list with the filters instead.
+    max_pages = 200
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -64,6 +68,12 @@ class EstimatedCountPaginator(Paginator):
             self.estimated = True
             return max(estimate, exact)
         return exact
+
+    @cached_property
+    def num_pages(self) -> int:
+        if self.count == 0 and not self.allow_empty_first_page:
+            return 0
+        return min(ceil(max(1, self.count - self.orphans) / self.per_page), self.max_pages)
 
 
 def planner_rows(queryset) -> int:

@@ -54,12 +54,20 @@ def queues_panel() -> dict:
             "name": name,
             "paused": name in paused,
             "counts": [depth.get(name, {}).get(status, 0) for status in LIVE_STATUSES],
-            "oldest_age": now - oldest[name] if name in oldest else None,
+            "oldest_age": age(now - oldest[name]) if name in oldest else None,
         }
         for name in sorted(set(depth) | paused)
     ]
     kinds_paused = sorted(KindState.objects.filter(paused=True).values_list("name", flat=True))
     return {"queue_rows": rows, "statuses": [s.label for s in LIVE_STATUSES], "kinds_paused": kinds_paused}
+
+
+def age(delta: timedelta) -> str:
+    seconds = max(0, int(delta.total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
 
 
 def tenants_panel() -> dict:
