@@ -119,8 +119,15 @@ def resume_run(*, run: Run, actor: Actor) -> Outcome:
     """Queue a paused run again (it continues from its step log); withdraw a pause not yet honoured."""
     run = _locked(run)
     if run.status == RunStatus.RUNNING and run.pause_requested_at is not None:
-        Run.objects.filter(pk=run.pk).update(pause_requested_at=None, updated_at=timezone.now())
-        run.pause_requested_at = None
+        # Withdraw a pause the worker has not honoured yet; its heartbeat
+        # (woken now) clears the flag it holds.
+        now = timezone.now()
+        seq = run.last_event_seq + 1
+        Run.objects.filter(pk=run.pk).update(pause_requested_at=None, last_event_seq=seq, updated_at=now)
+        run.pause_requested_at, run.last_event_seq = None, seq
+        Event.objects.create(run=run, seq=seq, type="run.resumed", actor_type=actor.type,
+                             actor_id=actor.id, payload={"withdrawn": "pause_requested"})
+        transaction.on_commit(_notify_control)
         return Outcome(run)
     if run.status != RunStatus.PAUSED:
         raise _refuse(run, "resume")
@@ -185,7 +192,8 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     if action == "retry":
         return Outcome(_transition(run, to=RunStatus.QUEUED, event="run.resolved", actor=actor, payload=payload,
                                    run_after=now, failures=0, error="", error_kind=""))
-    return Outcome(_transition(run, to=RunStatus.FAILED, event="run.resolved", actor=actor, payload=payload,
+    # Terminal events keep their type (webhooks listen for run.failed).
+    return Outcome(_transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
                                error_kind="ambiguous"))
 
 

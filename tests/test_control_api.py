@@ -375,7 +375,8 @@ def test_resolve_fail_fails_the_run_as_ambiguous(tenant, ops, tmp_path):
     assert (run.status, run.error_kind) == ("failed", "ambiguous")
     assert run.finished_at is not None
     assert steps_of(log, run) == {"prepare": 1, "charge": 1}
-    ops.did(run, "run.resolved")
+    # A terminal transition keeps its event type (webhooks listen for run.failed).
+    assert ops.did(run, "run.failed").payload["action"] == "fail"
     assert_events_consistent(run)
 
 

@@ -117,6 +117,15 @@ class RunControl:
         self.pause_requested = threading.Event()
         self.lease_lost = threading.Event()
 
+    def note(self, *, cancel: bool, pause: bool) -> None:
+        """The database's current requests: a cancel stays; a pause can be withdrawn."""
+        if cancel:
+            self.cancel_requested.set()
+        if pause:
+            self.pause_requested.set()
+        else:
+            self.pause_requested.clear()
+
 
 class RunContext:
     """The API an agent function uses: steps, progress, and what it may know of its run."""
@@ -406,10 +415,7 @@ class RunContext:
         return max(0.001, min(timeout, self._deadline_left()))
 
     def _note_flags(self, cancel: bool, pause: bool) -> None:
-        if cancel:
-            self._control.cancel_requested.set()
-        if pause:
-            self._control.pause_requested.set()
+        self._control.note(cancel=cancel, pause=pause)
 
     # Executing one step.
     def _call(self, fn, args, kwargs, record: checkpoint.StepRecord, timeout: float) -> Any:

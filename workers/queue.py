@@ -20,7 +20,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db import connection, transaction
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -320,25 +320,35 @@ def leave_running(
         # A rescued run was last alive at its last heartbeat, not now.
         running_until="cur.heartbeat_at" if only_if_expired else "statement_timestamp()",
     )
+    params = {
+        "run": run_id,
+        "token": token,
+        "target": target,
+        "add_failure": 1 if add_failure else 0,
+        "delay": delay_seconds,
+        "result": result_json,
+        "error": error,
+        "error_kind": error_kind,
+        "actor_type": actor_type,
+        "actor_id": actor_id,
+        "reason": reason,
+        "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
+        "wake_on_message": wake_on_message,
+    }
+    if not wake_on_message:
+        return _fetch_exit(sql, params)
+    # The message check must see a message committed while we waited for the
+    # row (post_message holds it): take the lock first, then decide in a
+    # statement with a fresh snapshot.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
+        return _fetch_exit(sql, params)
+
+
+def _fetch_exit(sql: str, params: dict[str, Any]) -> tuple[str, str] | None:
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            {
-                "run": run_id,
-                "token": token,
-                "target": target,
-                "add_failure": 1 if add_failure else 0,
-                "delay": delay_seconds,
-                "result": result_json,
-                "error": error,
-                "error_kind": error_kind,
-                "actor_type": actor_type,
-                "actor_id": actor_id,
-                "reason": reason,
-                "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
-                "wake_on_message": wake_on_message,
-            },
-        )
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
 

@@ -253,10 +253,7 @@ class Worker:
                     h.control.lease_lost.set()
                     continue
                 cancel, pause = flags
-                if cancel:
-                    h.control.cancel_requested.set()
-                if pause:
-                    h.control.pause_requested.set()
+                h.control.note(cancel=cancel, pause=pause)
 
     def notify_released(self, run_queue: str) -> None:
         """A run went back to the queue ready to run: wake other workers (and this one)."""
