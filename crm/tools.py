@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from crm.models import Lead
 from crm.services import LeadNotFound, apply_lead_update
+from workers.errors import Fatal
 from workers.llm.tools import ToolError, tool
 
 if TYPE_CHECKING:
@@ -28,10 +29,12 @@ def update_lead(ctx: RunContext, lead_id: int, stage: StageName | None = None, n
     """Change a lead's stage and/or add a dated note. A person approves every update before it is written."""
     if stage is None and not note.strip():
         raise ToolError("nothing to update: give a stage, a note, or both")
+    key = ctx.idempotency_key
+    if not key:  # the loop runs side-effect tools as keyed steps; anything else is a programming error
+        raise Fatal("update_lead must run as a step with an idempotency key")
     try:
-        update = apply_lead_update(
-            lead_id=lead_id, stage=stage, note=note.strip(), idempotency_key=ctx.idempotency_key, run_id=ctx.run_id
-        )
+        update = apply_lead_update(lead_id=lead_id, stage=stage, note=note.strip(), idempotency_key=key,
+                                   run_id=ctx.run_id)
     except LeadNotFound as exc:
         raise ToolError(str(exc)) from None
     return update.as_dict()

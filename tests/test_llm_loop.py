@@ -223,3 +223,13 @@ def test_a_refusal_fails_the_run_and_keeps_its_cost(tenant, fake_llm):
     assert (run.status, run.error_kind) == ("failed", "fatal")
     assert "refused" in run.error
     assert run.cost_cents == pricing.cost_cents(MODEL, 100, 10) > 0
+
+
+def test_a_call_to_a_tool_with_an_absurd_name_is_answered_and_the_step_name_stays_short(tenant, fake_llm):
+    fake_llm.enqueue(say(None, ("x" * 500, {})), say("ok"))
+    run = submit_run(tenant=tenant, kind="llm_agent", input={})
+    [run] = drive(run)
+    assert run.status == "done", run.error
+    step = Step.objects.get(run=run, kind="tool")
+    assert step.name == "Rejecting a call to " + "x" * 80
+    assert "there is no tool named" in tool_messages(fake_llm.bodies()[1])[0]["content"]

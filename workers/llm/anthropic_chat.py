@@ -69,7 +69,7 @@ class AnthropicChat(ChatModel):
         tokens_out = response.usage.output_tokens or 0
         cost = pricing.cost_cents(response.model or "", tokens_in, tokens_out, fallback=self.model)
         if response.stop_reason == "refusal":
-            raise Fatal("the model refused to answer", tokens_in=tokens_in, tokens_out=tokens_out, cost_cents=cost)
+            raise Fatal("the model refused to answer", tokens_in=tokens_in, tokens_out=tokens_out, cost_cents=float(cost))
         texts, calls = [], []
         for block in response.content:
             if block.type == "text":

@@ -137,6 +137,8 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
     function = call.get("function") or {}
     name = str(function.get("name") or "")
     raw = function.get("arguments") or ""
+    if not isinstance(raw, str):  # some compatible servers send an object
+        raw = json.dumps(raw)
     outcome: dict[str, Any] = {"id": call.get("id", ""), "name": name, "arguments": raw, "error": False}
     tool_ = toolbox.get(name)
     try:
@@ -145,7 +147,7 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
             raise ToolError(f"there is no tool named {name!r} (the tools are: {known})")
         try:
             arguments = json.loads(raw) if raw.strip() else {}
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ToolError(f"the arguments of {name} are not valid JSON ({exc.msg} at position {exc.pos})") from None
         outcome["arguments"] = arguments
         tool_.validate(arguments)
@@ -153,7 +155,8 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         # Deterministic from the recorded assistant message, yet recorded so
         # that the audit trail shows what the model was told.
         told = {"content": f"Error: {exc}", "error": True}
-        answer = ctx.step(f"Rejecting a call to {name or 'a tool'}", lambda: told, kind="tool")
+        # The name is the model's text: keep the step name short whatever it sent.
+        answer = ctx.step(f"Rejecting a call to {name[:80] or 'a tool'}", lambda: told, kind="tool")
         return outcome | answer
 
     if tool_.needs_approval:

@@ -108,13 +108,14 @@ class OpenAIChat(ChatModel):
         tokens_in = (usage.prompt_tokens or 0) if usage else 0
         tokens_out = (usage.completion_tokens or 0) if usage else 0
         cost = pricing.cost_cents(response.model or "", tokens_in, tokens_out, fallback=self.model)
-        spent = {"tokens_in": tokens_in, "tokens_out": tokens_out, "cost_cents": cost}
         if not response.choices:
-            raise Retryable("the model answered without a choice", **spent)
+            raise Retryable("the model answered without a choice", tokens_in=tokens_in, tokens_out=tokens_out,
+                            cost_cents=float(cost))
         choice = response.choices[0]
         message = choice.message
         if getattr(message, "refusal", None) or choice.finish_reason == "content_filter":
-            raise Fatal(f"the model refused: {message.refusal or 'content filter'}", **spent)
+            raise Fatal(f"the model refused: {message.refusal or 'content filter'}", tokens_in=tokens_in,
+                        tokens_out=tokens_out, cost_cents=float(cost))
         added: dict[str, Any] = {"role": "assistant", "content": message.content}
         calls = [
             {"id": call.id, "type": "function",
