@@ -206,7 +206,8 @@ def test_resolve_can_fail_the_run(ops, operator, tenant):
 
     run = fresh(run)
     assert (run.status, run.error_kind) == ("failed", "ambiguous")
-    assert assert_recorded(run, "run.resolved", operator)["action"] == "fail"
+    # A terminal event keeps its type (webhooks listen for run.failed); the payload says how.
+    assert assert_recorded(run, "run.failed", operator)["action"] == "fail"
 
 
 def test_resolve_refuses_output_that_is_not_json(ops, tenant):
