@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import socket
+import urllib.request
+
 import pytest
 
 from crm.models import Lead, LeadUpdate
@@ -10,7 +15,7 @@ from runs.control import approve_run, reject_run
 from runs.models import Step
 from runs.selectors import waiting_for
 from runs.services import Actor, submit_run
-from tests.conftest import fresh
+from tests.conftest import fresh, wait_for
 from tests.fake_openai import MODEL, drive, from_script
 from workers.llm.scripts import crm_script, research_script
 
@@ -153,3 +158,59 @@ def test_the_built_in_kinds_finish_offline_in_a_worker_process(tenant, processes
     run = fresh(run)
     assert run.status == "done", run.error
     assert run.result["citations"] and run.result["model"] == "scripted"
+
+
+def test_the_built_in_kinds_are_listed_with_their_input_schemas(api):
+    kinds = {k["name"]: k for k in api.get("/api/kinds").json()}
+    assert kinds["research"]["input_schema"]["required"] == ["question"]
+    assert set(kinds["crm_update"]["input_schema"]["properties"]) == {"lead_id", "instruction"}
+    assert kinds["research"]["description"].startswith("Answer a question from the local document corpus")
+
+
+def call(method, url, key, body=None):
+    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None)
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_make_run_offline_runs_both_built_in_kinds_to_the_end(processes):
+    """`manage.py up` (what `make run` starts) with no provider: research answers, crm_update waits, then writes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up = processes.manage("up", f"127.0.0.1:{port}", LLM_BASE_URL="", LLM_PROVIDER="", RUNS_DEMO_DELAY_SCALE="0.01")
+    base = f"http://127.0.0.1:{port}/api"
+
+    def printed_key():
+        lines = processes.output(up).splitlines()
+        found = [lines[i + 1].strip() for i, line in enumerate(lines[:-1]) if line.startswith("API key for tenant")]
+        return found[-1] if found else None
+
+    key = wait_for(printed_key, timeout=60, interval=0.2, message="the API key printed by `up`")
+    wait_for(lambda: _answers(f"{base}/health"), timeout=60, interval=0.2, message="the web server of `up`")
+    lead = Lead.objects.create(name="Ana Ruiz", company="Ruiz & Co", email="ana@ruiz.test", stage="qualified")
+    research = call("POST", f"{base}/runs", key, {"kind": "research", "input": {"question": "How are retries delayed?"}})
+    crm = call("POST", f"{base}/runs", key, {"kind": "crm_update",
+                                              "input": {"lead_id": lead.pk, "instruction": "Sent them our offer"}})
+    wait_for(lambda: call("GET", f"{base}/runs/{crm['id']}", key)["status"] == "waiting_human", timeout=60,
+             message="crm_update to ask for approval")
+    call("POST", f"{base}/runs/{crm['id']}/approve", key, {"comment": "go"})
+    for run in (research, crm):
+        wait_for(lambda run=run: call("GET", f"{base}/runs/{run['id']}", key)["status"] == "done", timeout=60,
+                 message=f"run {run['id']} to finish")
+    assert "[retries-and-backoff]" in call("GET", f"{base}/runs/{research['id']}", key)["result"]["answer"]
+    assert Lead.objects.get(pk=lead.pk).stage == "proposal"
+    assert call("GET", f"{base}/runs/{research['id']}/artifacts", key) == []
+
+    up.send_signal(signal.SIGINT)
+    assert up.wait(60) == 0, processes.output(up)
+
+
+def _answers(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
