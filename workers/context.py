@@ -184,6 +184,14 @@ class RunContext:
         """The idempotency key of the step being executed, for passing to the callee."""
         return self._idempotency_key
 
+    def step_timeout(self, requested: float | None = None) -> float:
+        """The timeout (seconds) a step would get now: ``requested``, else the kind's, cut to the deadline left.
+
+        Pass it to a client library (an HTTP or SDK timeout) so that a call
+        gives up no later than the engine does.
+        """
+        return self._timeout(requested)
+
     def progress(self, *, total: int | None = None, message: str | None = None) -> None:
         """Announce the number of steps the run expects; written with the next step's record."""
         if total is not None:

@@ -8,6 +8,8 @@ agent code cannot swallow them.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 
 class StepError(Exception):
     """Base of the classified errors that step code may raise."""
@@ -21,7 +23,7 @@ class StepError(Exception):
         retry_after: float | None = None,
         tokens_in: int = 0,
         tokens_out: int = 0,
-        cost_cents: float | int = 0,
+        cost_cents: Decimal | float | int = 0,
     ):
         super().__init__(message)
         self.retry_after = retry_after

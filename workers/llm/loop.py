@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-
 from workers.context import StepResult
 from workers.errors import StopRun
 from workers.llm import artifacts, conf, pricing
@@ -91,7 +89,7 @@ def run_agent_loop(
     setup = ctx.step("Starting the agent", lambda: {**chosen.describe(), "system": system})
     chat = model if isinstance(model, ChatModel) else model_for(setup["provider"], setup["model"], script=script)
 
-    step_timeout = timeout or _kind_step_timeout(ctx)
+    step_timeout = ctx.step_timeout(timeout)
     cap = max_output_tokens or conf.get("LLM_MAX_OUTPUT_TOKENS")
     conversation: list[dict] = [{"role": "system", "content": setup["system"]}, {"role": "user", "content": user}]
     calls_made: list[dict] = []
@@ -210,7 +208,3 @@ def _output_limit(ctx: RunContext, chat: ChatModel, messages: list[dict], specs:
     return min(cap, affordable)
 
 
-def _kind_step_timeout(ctx: RunContext) -> float:
-    # RunContext has no public accessor for its kind's step timeout yet.
-    kind = getattr(ctx, "_kind", None)
-    return float(getattr(kind, "step_timeout", None) or settings.RUNS_STEP_TIMEOUT_SECONDS)
