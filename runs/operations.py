@@ -16,6 +16,7 @@ from runs.exceptions import InvalidTransition
 from runs.models import KindState, Queue, Run, RunStatus, Tenant
 from runs.services import Actor
 from workers import queue as queue_sql
+from workers.registry import get_kind
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ def set_kind_paused(*, name: str, paused: bool, actor: Actor) -> KindState:
         name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
     )
     logger.info("kind %s %s by %s:%s", name, "paused" if paused else "resumed", actor.type, actor.id)
+    kind = get_kind(name)
+    if not paused and kind is not None:
+        transaction.on_commit(lambda: queue_sql.notify_queues([kind.queue]))
     return state
 
 
@@ -42,6 +46,10 @@ def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
     Tenant.objects.filter(pk=tenant.pk).update(paused=paused)
     tenant.paused = paused
     logger.info("tenant %s %s by %s:%s", tenant.slug, "paused" if paused else "resumed", actor.type, actor.id)
+    if not paused:
+        queues = set(Run.objects.for_tenant(tenant).queued().values_list("queue", flat=True).distinct()[:100])
+        if queues:
+            transaction.on_commit(lambda: queue_sql.notify_queues(queues))
     return tenant
 
 
