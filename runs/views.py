@@ -6,6 +6,8 @@ its template; at a terminal state it answers 286, which stops htmx polling.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID, uuid4
@@ -16,6 +18,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRefresh
 
 from runs import dashboard_selectors, presenters, selectors, services
 from runs.dashboard_access import Access, Action, current_access, require, select_tenant
@@ -36,6 +39,22 @@ HTMX_STOP_POLLING = 286
 PAGE_SIZE = 50
 
 
+def login_required_polls(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``login_required``, except that an htmx poll from a session that ended reloads the page.
+
+    Otherwise htmx would follow the redirect and swap the login page into the run table.
+    """
+    protected = login_required(view)
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.htmx and not request.user.is_authenticated:
+            return HttpResponseClientRefresh()
+        return protected(request, *args, **kwargs)
+
+    return wrapper
+
+
 def actor_of(request: HttpRequest) -> services.Actor:
     return services.Actor(type="user", id=str(request.user.pk))
 
@@ -43,7 +62,7 @@ def actor_of(request: HttpRequest) -> services.Actor:
 # The run list
 
 
-@login_required
+@login_required_polls
 def run_list(request: HttpRequest) -> HttpResponse:
     access = current_access(request)
     filters = RunFilterForm(request.GET, kinds=[kind.name for kind in all_kinds()])
@@ -91,7 +110,7 @@ def _page_url(filters: RunFilterForm, cursor: str | None) -> str | None:
 # The run page
 
 
-@login_required
+@login_required_polls
 def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
     access = current_access(request)
     run = selectors.get_run(tenant=access.tenant, run_id=run_id)

@@ -107,6 +107,27 @@ def test_anonymous_user_is_redirected_to_login(client, path):
 
 
 @pytest.mark.django_db
+def test_a_poll_from_an_ended_session_reloads_the_page_instead_of_swapping_in_the_login_form(client):
+    for path in ("/", f"/runs/{uuid.uuid4()}/?state=x&seen=y"):
+        response = client.get(path, headers=HTMX)
+
+        assert response.status_code == 200
+        assert response["HX-Refresh"] == "true"
+        assert response.content == b""
+
+
+@pytest.mark.django_db
+def test_htmx_is_served_from_our_static_files(member_client):
+    html = member_client.get("/").content.decode()
+
+    assert '<script src="/static/django_htmx/htmx-2.min.js" defer></script>' in html
+    assert "://" not in html.split("<body")[0]  # no CDN, nothing from another origin
+    script = member_client.get("/static/django_htmx/htmx-2.min.js")
+    assert script.status_code == 200
+    assert b"htmx" in b"".join(script.streaming_content)
+
+
+@pytest.mark.django_db
 def test_login_page_renders_a_form(client):
     response = client.get("/accounts/login/?next=/")
 
