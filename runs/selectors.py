@@ -58,7 +58,9 @@ def list_runs(
         runs = runs.filter(queue=queue)
     if cursor:
         created, run_id = decode_cursor(cursor)
-        runs = runs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
+        # created_at <= c bounds the index scan; the OR alone makes PostgreSQL
+        # read every newer row first.
+        runs = runs.filter(created_at__lte=created).filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
     items = list(runs[: limit + 1])
     next_cursor = encode_cursor(items[limit - 1]) if len(items) > limit else None
     return Page(items=items[:limit], next_cursor=next_cursor)
