@@ -295,7 +295,12 @@ class Bench:
         from config.dbserver import ensure_database_url
 
         base_url = ensure_database_url()
-        self.server_label = "DATABASE_URL" if was_set else "embedded PostgreSQL (.data/pg, started or joined by this bench)"
+        if was_set:
+            parts = urlsplit(base_url)
+            shown = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")) if parts.password else parts
+            self.server_label = f"DATABASE_URL ({urlunsplit(shown)})"
+        else:
+            self.server_label = "embedded PostgreSQL (.data/pg, started or joined by this bench)"
         self.base_url = base_url
         import psycopg
 
