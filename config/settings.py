@@ -106,6 +106,12 @@ def _database() -> dict:
     # Names each process in pg_stat_activity: "agentruns runworker", "agentruns reap"...
     command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else "web"
     options.setdefault("application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63])
+    # Server-side prepared statements after a few executions on a connection:
+    # the claim, checkpoint and exit statements cost more to plan than to
+    # run. RUNS_DB_PREPARE=0 for a proxy that cannot keep them (PgBouncer
+    # in transaction mode before 1.21).
+    if env_bool("RUNS_DB_PREPARE", True):
+        options.setdefault("prepare_threshold", env_int("RUNS_DB_PREPARE_THRESHOLD", 2))
     if env_bool("RUNS_DB_POOL", True):
         # psycopg's pool: a thread that waits on a model or a tool has handed
         # its connection back, so a worker with many runs in flight needs few.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue as queue_module
 import threading
 import time
 import traceback
@@ -107,6 +108,51 @@ class StepFailure:
     retry_after: float | None
     seq: int
     name: str
+
+
+class StepThread:
+    """The thread that runs step functions for one of the worker's run threads.
+
+    Steps run off the run's thread so that a timeout can be enforced; the
+    thread is kept for the next step (starting one per step costs more than
+    a no-op step). One that overran its timeout is abandoned to the
+    worker's watchdog and replaced.
+    """
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self._tasks: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="step", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def for_this_thread(cls) -> StepThread:
+        runner = getattr(cls._local, "runner", None)
+        if runner is None:
+            runner = cls._local.runner = cls()
+        return runner
+
+    @classmethod
+    def abandon_this_thread(cls) -> None:
+        cls._local.runner = None
+
+    def submit(self, fn, args, kwargs) -> tuple[dict[str, Any], threading.Event]:
+        box: dict[str, Any] = {}
+        finished = threading.Event()
+        self._tasks.put((fn, args, kwargs, box, finished))
+        return box, finished
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, kwargs, box, finished = self._tasks.get()
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the run's thread
+                box["error"] = exc
+            finally:
+                release_connection()  # step code may have used the ORM
+                finished.set()
 
 
 class RunControl:
@@ -302,8 +348,11 @@ class RunContext:
                 steps_total=self._steps_total,
                 consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
             )
-        finally:
+        except BaseException:
             release_connection()
+            raise
+        # The run keeps its connection while it is busy with fast steps; a
+        # slow step hands it back (see _call), and so does leaving running.
         if answer is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
@@ -427,26 +476,15 @@ class RunContext:
 
     # Executing one step.
     def _call(self, fn, args, kwargs, record: checkpoint.StepRecord, timeout: float) -> Any:
-        """Run ``fn`` on its own thread; announce it when slow; give up on it after ``timeout``."""
-        box: dict[str, Any] = {}
-        finished = threading.Event()
-
-        def target() -> None:
-            try:
-                box["value"] = fn(*args, **kwargs)
-            except BaseException as exc:  # handed to the run's thread
-                box["error"] = exc
-            finally:
-                release_connection()  # step code may have used the ORM
-                finished.set()
-
-        thread = threading.Thread(target=target, name=f"step-{record.seq}-{record.name}", daemon=True)
+        """Run ``fn`` on the step thread; announce it when slow; give up on it after ``timeout``."""
+        runner = StepThread.for_this_thread()
         started = time.monotonic()
-        thread.start()
+        box, finished = runner.submit(fn, args, kwargs)
         if not finished.wait(min(ANNOUNCE_AFTER_SECONDS, timeout)):
-            self._announce(record.name)
+            self._announce(record.name)  # and hand the connection back while waiting
             if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
-                self._worker.watch_stuck_step(thread, timeout)
+                StepThread.abandon_this_thread()  # the next step gets a fresh thread
+                self._worker.watch_stuck_step(runner.thread, timeout)
                 raise StepTimeout(f"step {record.name!r} did not return within {timeout:g} s")
         if "error" in box:
             raise box["error"]

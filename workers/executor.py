@@ -81,10 +81,8 @@ class RunExecutor:
             # deploy): hand it back without spending an attempt.
             logger.warning("cannot resume %s version %s here; releasing", claimed.kind, claimed.kind_version, extra=self.log_extra)
             return self._leave("queued", reason="version", delay=self.worker.poll)
-        try:
-            recorded = load_step_log(claimed)
-        finally:
-            release_connection()
+        # A first claim has no step log yet: skip the read.
+        recorded = load_step_log(claimed) if claimed.attempt > 1 else {}
         ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind)
         try:
             agent_input = kind.agent_input(claimed.input)
