@@ -1,7 +1,10 @@
-"""Wake idle workers after a submit commits: NOTIFY from the application, debounced.
+"""After a submit commits: wake idle workers (NOTIFY) and count the run in its tenant's queued counter.
 
-Never a per-row trigger: a burst of submits sends its first NOTIFY at once
-and folds the rest into one more per queue after the debounce interval.
+Never a per-row trigger, and never inside the submit's transaction (a long
+caller transaction would hold the tenant row, so every submit and claim of
+the tenant would wait). Both are debounced per process: the first of a
+burst goes out at once; what follows within the interval is folded into
+one NOTIFY per queue and one counter UPDATE for all tenants.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
+from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -18,68 +23,68 @@ from workers.queue import notify_queues, release_connection
 logger = logging.getLogger(__name__)
 
 
-class Debouncer:
+class AfterSubmit:
     def __init__(self, interval: float):
         self.interval = interval
         self._lock = threading.Lock()
-        self._last_sent: dict[str, float] = {}
-        self._pending: set[str] = set()
+        self._last_flush = float("-inf")
+        self._counts: Counter[UUID] = Counter()
+        self._queues: set[str] = set()
         self._timer: threading.Timer | None = None
 
-    def request(self, queue: str) -> None:
+    def request(self, tenant_id: UUID, queue: str) -> None:
         now = time.monotonic()
         with self._lock:
-            if now - self._last_sent.get(queue, float("-inf")) >= self.interval:
-                self._last_sent[queue] = now
+            if self._timer is None and now - self._last_flush >= self.interval:
+                self._last_flush = now
                 send_now = True
             else:
                 send_now = False
-                self._pending.add(queue)
+                self._counts[tenant_id] += 1
+                self._queues.add(queue)
                 if self._timer is None:
-                    self._timer = threading.Timer(self.interval, self._flush)
+                    self._timer = threading.Timer(self.interval, self._flush_pending)
                     self._timer.daemon = True
                     self._timer.start()
         if send_now:
-            _send({queue})
+            _flush({queue}, Counter({tenant_id: 1}))
 
-    def _flush(self) -> None:
+    def _flush_pending(self) -> None:
         with self._lock:
-            queues, self._pending = self._pending, set()
+            queues, counts = self._queues, self._counts
+            self._queues, self._counts = set(), Counter()
             self._timer = None
-            now = time.monotonic()
-            for queue in queues:
-                self._last_sent[queue] = now
-        if queues:
-            try:
-                _send(queues)
-            finally:
-                release_connection()  # this timer thread's own connection
-
-
-def _send(queues: set[str]) -> None:
-    try:
-        notify_queues(queues)
-    except Exception:
-        # The poll interval still picks the run up; a submit never fails on this.
-        logger.exception("NOTIFY failed for %s", sorted(queues))
-
-
-_debouncer = Debouncer(settings.RUNS_NOTIFY_DEBOUNCE_SECONDS)
-
-
-def count_and_notify_after_commit(*, tenant_id, queue: str) -> None:
-    """Once the submit commits: count the run in its tenant's queued counter, then wake workers.
-
-    Outside the submit's transaction, so that a long caller transaction never
-    holds the tenant row (every submit and claim of the tenant would wait).
-    """
-
-    def after_commit() -> None:
+            self._last_flush = time.monotonic()
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("UPDATE runs_tenant SET queued = queued + 1 WHERE id = %s", [tenant_id])
-        except Exception:
-            logger.exception("could not count a queued run (the reaper reconciles the counter)")
-        _debouncer.request(queue)
+            _flush(queues, counts)
+        finally:
+            release_connection()  # this timer thread's own connection
 
-    transaction.on_commit(after_commit)
+
+def _flush(queues: set[str], counts: Counter[UUID]) -> None:
+    # Wake workers first: counting is bookkeeping and may wait on the tenant row.
+    try:
+        if queues:
+            notify_queues(queues)
+    except Exception:
+        # The poll interval still picks the runs up; a submit never fails on this.
+        logger.exception("NOTIFY failed for %s", sorted(queues))
+    try:
+        if counts:
+            tenants = sorted(counts)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE runs_tenant t SET queued = t.queued + v.n"
+                    " FROM unnest(%s::uuid[], %s::int[]) AS v(id, n) WHERE t.id = v.id",
+                    [tenants, [counts[t] for t in tenants]],
+                )
+    except Exception:
+        logger.exception("could not count queued runs (the reaper reconciles the counters)")
+
+
+_after_submit = AfterSubmit(settings.RUNS_NOTIFY_DEBOUNCE_SECONDS)
+
+
+def count_and_notify_after_commit(*, tenant_id: UUID, queue: str) -> None:
+    """Once the surrounding transaction commits, wake workers and count the run as queued."""
+    transaction.on_commit(lambda: _after_submit.request(tenant_id, queue))

@@ -11,7 +11,7 @@ import random
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from workers import queue
 from workers.context import RecordedStep, RunContext, RunControl
@@ -109,6 +109,14 @@ class RunExecutor:
             return self._leave("waiting", reason="message", error="", error_kind="", wake_on_message=True)
         except Suspend:
             raise
+        except DatabaseError as exc:
+            if ctx.last_failure is not None and ctx.last_failure.exc is exc:
+                return self._fail(exc, ctx, kind)  # raised by step code: classified like any error
+            # The engine's own statement failed (the database restarted, say):
+            # not the run's fault, so hand it back to be tried again.
+            logger.warning("engine statement failed (%s); releasing the run", exc, extra=self.log_extra)
+            return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
+                               error_kind="retryable", add_failure=True, delay=self.worker.poll)
         except Exception as exc:
             return self._fail(exc, ctx, kind)
 
@@ -149,7 +157,7 @@ class RunExecutor:
                error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0,
                wake_on_message: bool = False) -> str | None:
         try:
-            outcome = queue.leave_running(
+            outcome = queue.with_retries(lambda: queue.leave_running(
                 run_id=self.claimed.id,
                 token=self.claimed.lease_token,
                 target=target,
@@ -161,7 +169,11 @@ class RunExecutor:
                 add_failure=add_failure,
                 delay_seconds=delay,
                 wake_on_message=wake_on_message,
-            )
+            ), what="exit")
+        except DatabaseError:
+            # Still failing: the lease runs out and the reaper returns the run.
+            logger.exception("could not leave running (%s); the reaper will rescue the run", target, extra=self.log_extra)
+            return None
         finally:
             release_connection()
         if outcome is None:

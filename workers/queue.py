@@ -12,6 +12,8 @@ thread's Django connection, which the caller hands back to the pool.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -20,7 +22,9 @@ from uuid import UUID
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
+
+logger = logging.getLogger(__name__)
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -33,6 +37,25 @@ def release_connection() -> None:
     """
     if not connection.in_atomic_block:
         connection.close()
+
+
+def with_retries(fn, *, attempts: int = 5, what: str = "statement"):
+    """Call ``fn`` again after a deadlock, a serialization failure or a lost connection.
+
+    For fenced statements only: a retry of one that did commit finds its
+    guard no longer matching and changes nothing.
+    """
+    delay = 0.05
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except OperationalError as exc:
+            release_connection()  # a broken connection goes back to the pool to be discarded
+            if attempt == attempts:
+                raise
+            logger.warning("%s failed (%s); retrying in %.2fs", what, exc.__class__.__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def dumps(value: Any) -> str:
@@ -113,11 +136,17 @@ picked AS (
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
 ),
+-- Tenant rows are locked in id order, so that concurrent claims over
+-- several tenants cannot deadlock on them.
+locked_tenants AS (
+    SELECT t.id FROM runs_tenant t WHERE t.id IN (SELECT tenant_id FROM per_tenant)
+    ORDER BY t.id FOR NO KEY UPDATE
+),
 bumped AS (
     -- queued may dip below 0 for a moment: a run can be claimed before the
     -- increment of its submit (sent after commit) lands; they cancel out.
     UPDATE runs_tenant t SET running = t.running + p.n, queued = t.queued - p.n
-    FROM per_tenant p
+    FROM per_tenant p JOIN locked_tenants l ON l.id = p.tenant_id
     WHERE t.id = p.tenant_id AND t.running + p.n <= t.max_running
     RETURNING t.id
 ),

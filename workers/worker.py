@@ -87,6 +87,7 @@ class Worker:
         self._listener: Listener | None = None
         self._heartbeat_thread: threading.Thread | None = None
         self._stuck: list[tuple[threading.Thread, float]] = []
+        self._claim_errors = 0
         # Set when a step thread never returned: the process should be replaced.
         self.poisoned = False
 
@@ -129,7 +130,7 @@ class Worker:
             claimed = 0
             if free > 0 and self.lease_is_fresh():
                 claimed = self._claim(free)
-            if self.options.burst and claimed == 0 and self.in_flight() == 0:
+            if self.options.burst and claimed == 0 and self.in_flight() == 0 and not self._claim_errors:
                 # Claim once more after the last run finished: a run it
                 # released may be claimable again.
                 if self._claim(self.options.concurrency) == 0:
@@ -142,14 +143,23 @@ class Worker:
 
     def _claim(self, n: int) -> int:
         try:
-            runs = queue.claim(
-                worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n, lease=self.lease
+            runs = queue.with_retries(
+                lambda: queue.claim(
+                    worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n, lease=self.lease
+                ),
+                attempts=3,
+                what="claim",
             )
         except Exception:
+            self._claim_errors += 1
             logger.exception("claim failed; retrying after the poll interval")
+            if self.options.burst and self._claim_errors >= 5:
+                # "Nothing claimable" must not be mistaken for "cannot claim".
+                raise RuntimeError("claims keep failing; giving up (see the errors above)") from None
             return 0
         finally:
             release_connection()
+        self._claim_errors = 0
         for claimed in runs:
             control = RunControl()
             with self._lock:
