@@ -49,16 +49,29 @@ class AfterSubmit:
         if send_now:
             _flush({queue}, Counter({tenant_id: 1}))
 
+    def pending(self, tenant_id: UUID) -> int:
+        """Runs of this tenant committed here whose count has not reached the database yet."""
+        with self._lock:
+            return self._counts.get(tenant_id, 0)
+
     def _flush_pending(self) -> None:
         with self._lock:
-            queues, counts = self._queues, self._counts
-            self._queues, self._counts = set(), Counter()
-            self._timer = None
-            self._last_flush = time.monotonic()
+            queues, counts = self._queues, Counter(self._counts)
+            self._queues = set()
         try:
             _flush(queues, counts)
         finally:
             release_connection()  # this timer thread's own connection
+            with self._lock:
+                # Counted only now: until the UPDATE landed, pending() kept them.
+                self._counts.subtract(counts)
+                self._counts = +self._counts
+                self._last_flush = time.monotonic()
+                self._timer = None
+                if self._counts or self._queues:
+                    self._timer = threading.Timer(self.interval, self._flush_pending)
+                    self._timer.daemon = True
+                    self._timer.start()
 
 
 def _flush(queues: set[str], counts: Counter[UUID]) -> None:
@@ -83,6 +96,10 @@ def _flush(queues: set[str], counts: Counter[UUID]) -> None:
 
 
 _after_submit = AfterSubmit(settings.RUNS_NOTIFY_DEBOUNCE_SECONDS)
+
+
+def uncounted_submits(tenant_id: UUID) -> int:
+    return _after_submit.pending(tenant_id)
 
 
 def count_and_notify_after_commit(*, tenant_id: UUID, queue: str) -> None:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from runs.models import Event, Run, Tenant
-from runs.notify import count_and_notify_after_commit
+from runs.notify import count_and_notify_after_commit, uncounted_submits
 from workers.errors import InvalidAgentInput
 from workers.registry import all_kinds, get_kind
 
@@ -189,6 +189,8 @@ def known_queues() -> set[str]:
 def _check_queue_room(tenant: Tenant) -> None:
     """Backpressure: 429 when the tenant already has max_queued runs waiting (its approximate counter)."""
     queued, max_queued = Tenant.objects.filter(pk=tenant.pk).values_list("queued", "max_queued").get()
+    # Submits of this process still waiting in the debounced counter update count too.
+    queued += uncounted_submits(tenant.pk)
     if queued >= max_queued:
         raise QueueFull(
             f"the tenant's queue is full ({queued} runs waiting, limit {max_queued}); retry later",
