@@ -28,7 +28,7 @@ test: install
 	$(VPY) -m pytest
 
 lint: install
-	$(VENV)/bin/ruff check config runs workers tests bench
+	$(VENV)/bin/ruff check config runs workers crm tests bench
 	$(VPY) manage.py makemigrations --check --dry-run
 
 bench: install
