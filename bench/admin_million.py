@@ -26,17 +26,16 @@ on "select all" of a filtered list (cancel, retry), through the admin.
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import signal
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.common import Database, pct, say, sql  # noqa: E402
 
 TARGET_MS = 500.0
 TENANTS = 20
@@ -44,75 +43,6 @@ KINDS = ["bench_noop", "bench_probe", "bench_steps"]  # registered by bench.agen
 QUEUES = ["default", "short", "long"]
 SPACING_S = 30 * 24 * 3600  # runs are spread over 30 days, the newest now
 
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-class Database:
-    """A fresh database bench_<pid> on the server, with Django set up and migrated."""
-
-    def __init__(self) -> None:
-        self.created = False
-
-    def setup(self) -> None:
-        from config.dbserver import ensure_database_url
-
-        self.from_env = bool(os.environ.get("DATABASE_URL"))
-        self.base_url = ensure_database_url()
-        import psycopg
-
-        self.name = f"bench_{os.getpid()}"
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            self.version = conn.execute("SELECT version()").fetchone()[0]
-            conn.execute(f'CREATE DATABASE "{self.name}"')
-        self.created = True
-        os.environ["DATABASE_URL"] = with_database(self.base_url, self.name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-        os.environ["AGENT_MODULES"] = "bench.agents"
-        os.environ.setdefault("LOG_LEVEL", "WARNING")
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0, interactive=False)
-
-    def drop(self) -> None:
-        if not self.created:
-            return
-        try:
-            from django.db import connections
-
-            for conn in connections.all():
-                conn.close()
-                if hasattr(conn, "close_pool"):
-                    conn.close_pool()
-        except Exception as exc:  # pragma: no cover - best effort on the way out
-            say(f"(closing Django connections: {exc})")
-        import psycopg
-
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        self.created = False
-
-
-def sql(query: str, params=None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(query, params or {})
-        return cursor.fetchall() if cursor.description else []
 
 
 def insert_select(model, rows: dict[str, str], source: str, params: dict) -> None:
@@ -294,7 +224,7 @@ def main(argv=None) -> int:
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of each page's slowest query")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
-    db = Database()
+    db = Database(agent_modules="bench.agents")
     try:
         db.setup()
         say(f"server     : {'DATABASE_URL' if db.from_env else 'embedded PostgreSQL'} · {db.version.split(',')[0]}")

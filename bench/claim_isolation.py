@@ -28,98 +28,24 @@ untimed, so that each claim meets the same queue. Scenarios:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.common import Database, pct, say, sql  # noqa: E402
 
 TARGET_P99_MS = 10.0
 KIND = "bench_claim"  # claimed, never executed: no agent module is needed
 QUEUE = "default"
 KINDS = {KIND: 1}
 
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-class Database:
-    """A fresh database bench_<pid> on the server, with Django set up and migrated."""
-
-    def __init__(self) -> None:
-        self.created = False
-
-    def setup(self) -> None:
-        self.from_env = bool(os.environ.get("DATABASE_URL"))
-        from config.dbserver import ensure_database_url
-
-        self.base_url = ensure_database_url()
-        import psycopg
-
-        self.name = f"bench_{os.getpid()}"
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            self.version = conn.execute("SELECT version()").fetchone()[0]
-            self.settings = dict(
-                conn.execute(
-                    "SELECT name, setting FROM pg_settings WHERE name IN "
-                    "('synchronous_commit', 'fsync', 'shared_buffers', 'work_mem', 'random_page_cost')"
-                ).fetchall()
-            )
-            conn.execute(f'CREATE DATABASE "{self.name}"')
-        self.created = True
-        os.environ["DATABASE_URL"] = with_database(self.base_url, self.name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-        os.environ.setdefault("LOG_LEVEL", "WARNING")
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0, interactive=False)
-
-    def drop(self) -> None:
-        if not self.created:
-            return
-        try:
-            from django.db import connections
-
-            for conn in connections.all():
-                conn.close()
-                if hasattr(conn, "close_pool"):
-                    conn.close_pool()
-        except Exception as exc:  # pragma: no cover - best effort on the way out
-            say(f"(closing Django connections: {exc})")
-        import psycopg
-
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        self.created = False
-
-
-def sql(query: str, params=None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(query, params or {})
-        return cursor.fetchall() if cursor.description else []
 
 
 def make_tenant(slug: str, *, max_running: int):

@@ -24,89 +24,17 @@ query and of the approvals count follows.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-HTMX = {"HX-Request": "true"}
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-class Database:
-    """A fresh database bench_<pid> on the server, with Django set up and migrated."""
-
-    def __init__(self) -> None:
-        self.created = False
-
-    def setup(self) -> None:
-        from config.dbserver import ensure_database_url
-
-        self.base_url = ensure_database_url()
-        import psycopg
-
-        self.name = f"bench_{os.getpid()}"
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            self.version = conn.execute("SELECT version()").fetchone()[0]
-            conn.execute(f'CREATE DATABASE "{self.name}"')
-        self.created = True
-        os.environ["DATABASE_URL"] = with_database(self.base_url, self.name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-        os.environ.setdefault("LOG_LEVEL", "WARNING")
-        os.environ["AGENT_MODULES"] = "bench.agents"  # the kinds of the inserted runs, for the kind filter
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0, interactive=False)
-
-    def drop(self) -> None:
-        if not self.created:
-            return
-        try:
-            from django.db import connections
-
-            for conn in connections.all():
-                conn.close()
-                if hasattr(conn, "close_pool"):
-                    conn.close_pool()
-        except Exception as exc:  # pragma: no cover - best effort on the way out
-            say(f"(closing Django connections: {exc})")
-        import psycopg
-
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        self.created = False
-
-
-def sql(query: str, params=None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(query, params or {})
-        return cursor.fetchall() if cursor.description else []
-
+from bench.common import Database, pct, say, sql  # noqa: E402
 
 # The status of run g (1 = newest): the newest few are in flight, the rest
 # follow a month of history. Running rows carry the lease the constraint asks for.
@@ -114,6 +42,9 @@ STATUS = """CASE
     WHEN g <= 3 THEN 'running' WHEN g <= 6 THEN 'queued' WHEN g <= 8 THEN 'waiting_human'
     WHEN g %% 1000 < 2 THEN 'waiting_human' WHEN g %% 1000 < 4 THEN 'paused'
     WHEN g %% 1000 < 40 THEN 'failed' WHEN g %% 1000 < 50 THEN 'cancelled' ELSE 'done' END"""
+
+HTMX = {"HX-Request": "true"}
+
 
 
 def insert_runs(tenant, n: int, *, spacing: int = 30) -> None:
@@ -324,7 +255,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="steps in the polled run's timeline (default 30)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
-    database = Database()
+    database = Database(agent_modules="bench.agents")
     try:
         database.setup()
         say(f"database   : {database.name} ({database.version.split(',')[0]})")
