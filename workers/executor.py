@@ -156,6 +156,7 @@ class RunExecutor:
     def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
                error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0,
                wake_on_message: bool = False) -> str | None:
+        self.control.leaving.set()
         try:
             outcome = queue.with_retries(lambda: queue.leave_running(
                 run_id=self.claimed.id,

@@ -74,6 +74,9 @@ class RunControl:
         self.cancel_requested = threading.Event()
         self.pause_requested = threading.Event()
         self.lease_lost = threading.Event()
+        # Set just before the run leaves running: a heartbeat that no longer
+        # finds the lease then is not a lost lease.
+        self.leaving = threading.Event()
 
     def note(self, *, cancel: bool, pause: bool) -> None:
         """The database's current requests: a cancel stays; a pause can be withdrawn."""

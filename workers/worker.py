@@ -259,8 +259,9 @@ class Worker:
                     continue  # claimed after the heartbeat read the list
                 flags = alive.get(run_id)
                 if flags is None:
-                    logger.warning("lease lost on run %s; abandoning it", run_id)
-                    h.control.lease_lost.set()
+                    if not h.control.leaving.is_set():
+                        logger.warning("lease lost on run %s; abandoning it", run_id)
+                        h.control.lease_lost.set()
                     continue
                 cancel, pause = flags
                 h.control.note(cancel=cancel, pause=pause)
