@@ -170,6 +170,7 @@ class RunExecutor:
                 add_failure=add_failure,
                 delay_seconds=delay,
                 wake_on_message=wake_on_message,
+                give_slot=not self.worker.defers_slot_returns,
             ), what="exit")
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.
@@ -181,6 +182,8 @@ class RunExecutor:
             logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
             return None
         status, run_queue = outcome
+        if self.worker.defers_slot_returns:
+            self.worker.slot_returned(self.claimed.tenant_id)
         if status == "queued" and delay <= 0:
             self.worker.notify_released(run_queue)
         return status

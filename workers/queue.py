@@ -105,10 +105,16 @@ _CLAIM_COLUMNS = (
 # version under READ COMMITTED), so concurrent claims never overshoot
 # max_running; a tenant whose bump fails keeps its runs queued.
 _CLAIM_SQL = """
-WITH tenants AS (
-    SELECT t.id, t.max_running - t.running AS free
-    FROM runs_tenant t
-    WHERE NOT t.paused AND t.running < t.max_running
+WITH returns AS (
+    -- Slots of runs this worker finished since its last claim: given back here,
+    -- once per claim instead of once per exit, so that a busy tenant's row is
+    -- not written by every run that ends.
+    SELECT * FROM unnest(%(ret_tenants)s::uuid[], %(ret_counts)s::int[]) AS x(tenant_id, n)
+),
+tenants AS (
+    SELECT t.id, t.max_running - t.running + COALESCE(ret.n, 0) AS free
+    FROM runs_tenant t LEFT JOIN returns ret ON ret.tenant_id = t.id
+    WHERE NOT t.paused AND t.running - COALESCE(ret.n, 0) < t.max_running
       AND (t.daily_cost_cap_cents IS NULL OR t.daily_cost_cap_cents > COALESCE(
           (SELECT c.cost_cents FROM runs_tenantdailycost c
            WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
@@ -136,19 +142,29 @@ picked AS (
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
 ),
+changes AS (
+    SELECT COALESCE(p.tenant_id, ret.tenant_id) AS tenant_id, COALESCE(p.n, 0) AS n, COALESCE(ret.n, 0) AS returned
+    FROM per_tenant p FULL JOIN returns ret ON ret.tenant_id = p.tenant_id
+),
 -- Tenant rows are locked in id order, so that concurrent claims over
--- several tenants cannot deadlock on them.
+-- several tenants cannot deadlock on them; the values read under the lock
+-- are the latest, so the guard below cannot overshoot max_running.
 locked_tenants AS (
-    SELECT t.id FROM runs_tenant t WHERE t.id IN (SELECT tenant_id FROM per_tenant)
+    SELECT t.id, t.running, t.max_running FROM runs_tenant t
+    WHERE t.id IN (SELECT tenant_id FROM changes)
     ORDER BY t.id FOR NO KEY UPDATE
+),
+decided AS (
+    SELECT c.tenant_id, c.returned,
+           CASE WHEN l.running + c.n - c.returned <= l.max_running THEN c.n ELSE 0 END AS n
+    FROM changes c JOIN locked_tenants l ON l.id = c.tenant_id
 ),
 bumped AS (
     -- queued may dip below 0 for a moment: a run can be claimed before the
     -- increment of its submit (sent after commit) lands; they cancel out.
-    UPDATE runs_tenant t SET running = t.running + p.n, queued = t.queued - p.n
-    FROM per_tenant p JOIN locked_tenants l ON l.id = p.tenant_id
-    WHERE t.id = p.tenant_id AND t.running + p.n <= t.max_running
-    RETURNING t.id
+    UPDATE runs_tenant t SET running = GREATEST(t.running + d.n - d.returned, 0), queued = t.queued - d.n
+    FROM decided d
+    WHERE t.id = d.tenant_id
 ),
 claimed AS (
     UPDATE runs_run r SET
@@ -166,7 +182,7 @@ claimed AS (
     FROM picked p
     JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
     WHERE r.id = p.id AND r.status = 'queued' AND v.kind = r.kind
-      AND p.tenant_id IN (SELECT id FROM bumped)
+      AND p.tenant_id IN (SELECT tenant_id FROM decided WHERE n > 0)
     RETURNING r.*
 ),
 events AS (
@@ -179,9 +195,23 @@ SELECT {columns} FROM claimed
 """
 
 
-def claim(*, worker_id: UUID, queues: list[str], kinds: dict[str, int], n: int, lease: float) -> list[ClaimedRun]:
-    """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement."""
-    if n <= 0 or not kinds or not queues:
+def claim(
+    *,
+    worker_id: UUID,
+    queues: list[str],
+    kinds: dict[str, int],
+    n: int,
+    lease: float,
+    returned: dict[UUID, int] | None = None,
+) -> list[ClaimedRun]:
+    """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement.
+
+    ``returned`` gives back tenant slots of runs that left running without
+    giving theirs back (``leave_running(give_slot=False)``); they are given
+    back by this statement whatever it claims.
+    """
+    returned = returned or {}
+    if n <= 0 and not returned or not kinds or not queues:
         return []
     # One queue (the usual case) compares with =, so the index scan returns
     # rows already in claim order; several queues use = ANY. Paused queues
@@ -206,6 +236,8 @@ def claim(*, worker_id: UUID, queues: list[str], kinds: dict[str, int], n: int, 
         "n": n,
         "worker": worker_id,
         "lease": lease,
+        "ret_tenants": list(returned),
+        "ret_counts": list(returned.values()),
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -305,9 +337,9 @@ r AS (
               runs_run.error_kind, runs_run.queue
 ),
 t AS (
-    UPDATE runs_tenant SET running = GREATEST(running - 1, 0),
+    UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
                            queued = queued + (r.status = 'queued')::int
-    FROM r WHERE runs_tenant.id = r.tenant_id
+    FROM r WHERE runs_tenant.id = r.tenant_id AND (%(give_slot)s OR r.status = 'queued')
 ),
 e AS (
     INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
@@ -337,12 +369,15 @@ def leave_running(
     only_if_expired: bool = False,
     expires_seconds: float | None = None,
     wake_on_message: bool = False,
+    give_slot: bool = True,
 ) -> tuple[str, str] | None:
     """Move a run out of ``running`` towards ``target``; see the comment above _EXIT_SQL.
 
     Returns (the status actually reached, the run's queue), or None when the
     guard did not match (the lease is not ``token``'s any more, or with
     ``only_if_expired`` the lease has not expired): then nothing changed.
+    With ``give_slot=False`` the tenant slot stays counted: the caller (a
+    worker) gives it back with its next claim (``claim(returned=...)``).
     """
     sql = _EXIT_SQL.format(
         reaper_guard="AND locked_until < statement_timestamp()" if only_if_expired else "",
@@ -363,6 +398,7 @@ def leave_running(
         "reason": reason,
         "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
         "wake_on_message": wake_on_message,
+        "give_slot": give_slot,
     }
     if not wake_on_message:
         return _fetch_exit(sql, params)

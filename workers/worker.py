@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -88,6 +89,11 @@ class Worker:
         self._heartbeat_thread: threading.Thread | None = None
         self._stuck: list[tuple[threading.Thread, float]] = []
         self._claim_errors = 0
+        # Tenant slots of runs that left running, given back with the next
+        # claim (one tenant-row write per claim, not one per run); only while
+        # the loop runs, so that something always gives them back.
+        self._returns: Counter[uuid.UUID] = Counter()
+        self.defers_slot_returns = False
         # Set when a step thread never returned: the process should be replaced.
         self.poisoned = False
 
@@ -110,6 +116,7 @@ class Worker:
             "worker %s started: queues=%s concurrency=%s kinds=%s",
             self.id, ",".join(self.options.queues), self.options.concurrency, ",".join(sorted(self.kinds)),
         )
+        self.defers_slot_returns = True
         try:
             self._loop()
         finally:
@@ -141,11 +148,18 @@ class Worker:
             self._wake.wait(min(self.poll, 1.0) if self._stuck else self.poll)
             self._wake.clear()
 
+    def slot_returned(self, tenant_id: uuid.UUID) -> None:
+        with self._lock:
+            self._returns[tenant_id] += 1
+
     def _claim(self, n: int) -> int:
+        with self._lock:
+            returned = dict(self._returns)
         try:
             runs = queue.with_retries(
                 lambda: queue.claim(
-                    worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n, lease=self.lease
+                    worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n, lease=self.lease,
+                    returned=returned,
                 ),
                 attempts=3,
                 what="claim",
@@ -160,6 +174,9 @@ class Worker:
         finally:
             release_connection()
         self._claim_errors = 0
+        with self._lock:
+            self._returns.subtract(returned)
+            self._returns = +self._returns
         for claimed in runs:
             control = RunControl()
             with self._lock:
@@ -186,6 +203,9 @@ class Worker:
         # In-flight runs finish their current step and release themselves
         # (ctx.step raises ReleaseRun before starting another one).
         self._pool.shutdown(wait=True)
+        self.defers_slot_returns = False
+        if self._returns:
+            self._claim(0)  # gives the last slots back; claims nothing
         if self._listener is not None:
             self._listener.stop()
         try:
