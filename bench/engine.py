@@ -159,7 +159,7 @@ def tree_cpu_seconds(root: int) -> float:
 def statement_kind(query: str) -> str:
     """Which engine statement a pg_stat_activity query text is."""
     q = " ".join(query.split())[:400]
-    if q.startswith("WITH tenants AS"):
+    if q.startswith(("WITH tenants AS", "WITH returns AS")):
         return "claim"
     if q.startswith("WITH cur AS"):
         return "exit"
