@@ -61,19 +61,7 @@ class Database:
     def drop(self) -> None:
         if not self.created:
             return
-        try:
-            from django.db import connections
-
-            for conn in connections.all():
-                conn.close()
-                if hasattr(conn, "close_pool"):
-                    conn.close_pool()
-        except Exception as exc:  # pragma: no cover - best effort on the way out
-            say(f"(closing Django connections: {exc})")
-        import psycopg
-
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        drop_database(self.base_url, self.name)
         self.created = False
 
 
@@ -83,3 +71,20 @@ def sql(query: str, params=None) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(query, params or {})
         return cursor.fetchall() if cursor.description else []
+
+
+def drop_database(base_url: str, name: str) -> None:
+    """Close Django's connections (and pool) to the bench database, then drop it."""
+    try:
+        from django.db import connections
+
+        for conn in connections.all():
+            conn.close()
+            if hasattr(conn, "close_pool"):
+                conn.close_pool()
+    except Exception as exc:  # pragma: no cover - best effort on the way out
+        say(f"(closing Django connections: {exc})")
+    import psycopg
+
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

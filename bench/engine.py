@@ -52,6 +52,8 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import drop_database  # noqa: E402
+
 PY = sys.executable
 MANAGE = str(ROOT / "manage.py")
 
@@ -334,19 +336,7 @@ class Bench:
     def drop_database(self) -> None:
         if not getattr(self, "db_created", False):
             return
-        try:
-            from django.db import connections
-
-            for conn in connections.all():
-                conn.close()
-                if hasattr(conn, "close_pool"):
-                    conn.close_pool()
-        except Exception as exc:  # pragma: no cover - best effort on the way out
-            say(f"(closing Django connections: {exc})")
-        import psycopg
-
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        drop_database(self.base_url, self.db_name)
         self.db_created = False
 
     def tenant(self, slug: str, max_running: int = 1000):
