@@ -64,26 +64,29 @@ class TenantDailyCost(models.Model):
         return f"{self.tenant_id} {self.day}: {self.cost_cents}"
 
 
-class Queue(models.Model):
-    """Operator state of a queue; a queue with no row is active."""
+class Pausable(models.Model):
+    """Operator state of something workers claim from; with no row it is active."""
+
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.pk}{' (paused)' if self.paused else ''}"
+
+
+class Queue(Pausable):
+    """Operator state of a queue."""
 
     name = models.CharField(max_length=64, primary_key=True)
-    paused = models.BooleanField(default=False)
-    paused_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.name}{' (paused)' if self.paused else ''}"
 
 
-class KindState(models.Model):
-    """Operator state of an agent kind; a kind with no row is active."""
+class KindState(Pausable):
+    """Operator state of an agent kind."""
 
     name = models.CharField(max_length=100, primary_key=True)
-    paused = models.BooleanField(default=False)
-    paused_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.name}{' (paused)' if self.paused else ''}"
 
 
 class ApiKey(models.Model):

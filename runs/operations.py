@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.exceptions import InvalidTransition
-from runs.models import KindState, Queue, Run, RunStatus, Tenant
+from runs.models import KindState, Pausable, Queue, Run, RunStatus, Tenant
 from runs.services import Actor
 from workers import queue as queue_sql
 from workers.registry import get_kind
@@ -21,25 +21,25 @@ from workers.registry import get_kind
 logger = logging.getLogger(__name__)
 
 
-def set_queue_paused(*, name: str, paused: bool, actor: Actor) -> Queue:
-    queue, _ = Queue.objects.update_or_create(
+def _set_paused(model: type[Pausable], *, name: str, paused: bool, actor: Actor, wakes: str | None) -> Pausable:
+    """Pause or resume one queue or kind; on resume wake the workers of queue ``wakes``."""
+    state, _ = model.objects.update_or_create(
         name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
     )
-    logger.info("queue %s %s by %s:%s", name, "paused" if paused else "resumed", actor.type, actor.id)
-    if not paused:
-        transaction.on_commit(lambda: queue_sql.notify_queues([name]))
-    return queue
+    logger.info("%s %s %s by %s:%s", model._meta.verbose_name, name, "paused" if paused else "resumed",
+                actor.type, actor.id)
+    if not paused and wakes is not None:
+        transaction.on_commit(lambda: queue_sql.notify_queues([wakes]))
+    return state
+
+
+def set_queue_paused(*, name: str, paused: bool, actor: Actor) -> Queue:
+    return _set_paused(Queue, name=name, paused=paused, actor=actor, wakes=name)
 
 
 def set_kind_paused(*, name: str, paused: bool, actor: Actor) -> KindState:
-    state, _ = KindState.objects.update_or_create(
-        name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
-    )
-    logger.info("kind %s %s by %s:%s", name, "paused" if paused else "resumed", actor.type, actor.id)
     kind = get_kind(name)
-    if not paused and kind is not None:
-        transaction.on_commit(lambda: queue_sql.notify_queues([kind.queue]))
-    return state
+    return _set_paused(KindState, name=name, paused=paused, actor=actor, wakes=kind.queue if kind else None)
 
 
 def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
