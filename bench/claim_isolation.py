@@ -9,9 +9,9 @@ and 100,000 of its runs queued, a claim of tenant B's run stays under 10 ms.
 Like bench/engine.py, it uses DATABASE_URL or the embedded PostgreSQL, and
 works in a database ``bench_<pid>`` of its own, dropped at the end.
 
-Every timed claim is ``workers.queue.claim(...)`` exactly as a worker calls
+Every timed claim is ``runs.engine.claim.claim(...)`` exactly as a worker calls
 it (one statement, autocommit, so the commit is included); the claimed runs
-are given back with ``workers.queue.leave_running(target="queued")``,
+are given back with ``runs.engine.exit.leave_running(target="queued")``,
 untimed, so that each claim meets the same queue. Scenarios:
 
 1. A at its limit with 0 queued: B's claim (the baseline).
@@ -120,17 +120,17 @@ class Claimer:
         self.worker_id = uuid.uuid4()
 
     def claim(self, n: int = 1):
-        from workers import queue
+        from runs.engine import claim as claims
 
-        return queue.claim(worker_id=self.worker_id, queues=[QUEUE], kinds=KINDS, n=n, lease=3600)
+        return claims.claim(worker_id=self.worker_id, queues=[QUEUE], kinds=KINDS, n=n, lease=3600)
 
     @staticmethod
     def give_back(claimed) -> None:
-        from workers import queue
+        from runs.engine.exit import leave_running
 
         for run in claimed:
             if (
-                queue.leave_running(
+                leave_running(
                     run_id=run.id, token=run.lease_token, target="queued", reason="bench"
                 )
                 is None

@@ -644,7 +644,7 @@ class Bench:
         )
         total, to_claim, claim_to_step = [], [], []
         missing = 0
-        from workers.queue import loads
+        from runs.db import loads
 
         for run_id, output, claimed_at, _status in rows:
             if output is None:

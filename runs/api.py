@@ -15,8 +15,8 @@ from runs import selectors, services
 from runs.exceptions import InvalidRunInput
 from runs.keys import authenticate_key
 from runs.models import ApiKey, RunStatus
+from runs.registry import all_kinds
 from runs.schemas import ErrorOut, HealthOut, KindOut, RunIn, RunOut, RunPage, StepOut
-from workers.registry import all_kinds
 
 
 class ApiKeyAuth(HttpBearer):

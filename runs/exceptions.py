@@ -15,6 +15,14 @@ class InvalidRunInput(RunsError):
         self.errors = errors or []
 
 
+class InvalidAgentInput(RunsError):
+    """The input does not validate against the kind's input schema."""
+
+    def __init__(self, message: str, errors: list | None = None):
+        super().__init__(message)
+        self.errors = errors or []
+
+
 class IdempotencyConflict(RunsError):
     pass
 

@@ -19,7 +19,11 @@ from django.db.models import ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from runs.states import TERMINAL_STATUSES, ErrorKind, RunStatus, StepKind, StepStatus
+
 MONEY = {"max_digits": 18, "decimal_places": 6}
+
+__all__ = ["TERMINAL_STATUSES", "ErrorKind", "RunStatus", "StepKind", "StepStatus"]
 
 
 class Tenant(models.Model):
@@ -129,31 +133,6 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant} as {self.role}"
-
-
-class RunStatus(models.TextChoices):
-    QUEUED = "queued"  # waiting for a worker (possibly until run_after)
-    RUNNING = "running"  # held by a worker under a lease
-    WAITING_HUMAN = "waiting_human"  # an approval or an ambiguous side effect needs a person
-    WAITING = "waiting"  # waiting for child runs or a message
-    PAUSED = "paused"  # paused by a person
-    DONE = "done"  # finished with a result
-    FAILED = "failed"  # finished without one; error_kind says why
-    CANCELLED = "cancelled"  # stopped by a person
-
-
-TERMINAL_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED})
-
-
-class ErrorKind(models.TextChoices):
-    RETRYABLE = "retryable"  # retry budget spent on transient errors
-    FATAL = "fatal"  # an error that retrying cannot fix
-    AMBIGUOUS = "ambiguous"  # a side effect may or may not have happened
-    DEADLINE = "deadline"  # running time beyond deadline_seconds
-    BUDGET = "budget"  # cost beyond the ceiling
-    STEP_LIMIT = "step_limit"  # too many steps or model iterations
-    EXPIRED = "expired"  # waited for people beyond expires_at
-    NONDETERMINISTIC = "nondeterministic"  # replay met a different step than recorded
 
 
 class RunQuerySet(models.QuerySet):
@@ -309,25 +288,6 @@ class Run(models.Model):
         return self.status in TERMINAL_STATUSES
 
 
-class StepStatus(models.TextChoices):
-    RUNNING = "running"  # executing, or written ahead of a side effect
-    DONE = "done"  # output recorded; replay returns it
-    FAILED = "failed"  # the last execution failed (attempts keep every try)
-    WAITING = "waiting"  # waiting for a person or a message
-    COMPENSATED = "compensated"  # undone by its compensation
-
-
-class StepKind(models.TextChoices):
-    LLM = "llm"  # a model call
-    TOOL = "tool"  # a tool call
-    APPROVAL = "approval"  # a person's decision
-    MESSAGE = "message"  # messages consumed
-    CHILD = "child"  # child runs spawned
-    SLEEP = "sleep"  # a durable timer
-    COMPENSATION = "compensation"  # a saga compensation
-    CUSTOM = "custom"  # any other function
-
-
 class Step(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     seq = models.PositiveIntegerField()
@@ -343,6 +303,9 @@ class Step(models.Model):
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING)
     executions = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
+    # Its name, input, output or error held characters PostgreSQL cannot store
+    # (NUL, lone surrogates), kept as U+FFFD: what the agent saw on replay.
+    text_replaced = models.BooleanField(db_default=False, default=False)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 

@@ -18,7 +18,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from workers.queue import notify_queues, release_connection
+from runs.db import notify_queues, release_connection
 
 logger = logging.getLogger(__name__)
 

@@ -12,11 +12,12 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from runs.db import notify_queues
+from runs.engine import reaping
+from runs.events import Actor
 from runs.exceptions import InvalidTransition
 from runs.models import KindState, Pausable, Queue, Run, RunStatus, Tenant
-from runs.services import Actor
-from workers import queue as queue_sql
-from workers.registry import get_kind
+from runs.registry import get_kind
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def _set_paused(model: type[Pausable], *, name: str, paused: bool, actor: Actor,
     logger.info("%s %s %s by %s:%s", model._meta.verbose_name, name, "paused" if paused else "resumed",
                 actor.type, actor.id)
     if not paused and wakes is not None:
-        transaction.on_commit(lambda: queue_sql.notify_queues([wakes]))
+        transaction.on_commit(lambda: notify_queues([wakes]))
     return state
 
 
@@ -49,7 +50,7 @@ def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
     if not paused:
         queues = set(Run.objects.for_tenant(tenant).queued().values_list("queue", flat=True).distinct()[:100])
         if queues:
-            transaction.on_commit(lambda: queue_sql.notify_queues(queues))
+            transaction.on_commit(lambda: notify_queues(queues))
     return tenant
 
 
@@ -58,11 +59,11 @@ def requeue_stuck_run(*, run: Run, actor: Actor) -> Run:
     run = Run.objects.get(pk=run.pk)
     if run.status != RunStatus.RUNNING or run.locked_until is None or run.locked_until >= timezone.now():
         raise InvalidTransition("only a running run whose lease has expired can be requeued")
-    outcome = queue_sql.leave_running(
-        run_id=run.pk, token=run.lease_token, target="queued", reason="requeued", actor_type=actor.type,
-        actor_id=actor.id, error="requeued by an operator after its worker stopped heartbeating",
-        add_failure=True, only_if_expired=True,
+    status = reaping.rescue(
+        reaping.StaleLease(run_id=run.pk, token=run.lease_token, queue=run.queue), reason="requeued",
+        actor_type=actor.type, actor_id=actor.id,
+        error="requeued by an operator after its worker stopped heartbeating",
     )
-    if outcome is None:
+    if status is None:
         raise InvalidTransition("the run changed meanwhile (it finished, or its worker came back)")
     return Run.objects.get(pk=run.pk)

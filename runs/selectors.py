@@ -77,7 +77,10 @@ def waiting_for(run: Run) -> dict | None:
             Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING).order_by("-seq").first()
         )
         if step is None:
-            return {"type": "person"}
+            # Agent code raised Ambiguous between steps: no step to decide on,
+            # but a person can still mark the run done, retry it or fail it.
+            return {"type": "ambiguous", "step": None, "name": None, "input": None, "error": run.error,
+                    "actions": ["done", "retry", "fail"]}
         if step.kind == "approval":
             proposal = (step.input or {}).get("proposal")
             return {"type": "approval", "step": step.seq, "name": step.name, "proposal": proposal}

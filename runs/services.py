@@ -15,24 +15,23 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
-from runs.models import Event, Run, Tenant
+from runs.events import SYSTEM, Actor, append_event
+from runs.exceptions import (
+    IdempotencyConflict,
+    InvalidAgentInput,
+    InvalidRunInput,
+    QueueFull,
+    UnknownKind,
+)
+from runs.limits import checked_cents, checked_deadline, checked_int
+from runs.models import Run, Tenant
 from runs.notify import count_and_notify_after_commit, uncounted_submits
-from workers.errors import InvalidAgentInput
-from workers.registry import all_kinds, get_kind
+from runs.registry import all_kinds, get_kind
+from runs.text import find_unstorable
 
 logger = logging.getLogger(__name__)
 
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class Actor:
-    type: str  # Event.ActorType
-    id: str = ""
-
-
-SYSTEM = Actor(type="system")
 
 
 @dataclass(frozen=True)
@@ -90,6 +89,7 @@ def submit(
     actor: Actor = SYSTEM,
 ) -> Submitted:
     """``submit_run`` that also tells whether the run was created or found by its idempotency key."""
+    _check_text(kind=kind, queue=queue, idempotency_key=idempotency_key, callback_url=callback_url, input=input)
     agent_kind = get_kind(kind)
     if agent_kind is None:
         raise UnknownKind(f"unknown kind {kind!r}; GET /api/kinds lists the registered kinds")
@@ -106,26 +106,22 @@ def submit(
             "(a queue is known when a kind uses it by default, it is listed in RUNS_QUEUES, or an operator created it)"
         )
     priority = 5 if priority is None else priority
-    if not 0 <= priority <= 9:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
         raise InvalidRunInput("priority must be between 0 and 9 (lower runs first)")
     if max_attempts is None:
         max_attempts = agent_kind.max_attempts or settings.RUNS_MAX_ATTEMPTS
-    if max_attempts < 1:
-        raise InvalidRunInput("max_attempts must be at least 1")
+    max_attempts = checked_int(max_attempts, field="max_attempts", minimum=1, maximum=100)
     if deadline_seconds is None:
         deadline_seconds = (
             int(agent_kind.deadline.total_seconds()) if agent_kind.deadline else settings.RUNS_DEADLINE_SECONDS
         )
-    if deadline_seconds < 1:
-        raise InvalidRunInput("deadline_seconds must be at least 1")
+    deadline_seconds = checked_deadline(deadline_seconds)
     if cost_ceiling_cents is None:
         cost_ceiling_cents = agent_kind.cost_ceiling_cents
     if cost_ceiling_cents is None:
         cost_ceiling_cents = tenant.default_cost_ceiling_cents
     if cost_ceiling_cents is not None:
-        cost_ceiling_cents = Decimal(str(cost_ceiling_cents))
-        if cost_ceiling_cents < 0:
-            raise InvalidRunInput("cost_ceiling_cents must not be negative")
+        cost_ceiling_cents = checked_cents(cost_ceiling_cents, field="cost_ceiling_cents")
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
 
@@ -160,10 +156,8 @@ def submit(
         # caller's transaction leaves that transaction usable.
         with transaction.atomic():
             run.save(force_insert=True)
-            Event.objects.create(
-                run=run, seq=1, type="run.queued", actor_type=actor.type, actor_id=actor.id,
-                payload={"kind": kind, "queue": queue, "priority": priority}, created_at=now,
-            )
+            append_event(run_id=run.pk, type="run.queued", actor=actor, first=True,
+                         payload={"kind": kind, "queue": queue, "priority": priority})
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -176,6 +170,13 @@ def submit(
 
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
+
+
+def _check_text(**fields: Any) -> None:
+    """Client text PostgreSQL cannot store (NUL, lone surrogates, NaN, deep nesting) is a 422 naming the field."""
+    for name, value in fields.items():
+        if value is not None and (problem := find_unstorable(value, where=name)):
+            raise InvalidRunInput(problem)
 
 
 def known_queues() -> set[str]:

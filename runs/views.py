@@ -32,7 +32,7 @@ from runs.forms import (
     RunFilterForm,
 )
 from runs.models import Run
-from workers.registry import all_kinds, get_kind
+from runs.registry import all_kinds, get_kind
 
 # htmx stops polling when a response has this status (a terminal run, a list with no live run).
 HTMX_STOP_POLLING = 286

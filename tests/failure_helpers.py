@@ -8,13 +8,14 @@ from collections.abc import Iterable
 import pytest
 from django.db import connection
 
+from runs.db import release_connection
+from runs.engine import claim as claims
+from runs.engine.claim import ClaimedRun
 from runs.models import Event, Run
 from tests.agents import LEDGER_TABLE
 from tests.conftest import fresh
-from workers import queue
 from workers.context import RunControl
 from workers.executor import RunExecutor
-from workers.queue import ClaimedRun, release_connection
 from workers.reaper import Reaper
 from workers.worker import Worker, WorkerOptions
 
@@ -51,7 +52,7 @@ class Stepper:
 
     def claim(self, n: int = 50) -> list[ClaimedRun]:
         try:
-            return queue.claim(worker_id=self.worker.id, queues=["default"], kinds=self.worker.kinds, n=n,
+            return claims.claim(worker_id=self.worker.id, queues=["default"], kinds=self.worker.kinds, n=n,
                                lease=self.worker.lease)
         finally:
             release_connection()

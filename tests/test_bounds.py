@@ -14,13 +14,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from runs.engine import claim as claims
+from runs.engine import steps as checkpoint
 from runs.models import Event, Run, Step, StepAttempt, Tenant, TenantDailyCost
 from runs.services import submit_run
 from tests.agents import executions, notes
 from tests.conftest import fresh
 from tests.factories import TenantFactory
 from tests.failure_helpers import Stepper, assert_left_alone, burst_worker, drive
-from workers import checkpoint, queue
 from workers.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,11 +54,11 @@ class TestDeadline:
         run = submit_run(tenant=tenant, kind="noop3", input={}, deadline_seconds=1)
         stepper = Stepper()  # claims like a worker whose run is stuck between steps
         [claimed] = stepper.claim()
-        held = {run.pk: claimed.lease_token}
+        held = {claimed.lease_token: run.pk}
         time.sleep(1.1)
         reaper = Reaper()
         # Its worker is alive: the lease is fresh, so there is nothing to rescue...
-        assert queue.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {run.pk: (False, False)}
+        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {claimed.lease_token: (False, False)}
         assert reaper.find_expired() == []
         # ...but the run is over its running time.
         assert [stale.run_id for stale in reaper.find_past_deadline()] == [run.pk]
@@ -71,10 +72,10 @@ class TestDeadline:
         assert (event.type, event.actor_type, event.payload["reason"]) == ("run.failed", "system", "deadline")
         assert Tenant.objects.get(pk=tenant.pk).running == 0
         # The worker finds out at its next heartbeat or checkpoint, and writes nothing.
-        assert queue.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {}
+        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {}
         record = checkpoint.StepRecord(run_id=run.pk, token=claimed.lease_token, generation=1, seq=1, name="one",
                                        kind="custom", input=None, started_at=datetime.now(UTC))
-        assert checkpoint.checkpoint(record, output_json="null", worker_id=stepper.worker.id, lease=60,
+        assert checkpoint.checkpoint(record, output=None, worker_id=stepper.worker.id, lease=60,
                                      steps_total=None) is None
         assert not Step.objects.filter(run=run).exists()
         assert_left_alone(run)

@@ -20,7 +20,6 @@ import pydantic
 import pytest
 import requests
 
-from workers import errors
 from workers.classify import classify
 from workers.errors import Ambiguous, Fatal, Retryable
 
@@ -343,8 +342,8 @@ def test_unknown_exception_is_fatal_and_named():
 def test_the_engine_uses_the_classifier(server):
     exc = raised(lambda: call_openai(f"{server}/429"))
 
-    assert errors.classify(exc) == ("retryable", 7.0)
-    assert errors.classify(KeyError("k")) == ("fatal", None)
+    assert (classify(exc).kind, classify(exc).retry_after) == ("retryable", 7.0)
+    assert (classify(KeyError("k")).kind, classify(KeyError("k")).retry_after) == ("fatal", None)
 
 
 def test_a_connection_error_without_a_known_cause_is_uncertain():

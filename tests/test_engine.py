@@ -10,12 +10,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from runs.engine import claim as claims
+from runs.engine import steps as checkpoint
+from runs.engine.exit import leave_running
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
 from tests.agents import executions
 from tests.conftest import fresh, wait_for
 from tests.factories import TenantFactory
-from workers import checkpoint, queue
 from workers.reaper import Reaper
 from workers.worker import Worker, WorkerOptions
 
@@ -24,7 +26,7 @@ WORKER_ID = uuid4()
 
 
 def claim(n=1, **kw):
-    return queue.claim(worker_id=WORKER_ID, queues=["default"], kinds=KINDS, n=n, lease=60, **kw)
+    return claims.claim(worker_id=WORKER_ID, queues=["default"], kinds=KINDS, n=n, lease=60, **kw)
 
 
 def burst_worker(**options):
@@ -62,7 +64,7 @@ class TestClaim:
     def test_every_claim_gets_a_new_token(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [first] = claim()
-        assert queue.leave_running(run_id=run.id, token=first.lease_token, target="queued", reason="test")
+        assert leave_running(run_id=run.id, token=first.lease_token, target="queued", reason="test")
         [second] = claim()
         assert second.lease_token > first.lease_token
         assert second.attempt == 2
@@ -70,9 +72,9 @@ class TestClaim:
     def test_claims_only_registered_kinds_and_own_queues(self, tenant):
         submit_run(tenant=tenant, kind="noop3", input={}, queue="long")
         submit_run(tenant=tenant, kind="echo", input={"text": "x"})
-        claimed = queue.claim(worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1}, n=5, lease=60)
+        claimed = claims.claim(worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1}, n=5, lease=60)
         assert claimed == []
-        claimed = queue.claim(worker_id=WORKER_ID, queues=["long"], kinds={"noop3": 1}, n=5, lease=60)
+        claimed = claims.claim(worker_id=WORKER_ID, queues=["long"], kinds={"noop3": 1}, n=5, lease=60)
         assert [c.kind for c in claimed] == ["noop3"]
 
     def test_tenant_limit_holds_and_other_tenants_still_claim(self, tenant):
@@ -108,7 +110,7 @@ class TestFencing:
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         with django_assert_num_queries(1):
-            answer = checkpoint.checkpoint(step_record(claimed, 1), output_json='{"a": 1}', worker_id=WORKER_ID, lease=60, steps_total=3)
+            answer = checkpoint.checkpoint(step_record(claimed, 1), output={'a': 1}, worker_id=WORKER_ID, lease=60, steps_total=3)
         assert answer is not None
         run = Run.objects.get(pk=claimed.id)
         assert (run.steps_done, run.steps_total, run.current_step) == (1, 3, "step1")
@@ -124,22 +126,22 @@ class TestFencing:
         [new] = claim()
         assert new.lease_token != old.lease_token
 
-        answer = checkpoint.checkpoint(step_record(old, 1), output_json='"stale"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        answer = checkpoint.checkpoint(step_record(old, 1), output='stale', worker_id=WORKER_ID, lease=60, steps_total=None)
         assert answer is None
         assert not Step.objects.filter(run=run).exists()
         assert checkpoint.record_step_failure(step_record(old, 1), error="x", error_kind="fatal", worker_id=WORKER_ID) is None
-        assert queue.leave_running(run_id=run.id, token=old.lease_token, target="done", reason="stale", result_json="1") is None
+        assert leave_running(run_id=run.id, token=old.lease_token, target="done", reason="stale", result_json="1") is None
         run = fresh(run)
         assert (run.status, run.lease_token, run.steps_done) == ("running", new.lease_token, 0)
         # The new owner writes normally.
-        assert checkpoint.checkpoint(step_record(new, 1), output_json='"fresh"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        assert checkpoint.checkpoint(step_record(new, 1), output='fresh', worker_id=WORKER_ID, lease=60, steps_total=None)
         assert Step.objects.get(run=run).output == "fresh"
 
     def test_a_done_step_is_never_overwritten(self, tenant):
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
-        assert checkpoint.checkpoint(step_record(claimed, 1), output_json='"first"', worker_id=WORKER_ID, lease=60, steps_total=None)
-        checkpoint.checkpoint(step_record(claimed, 1), output_json='"second"', worker_id=WORKER_ID, lease=60, steps_total=None)
+        assert checkpoint.checkpoint(step_record(claimed, 1), output='first', worker_id=WORKER_ID, lease=60, steps_total=None)
+        checkpoint.checkpoint(step_record(claimed, 1), output='second', worker_id=WORKER_ID, lease=60, steps_total=None)
         assert Step.objects.get(run_id=claimed.id).output == "first"
 
 
@@ -149,7 +151,7 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(claimed_at=timezone.now() - timedelta(seconds=5))
-        assert queue.leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='{"ok": 1}') == ("done", "default")
+        assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='{"ok": 1}') == ("done", "default")
         run = fresh(run)
         assert (run.status, run.result, run.lease_token, run.locked_by, run.locked_until) == ("done", {"ok": 1}, None, None, None)
         assert run.running_seconds >= 5
@@ -162,14 +164,14 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(**{flag: timezone.now()})
-        status, _ = queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="release")
+        status, _ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="release")
         assert status == expected
         assert fresh(run).status == expected
 
     def test_retry_that_spends_the_last_attempt_fails_the_run(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, _ = queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="retry",
+        status, _ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="retry",
                                         error="503", error_kind="retryable", add_failure=True)
         assert status == "failed"
         run = fresh(run)
@@ -178,7 +180,7 @@ class TestExit:
     def test_graceful_release_spends_no_attempt(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, _ = queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown")
+        status, _ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown")
         assert status == "queued"
         assert fresh(run).failures == 0
 
@@ -217,7 +219,7 @@ class TestReaper:
         reaper = Reaper()
         [stale] = reaper.find_expired()
         # The slow worker finishes between the reaper's read and its write.
-        assert queue.leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='"r"')
+        assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='"r"')
         assert reaper.rescue(stale) is None
         run = fresh(run)
         assert (run.status, run.result, run.failures) == ("done", "r", 0)
@@ -240,7 +242,7 @@ class TestReaper:
         expire_lease(run.id)
         reaper = Reaper()
         [stale] = reaper.find_expired()
-        assert queue.heartbeat(worker_id=WORKER_ID, held={run.id: claimed.lease_token}, lease=60) == {run.id: (False, False)}
+        assert claims.heartbeat(worker_id=WORKER_ID, held={claimed.lease_token: run.id}, lease=60) == {claimed.lease_token: (False, False)}
         assert reaper.rescue(stale) is None
         assert fresh(run).status == "running"
 
@@ -260,8 +262,8 @@ def test_heartbeat_reports_flags_and_lost_leases(tenant):
     Run.objects.filter(pk=a.pk).update(cancel_requested_at=timezone.now())
     expire_lease(b.id)
     Reaper().reap_once()
-    held = {run_id: c.lease_token for run_id, c in claimed.items()}
-    assert queue.heartbeat(worker_id=WORKER_ID, held=held, lease=60) == {a.id: (True, False)}
+    held = {c.lease_token: run_id for run_id, c in claimed.items()}
+    assert claims.heartbeat(worker_id=WORKER_ID, held=held, lease=60) == {claimed[a.id].lease_token: (True, False)}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -271,9 +273,9 @@ class TestExecution:
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 5, "log": log})
         [claimed] = claim()
         for seq in (1, 2, 3):
-            checkpoint.checkpoint(step_record(claimed, seq, f"step{seq}"), output_json=f'{{"seq": {seq}, "name": "step{seq}"}}',
+            checkpoint.checkpoint(step_record(claimed, seq, f"step{seq}"), output={"seq": seq, "name": f"step{seq}"},
                              worker_id=WORKER_ID, lease=60, steps_total=5)
-        queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
+        leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
         burst_worker()
         run = fresh(run)
         assert run.status == "done"
@@ -283,8 +285,8 @@ class TestExecution:
     def test_a_renamed_step_fails_the_run_as_nondeterministic(self, tenant, tmp_path):
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 3})
         [claimed] = claim()
-        checkpoint.checkpoint(step_record(claimed, 1, "old_name"), output_json="1", worker_id=WORKER_ID, lease=60, steps_total=None)
-        queue.leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
+        checkpoint.checkpoint(step_record(claimed, 1, "old_name"), output=1, worker_id=WORKER_ID, lease=60, steps_total=None)
+        leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
         burst_worker()
         run = fresh(run)
         assert (run.status, run.error_kind) == ("failed", "nondeterministic")
@@ -333,8 +335,8 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
 
     before = counters()
     for seq in range(1, 21):
-        assert queue.heartbeat(worker_id=WORKER_ID, held={claimed.id: claimed.lease_token}, lease=60)
-        assert checkpoint.checkpoint(step_record(claimed, seq, f"s{seq}"), output_json="null", worker_id=WORKER_ID, lease=60, steps_total=20)
+        assert claims.heartbeat(worker_id=WORKER_ID, held={claimed.lease_token: claimed.id}, lease=60)
+        assert checkpoint.checkpoint(step_record(claimed, seq, f"s{seq}"), output=None, worker_id=WORKER_ID, lease=60, steps_total=20)
     # Statistics reach the shared counters asynchronously: read until all 40 arrived.
     after = wait_for(lambda: (c := counters())[0] - before[0] >= 40 and c, timeout=10, message="the statistics flush")
     updates, hot = after[0] - before[0], after[1] - before[1]

@@ -17,15 +17,16 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from runs.engine import claim as claims
+from runs.engine.exit import leave_running
 from runs.exceptions import InvalidRunInput, QueueFull
 from runs.models import Event, Queue, Run, Tenant, Worker
+from runs.registry import all_kinds, get_kind
 from runs.services import request_hash, submit_run
 from tests.agents import executions
 from tests.conftest import wait_for
 from tests.factories import TenantFactory
-from workers import queue
 from workers.reaper import Reaper
-from workers.registry import all_kinds, get_kind
 
 processes_db = pytest.mark.django_db(transaction=True)
 
@@ -144,7 +145,7 @@ def test_a_tenant_at_its_limit_with_1000_queued_does_not_delay_another_tenants_r
     worker_id = uuid.uuid4()
 
     def claim(n: int):
-        return queue.claim(worker_id=worker_id, queues=["default"], kinds=kinds, n=n, lease=300)
+        return claims.claim(worker_id=worker_id, queues=["default"], kinds=kinds, n=n, lease=300)
 
     a = TenantFactory(max_running=2, max_queued=10_000)
     b = TenantFactory()
@@ -167,7 +168,7 @@ def test_a_tenant_at_its_limit_with_1000_queued_does_not_delay_another_tenants_r
 
     # A slot frees up: the very next claim takes exactly one of A's runs, its best.
     finished = held_claims[0]
-    assert queue.leave_running(
+    assert leave_running(
         run_id=finished.id, token=finished.lease_token, target="done", reason="test"
     )
     refill = claim(10)
@@ -342,14 +343,14 @@ def test_runs_claimed_before_their_count_lands_do_not_fill_the_queue(tenant):
         # that moment (seen with real workers in the max_running test above).
         transaction.on_commit(
             lambda: claimed.extend(
-                queue.claim(worker_id=uuid.uuid4(), queues=["default"], kinds=kinds, n=3, lease=60)
+                claims.claim(worker_id=uuid.uuid4(), queues=["default"], kinds=kinds, n=3, lease=60)
             )
         )
         for text in ("a", "b", "c"):
             submit_run(tenant=tenant, kind="echo", input={"text": text})
     assert len(claimed) == 3
     for run in claimed:
-        queue.leave_running(run_id=run.id, token=run.lease_token, target="done", reason="test")
+        leave_running(run_id=run.id, token=run.lease_token, target="done", reason="test")
     assert not Run.objects.filter(status="queued").exists()
 
     # Nothing is queued, so the tenant has room for three more.

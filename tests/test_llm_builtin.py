@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from crm.agents import crm_script
 from crm.models import Lead, LeadUpdate
 from crm.services import apply_lead_update
 from runs.control import approve_run, reject_run
@@ -17,7 +18,7 @@ from runs.selectors import waiting_for
 from runs.services import Actor, submit_run
 from tests.conftest import fresh, wait_for
 from tests.fake_openai import MODEL, drive, from_script
-from workers.llm.scripts import crm_script, research_script
+from workers.llm.scripts import research_script
 
 pytest_plugins = ["tests.fake_openai"]  # the fake_llm and offline fixtures
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -3,8 +3,9 @@
     from workers import agent, RunContext, StepResult, Retryable, Fatal, Ambiguous
 """
 
-from workers.context import Decision, RunContext, StepResult
+from runs.registry import agent
+from workers.context import RunContext
 from workers.errors import Ambiguous, Fatal, Retryable
-from workers.registry import agent
+from workers.step_support import Decision, StepResult
 
 __all__ = ["agent", "RunContext", "StepResult", "Decision", "Retryable", "Fatal", "Ambiguous"]

@@ -1,8 +1,9 @@
 """Built-in agent kinds that work offline, so that `make run` shows runs moving.
 
-``research`` and ``crm_update`` are real tool-calling agents on
-``workers.llm``: with a provider configured they use it, without one a
-deterministic scripted model drives the same loop and tools.
+``research`` is a real tool-calling agent on ``workers.llm``: with a
+provider configured it uses it, without one a deterministic scripted model
+drives the same loop and tools (the CRM demo's ``crm_update`` lives with its
+app, in ``crm/agents.py``).
 
 ``research_brief`` looks like real agent work: it plans, searches several
 sources, reads and extracts facts, drafts, reviews and writes a brief. Its
@@ -14,15 +15,15 @@ returns the same data and costs nothing.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 
 from django.conf import settings
 from pydantic import BaseModel, Field
 
-from workers.context import RunContext, StepResult
-from workers.registry import agent
+from runs.registry import agent
+from workers.context import RunContext
+from workers.step_support import StepResult
 
 SOURCES = ["company site", "press releases", "industry news", "job postings", "public filings"]
 
@@ -107,23 +108,9 @@ RESEARCH_SYSTEM = (
     "brackets, like [leases-and-heartbeats]. If the corpus does not answer the question, say so."
 )
 
-CRM_SYSTEM = (
-    "You keep a CRM up to date. Read the lead with get_lead, then propose exactly one update with update_lead "
-    "that reflects the instruction: a stage change if the instruction implies one, and a short factual note. "
-    "A person approves the update before it is written. Finish with one sentence saying what changed."
-)
-
-
 class ResearchIn(BaseModel):
     question: str = Field(min_length=3, max_length=500, description="What to find out from the document corpus")
     max_sources: int = Field(default=3, ge=1, le=6, description="How many documents to read at most")
-
-
-class CrmUpdateIn(BaseModel):
-    lead_id: int = Field(default=1, ge=1, description="The lead to update")
-    instruction: str = Field(
-        min_length=3, max_length=2000, description="What happened, e.g. 'They signed the contract today'"
-    )
 
 
 @agent("research", input_schema=ResearchIn, max_attempts=3, max_model_iterations=12)
@@ -144,28 +131,6 @@ def research(ctx: RunContext, data: ResearchIn) -> dict:
         "answer": result.answer,
         "citations": [{"doc_id": doc_id, "title": docs[doc_id].title} for doc_id in cited],
         "plan": first.get("content") or "",
-        "iterations": result.iterations,
-        "model": result.model,
-    }
-
-
-@agent("crm_update", input_schema=CrmUpdateIn, max_attempts=3, max_model_iterations=8)
-def crm_update(ctx: RunContext, data: CrmUpdateIn) -> dict:
-    """Read a CRM lead, propose an update from an instruction, wait for approval, then write it (idempotently)."""
-    from crm.tools import get_lead, update_lead
-    from workers.llm import run_agent_loop
-    from workers.llm.scripts import CRM_USER, crm_script
-
-    result = run_agent_loop(
-        ctx, system=CRM_SYSTEM, user=CRM_USER.format(lead_id=data.lead_id, instruction=data.instruction),
-        tools=[get_lead, update_lead], max_iterations=6, script=crm_script,
-    )
-    applied = next((c for c in result.tool_calls if c["name"] == "update_lead" and not c["error"]), None)
-    return {
-        "lead_id": data.lead_id,
-        "applied": applied is not None,
-        "update": json.loads(applied["content"]) if applied else None,
-        "summary": result.answer,
         "iterations": result.iterations,
         "model": result.model,
     }

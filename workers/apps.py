@@ -3,8 +3,3 @@ from django.apps import AppConfig
 
 class WorkersConfig(AppConfig):
     name = "workers"
-
-    def ready(self) -> None:
-        from workers.registry import autodiscover
-
-        autodiscover()

@@ -5,7 +5,7 @@ the run's step log (loaded once per claim) holds a ``done`` step at that
 number, its stored output is returned and ``fn`` is not called: replay is
 free. Otherwise ``fn`` runs on a thread of its own under the step's timeout,
 and its outcome is written in one fenced statement
-(``workers.checkpoint``); a worker that lost its lease writes nothing and
+(``runs.engine.steps``); a worker that lost its lease writes nothing and
 abandons the run.
 """
 
@@ -24,7 +24,10 @@ from uuid import UUID
 
 from django.conf import settings
 
-from workers import checkpoint, queue
+from runs.db import dumps, release_connection
+from runs.engine import steps as checkpoint
+from runs.engine.steps import RecordedStep, unconsumed_messages
+from workers.classify import classify
 from workers.errors import (
     AwaitApproval,
     AwaitMessage,
@@ -37,10 +40,9 @@ from workers.errors import (
     StopRun,
     Suspend,
 )
-from workers.queue import release_connection
 from workers.step_support import (
     Decision,
-    RecordedStep,
+    Host,
     RunControl,
     StepFailure,
     StepResult,
@@ -48,8 +50,8 @@ from workers.step_support import (
 )
 
 if TYPE_CHECKING:
-    from workers.queue import ClaimedRun
-    from workers.registry import AgentKind
+    from runs.engine.claim import ClaimedRun
+    from runs.registry import AgentKind
 
 logger = logging.getLogger(__name__)
 
@@ -57,20 +59,12 @@ logger = logging.getLogger(__name__)
 ANNOUNCE_AFTER_SECONDS = 0.2
 
 
-def _unconsumed_messages(run_id: UUID) -> list[dict]:
-    from runs.models import Message
-
-    return [
-        {"id": m.pk, "text": m.text, "author": f"{m.author_type}:{m.author_id}", "at": m.created_at.isoformat()}
-        for m in Message.objects.filter(run_id=run_id, consumed_by_step__isnull=True).order_by("id")
-    ]
-
-
 class RunContext:
     """The API an agent function uses: steps, progress, and what it may know of its run."""
 
     def __init__(
-        self, *, claimed: ClaimedRun, recorded: dict[int, RecordedStep], worker, control: RunControl, kind: AgentKind
+        self, *, claimed: ClaimedRun, recorded: dict[int, RecordedStep], worker: Host, control: RunControl,
+        kind: AgentKind,
     ):
         self._claimed = claimed
         self._recorded = recorded
@@ -227,20 +221,19 @@ class RunContext:
             record.tokens_out = value.tokens_out
             record.cost_cents = Decimal(str(value.cost_cents))
         try:
-            output_json = queue.dumps(output)
-        except TypeError as exc:
-            error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
-            self._step_failed(record, error, uncertain_means_ambiguous=False)
-            raise error from None
-        try:
             answer = checkpoint.checkpoint(
                 record,
-                output_json=output_json,
+                output=output,
                 worker_id=self._worker.id,
                 lease=self._worker.lease,
                 steps_total=self._steps_total,
                 consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
             )
+        except TypeError as exc:  # the output is not JSON: nothing was written
+            release_connection()
+            error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
+            self._step_failed(record, error, uncertain_means_ambiguous=False)
+            raise error from None
         except BaseException:
             release_connection()
             raise
@@ -249,7 +242,7 @@ class RunContext:
         if answer is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
-        cancel, pause, self._cost = answer
+        cancel, pause, self._cost, output_json = answer
         self.progressed = True  # the checkpoint reset the run's failures to 0
         self._note_flags(cancel, pause)
         result = json.loads(output_json)
@@ -286,8 +279,8 @@ class RunContext:
                 return Decision.from_output(recorded.output)
         self._before_step(seq, "approval")
         try:
-            queue.dumps(proposal)
-        except TypeError as exc:
+            dumps(proposal)
+        except (TypeError, ValueError) as exc:
             raise Fatal(f"the proposal of approval {name!r} is not JSON-serialisable: {exc}") from None
         record = checkpoint.StepRecord(
             run_id=self.run_id, token=self._claimed.lease_token, generation=self._claimed.generation,
@@ -303,13 +296,13 @@ class RunContext:
         raise AwaitApproval(f"waiting for approval of {name!r} (step {seq})")
 
     def messages(self) -> list[dict]:
-        """Messages people sent to this run since the last call, oldest first (a recorded step).
+        """Messages people sent to this run since the last call, oldest first, at most 100 (a recorded step).
 
         Each is ``{"id", "text", "author", "at"}``. They are marked consumed
         with this step's checkpoint, so a crash delivers them again and a
         replay sees the same ones.
         """
-        return self._run_step("messages", _unconsumed_messages, (self.run_id,), {}, kind="message",
+        return self._run_step("messages", unconsumed_messages, (self.run_id,), {}, kind="message",
                               consumes_messages=True)
 
     def wait_for_message(self) -> list[dict]:
@@ -317,7 +310,7 @@ class RunContext:
         if self._recorded.get(self._seq + 1) is None:
             self._before_step(self._seq + 1, "message")
             try:
-                pending = _unconsumed_messages(self.run_id)
+                pending = unconsumed_messages(self.run_id, limit=1)
             finally:
                 release_connection()
             if not pending:
@@ -405,8 +398,6 @@ class RunContext:
             raise LeaseLost(f"lease lost before the side effect of step {record.seq}")
 
     def _step_failed(self, record: checkpoint.StepRecord, exc: BaseException, *, uncertain_means_ambiguous: bool) -> None:
-        from workers.classify import classify
-
         found = classify(exc)
         error_kind = found.kind
         if uncertain_means_ambiguous and found.kind == "retryable" and found.uncertain:
@@ -463,9 +454,9 @@ def _describe_args(args: tuple, kwargs: dict) -> Any:
     if not payload:
         return None
     try:
-        queue.dumps(payload)
+        dumps(payload)
         return payload
-    except TypeError:
+    except (TypeError, ValueError):
         return {"repr": repr(payload)[:2000]}
 
 

@@ -90,24 +90,3 @@ class AwaitMessage(Suspend):
 
 class StepTimeout(TimeoutError):
     """A step did not return within its timeout (it may still be running in its thread)."""
-
-
-class InvalidAgentInput(Exception):
-    """The input does not validate against the kind's input schema."""
-
-    def __init__(self, message: str, errors: list | None = None):
-        super().__init__(message)
-        self.errors = errors or []
-
-
-def classify(exc: BaseException) -> tuple[str, float | None]:
-    """How an exception from agent code is handled: (error kind, seconds the callee asked us to wait).
-
-    Explicit classes say it themselves; the rules for everything else are in
-    ``workers.classify``. Anything unknown is fatal, with its traceback kept in
-    the step row.
-    """
-    from workers.classify import classify as classify_exception  # it imports this module
-
-    c = classify_exception(exc)
-    return c.kind, c.retry_after

@@ -11,10 +11,14 @@ import random
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
-from workers import queue
-from workers.context import RecordedStep, RunContext, RunControl
+from runs.db import CONNECTION_ERRORS, dumps_storable, release_connection, with_retries
+from runs.engine.exit import leave_running
+from runs.engine.steps import load_step_log
+from runs.registry import get_kind
+from workers.classify import classify
+from workers.context import RunContext, RunControl
 from workers.errors import (
     AwaitApproval,
     AwaitMessage,
@@ -23,32 +27,19 @@ from workers.errors import (
     ReleaseRun,
     StopRun,
     Suspend,
-    classify,
 )
-from workers.queue import release_connection
-from workers.registry import get_kind
+from workers.step_support import Host
 
 if TYPE_CHECKING:
-    from workers.queue import ClaimedRun
-    from workers.registry import AgentKind
-    from workers.worker import Worker
+    from runs.engine.claim import ClaimedRun
+    from runs.registry import AgentKind
 
 logger = logging.getLogger(__name__)
 
-
-def load_step_log(claimed: ClaimedRun) -> dict[int, RecordedStep]:
-    """The run's recorded steps in its current generation, read once per claim."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT seq, name, status, output, idempotency_key FROM runs_step"
-            " WHERE run_id = %s AND generation = %s ORDER BY seq",
-            [claimed.id, claimed.generation],
-        )
-        rows = cursor.fetchall()
-    return {
-        seq: RecordedStep(seq=seq, name=name, status=status, output=queue.loads(output), idempotency_key=key)
-        for seq, name, status, output, key in rows
-    }
+# How long a worker keeps trying to record an exit while the database is
+# away (a failover): giving up leaves the run to the reaper, which counts a
+# failure. Bounded by the lease, past which the run is not ours anyway.
+EXIT_RETRY_SECONDS = 60.0
 
 
 def backoff_seconds(failures: int, *, base: float, cap: float, retry_after: float | None) -> float:
@@ -60,7 +51,7 @@ def backoff_seconds(failures: int, *, base: float, cap: float, retry_after: floa
 
 
 class RunExecutor:
-    def __init__(self, worker: Worker, claimed: ClaimedRun, control: RunControl):
+    def __init__(self, worker: Host, claimed: ClaimedRun, control: RunControl):
         self.worker = worker
         self.claimed = claimed
         self.control = control
@@ -77,12 +68,13 @@ class RunExecutor:
         claimed = self.claimed
         kind = get_kind(claimed.kind)
         if kind is None or not kind.can_resume(claimed.kind_version):
-            # Claimed by a worker that cannot run this version (rolling
-            # deploy): hand it back without spending an attempt.
+            # The claim takes only versions this worker can resume; reached
+            # only if the registry changed under it. Hand it back, spending
+            # nothing, and let a worker with that version take it.
             logger.warning("cannot resume %s version %s here; releasing", claimed.kind, claimed.kind_version, extra=self.log_extra)
             return self._leave("queued", reason="version", delay=self.worker.poll)
         # A first claim has no step log yet: skip the read.
-        recorded = load_step_log(claimed) if claimed.attempt > 1 else {}
+        recorded = load_step_log(run_id=claimed.id, generation=claimed.generation) if claimed.attempt > 1 else {}
         ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind)
         try:
             agent_input = kind.agent_input(claimed.input)
@@ -112,8 +104,16 @@ class RunExecutor:
         except DatabaseError as exc:
             if ctx.last_failure is not None and ctx.last_failure.exc is exc:
                 return self._fail(exc, ctx, kind)  # raised by step code: classified like any error
-            # The engine's own statement failed (the database restarted, say):
-            # not the run's fault, so hand it back to be tried again.
+            if isinstance(exc, CONNECTION_ERRORS):
+                # The connection broke under an engine statement (a failover,
+                # a restart): not the run's fault and no failure of its own,
+                # so it goes back to the queue spending nothing. Whatever
+                # committed is in the step log; the rest runs again.
+                logger.warning("database connection lost (%s); releasing the run", exc, extra=self.log_extra)
+                return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
+                                   delay=self.worker.poll)
+            # Any other database error of an engine statement would repeat
+            # itself: count it, so that the retry budget bounds it.
             logger.warning("engine statement failed (%s); releasing the run", exc, extra=self.log_extra)
             return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
                                error_kind="retryable", add_failure=True, delay=self.worker.poll)
@@ -121,7 +121,7 @@ class RunExecutor:
             return self._fail(exc, ctx, kind)
 
         try:
-            result_json = queue.dumps(result)
+            result_json, _ = dumps_storable(result)
         except TypeError as exc:
             return self._leave("failed", reason="result", error=f"the agent returned a result that is not JSON-serialisable: {exc}", error_kind="fatal")
         return self._leave("done", reason="finished", result_json=result_json)
@@ -132,7 +132,8 @@ class RunExecutor:
             error_kind, retry_after = failure.error_kind, failure.retry_after
             where = f"step {failure.seq} ({failure.name}): "
         else:  # raised by agent code between steps
-            error_kind, retry_after = classify(exc)
+            found = classify(exc)
+            error_kind, retry_after = found.kind, found.retry_after
             where = ""
         message = f"{where}{type(exc).__name__}: {exc}"
         if error_kind == "ambiguous":
@@ -158,7 +159,7 @@ class RunExecutor:
                wake_on_message: bool = False) -> str | None:
         self.control.leaving.set()
         try:
-            outcome = queue.with_retries(lambda: queue.leave_running(
+            outcome = with_retries(lambda: leave_running(
                 run_id=self.claimed.id,
                 token=self.claimed.lease_token,
                 target=target,
@@ -170,8 +171,7 @@ class RunExecutor:
                 add_failure=add_failure,
                 delay_seconds=delay,
                 wake_on_message=wake_on_message,
-                give_slot=not self.worker.defers_slot_returns,
-            ), what="exit")
+            ), what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.
             logger.exception("could not leave running (%s); the reaper will rescue the run", target, extra=self.log_extra)
@@ -182,8 +182,6 @@ class RunExecutor:
             logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
             return None
         status, run_queue = outcome
-        if self.worker.defers_slot_returns:
-            self.worker.slot_returned(self.claimed.tenant_id)
         if status == "queued" and delay <= 0:
             self.worker.notify_released(run_queue)
         return status

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import psycopg
 from django.db import connections
 
-from workers.queue import NOTIFY_CHANNEL
+from runs.db import CONTROL_PAYLOAD, NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Listener:
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in self.queues:
                                 self.on_notify()
-                            elif note.payload == "control":
+                            elif note.payload == CONTROL_PAYLOAD:
                                 self.on_control()
             except Exception as exc:
                 if self._stop.is_set():

@@ -2,8 +2,9 @@
 
 ``StepResult`` and ``Decision`` are part of the authoring API (re-exported
 by ``workers``); ``RunControl`` carries flags from the worker's heartbeat to
-one executing run; ``StepThread`` runs step functions so that a timeout can
-be enforced.
+one executing run; ``Host`` is what a run's execution needs of the worker
+process that runs it; ``StepThread`` runs step functions so that a timeout
+can be enforced.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
+from uuid import UUID
 
-from workers.queue import release_connection
+from runs.db import release_connection
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,6 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class RecordedStep:
-    seq: int
-    name: str
-    status: str
-    output: Any
-    idempotency_key: str = ""
-
-
-@dataclass(frozen=True)
 class StepFailure:
     """How the executor is to handle an exception a step raised."""
 
@@ -65,6 +58,27 @@ class StepFailure:
     retry_after: float | None
     seq: int
     name: str
+
+
+class Host(Protocol):
+    """What executing a run needs of the worker process it runs in (``workers.worker.Worker``)."""
+
+    id: UUID
+    lease: float
+    poll: float
+    stopping: threading.Event
+
+    def lease_is_fresh(self) -> bool:
+        """False once heartbeats have failed for long enough that no new step may start."""
+        ...
+
+    def watch_stuck_step(self, thread: threading.Thread, timeout: float) -> None:
+        """A step outlived its timeout: watch its thread, and give the process up if it never returns."""
+        ...
+
+    def notify_released(self, run_queue: str) -> None:
+        """A run went back to ``run_queue`` ready to run: wake the workers."""
+        ...
 
 
 class RunControl:

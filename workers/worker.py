@@ -9,25 +9,22 @@ listener thread owns the one dedicated LISTEN connection.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 import uuid
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection
 
-from workers import queue
+from runs.db import notify_queues, release_connection, with_retries
+from runs.engine import claim as claims
+from runs.engine.fleet import register_worker, worker_stopped
+from runs.registry import all_kinds
 from workers.context import RunControl
 from workers.executor import RunExecutor
 from workers.listener import Listener
-from workers.queue import release_connection
-from workers.registry import all_kinds
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +64,7 @@ class WorkerOptions:
 
 @dataclass
 class Held:
-    token: int
+    run_id: uuid.UUID
     control: RunControl
 
 
@@ -78,10 +75,13 @@ class Worker:
         self.lease = options.lease
         self.poll = options.poll
         self.kinds = {kind.name: kind.version for kind in all_kinds()}
+        self.resumes = {kind.name: sorted(kind.resumes_versions) for kind in all_kinds() if kind.resumes_versions}
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._beat_now = threading.Event()
-        self._held: dict[uuid.UUID, Held] = {}
+        # Keyed by lease token, never reused: a run released and claimed
+        # again by this worker before its old thread ended is two entries.
+        self._held: dict[int, Held] = {}
         self._lock = threading.Lock()
         self._last_heartbeat_ok = time.monotonic()
         self._pool = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="run")
@@ -89,11 +89,6 @@ class Worker:
         self._heartbeat_thread: threading.Thread | None = None
         self._stuck: list[tuple[threading.Thread, float]] = []
         self._claim_errors = 0
-        # Tenant slots of runs that left running, given back with the next
-        # claim (one tenant-row write per claim, not one per run); only while
-        # the loop runs, so that something always gives them back.
-        self._returns: Counter[uuid.UUID] = Counter()
-        self.defers_slot_returns = False
         # Set when a step thread never returned: the process should be replaced.
         self.poisoned = False
 
@@ -116,7 +111,6 @@ class Worker:
             "worker %s started: queues=%s concurrency=%s kinds=%s",
             self.id, ",".join(self.options.queues), self.options.concurrency, ",".join(sorted(self.kinds)),
         )
-        self.defers_slot_returns = True
         try:
             self._loop()
         finally:
@@ -148,22 +142,26 @@ class Worker:
             self._wake.wait(min(self.poll, 1.0) if self._stuck else self.poll)
             self._wake.clear()
 
-    def slot_returned(self, tenant_id: uuid.UUID) -> None:
-        with self._lock:
-            self._returns[tenant_id] += 1
-
     def _claim(self, n: int) -> int:
-        with self._lock:
-            returned = dict(self._returns)
-        try:
-            runs = queue.with_retries(
-                lambda: queue.claim(
-                    worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n, lease=self.lease,
-                    returned=returned,
-                ),
-                attempts=3,
-                what="claim",
+        tries = 0
+
+        def claim_once() -> list[claims.ClaimedRun]:
+            nonlocal tries
+            tries += 1
+            adopted: list[claims.ClaimedRun] = []
+            if tries > 1 or self._claim_errors:
+                # The failed try may have committed before its answer was
+                # lost: its runs are ours in the database; adopt them.
+                with self._lock:
+                    held = [h.run_id for h in self._held.values()]
+                adopted = claims.claimed_but_not_held(worker_id=self.id, held=held)
+            return adopted + claims.claim(
+                worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n - len(adopted),
+                lease=self.lease, resumes=self.resumes,
             )
+
+        try:
+            runs = with_retries(claim_once, attempts=3, what="claim")
         except Exception:
             self._claim_errors += 1
             logger.exception("claim failed; retrying after the poll interval")
@@ -174,13 +172,10 @@ class Worker:
         finally:
             release_connection()
         self._claim_errors = 0
-        with self._lock:
-            self._returns.subtract(returned)
-            self._returns = +self._returns
         for claimed in runs:
             control = RunControl()
             with self._lock:
-                self._held[claimed.id] = Held(token=claimed.lease_token, control=control)
+                self._held[claimed.lease_token] = Held(run_id=claimed.id, control=control)
             self._pool.submit(self._execute, claimed, control)
         return len(runs)
 
@@ -191,7 +186,7 @@ class Worker:
             logger.exception("executor crashed on run %s", claimed.id)
         finally:
             with self._lock:
-                self._held.pop(claimed.id, None)
+                self._held.pop(claimed.lease_token, None)
             self._wake.set()
 
     def in_flight(self) -> int:
@@ -203,14 +198,10 @@ class Worker:
         # In-flight runs finish their current step and release themselves
         # (ctx.step raises ReleaseRun before starting another one).
         self._pool.shutdown(wait=True)
-        self.defers_slot_returns = False
-        if self._returns:
-            self._claim(0)  # gives the last slots back; claims nothing
         if self._listener is not None:
             self._listener.stop()
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("UPDATE runs_worker SET stopped_at = now(), runs_held = 0 WHERE id = %s", [self.id])
+            worker_stopped(worker_id=self.id)
         finally:
             release_connection()
         logger.info("worker %s stopped", self.id)
@@ -221,12 +212,8 @@ class Worker:
 
     def _register(self) -> None:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "INSERT INTO runs_worker (id, host, pid, queues, kinds, concurrency, started_at, last_seen_at, runs_held)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, now(), now(), 0)",
-                    [self.id, socket.gethostname(), os.getpid(), self.options.queues, sorted(self.kinds), self.options.concurrency],
-                )
+            register_worker(worker_id=self.id, queues=self.options.queues, kinds=list(self.kinds),
+                            concurrency=self.options.concurrency)
         finally:
             release_connection()
 
@@ -264,9 +251,9 @@ class Worker:
 
     def heartbeat_once(self) -> None:
         with self._lock:
-            held = {run_id: h.token for run_id, h in self._held.items()}
+            held = {token: h.run_id for token, h in self._held.items()}
         try:
-            alive = queue.heartbeat(worker_id=self.id, held=held, lease=self.lease)
+            alive = claims.heartbeat(worker_id=self.id, held=held, lease=self.lease)
         except Exception:
             logger.exception("heartbeat failed")
             return
@@ -274,13 +261,13 @@ class Worker:
             release_connection()
         self._last_heartbeat_ok = time.monotonic()
         with self._lock:
-            for run_id, h in self._held.items():
-                if run_id not in held:
+            for token, h in self._held.items():
+                if token not in held:
                     continue  # claimed after the heartbeat read the list
-                flags = alive.get(run_id)
+                flags = alive.get(token)
                 if flags is None:
                     if not h.control.leaving.is_set():
-                        logger.warning("lease lost on run %s; abandoning it", run_id)
+                        logger.warning("lease lost on run %s; abandoning it", h.run_id)
                         h.control.lease_lost.set()
                     continue
                 cancel, pause = flags
@@ -290,7 +277,7 @@ class Worker:
         """A run went back to the queue ready to run: wake other workers (and this one)."""
         self._wake.set()
         try:
-            queue.notify_queues([run_queue])
+            notify_queues([run_queue])
         except Exception:
             logger.exception("notify failed")
         finally:

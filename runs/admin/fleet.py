@@ -9,8 +9,8 @@ from django.utils import timezone
 from runs import operations
 from runs.admin.common import operator, worker_lease
 from runs.models import KindState, Queue, Worker
+from runs.registry import all_kinds
 from runs.services import QUEUE_NAME
-from workers.registry import all_kinds
 
 
 class WorkerStateFilter(admin.SimpleListFilter):

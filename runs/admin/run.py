@@ -23,7 +23,7 @@ from runs.admin import run_actions
 from runs.admin.common import EstimatedCountPaginator, ReadOnlyInline, json_block
 from runs.admin.overview import overview_view
 from runs.models import Event, Queue, Run, Step
-from workers.registry import all_kinds
+from runs.registry import all_kinds
 
 EVENTS_SHOWN = 200
 

@@ -1,4 +1,4 @@
-"""Scripts of the scripted model for the built-in kinds: what a model would do, done deterministically.
+"""Scripts of the scripted model for the built-in kinds (and the helpers demo apps write theirs with): what a model would do, done deterministically.
 
 Each script reads the conversation (Chat Completions messages) and returns
 the next turn as ``{"content": ..., "tool_calls": [{"name", "arguments"}]}``.
@@ -14,19 +14,8 @@ import re
 from workers.llm.corpus import Document, best_sentence, terms
 
 RESEARCH_USER = "Question: {question}\nMaximum sources: {max_sources}"
-CRM_USER = "Lead id: {lead_id}\nInstruction: {instruction}"
 
-# Words in an instruction that say which stage a lead moves to, strongest first.
-STAGE_WORDS = [
-    ("won", ("won", "signed", "closed the deal", "bought")),
-    ("lost", ("lost", "declined", "rejected", "went with a competitor")),
-    ("proposal", ("proposal", "offer", "quote")),
-    ("qualified", ("qualified", "qualify", "budget confirmed")),
-    ("contacted", ("contacted", "called", "emailed", "met ", "spoke")),
-]
-
-
-def _last_turn(messages: list[dict]) -> tuple[list[str], list[dict]]:
+def last_turn(messages: list[dict]) -> tuple[list[str], list[dict]]:
     """Tool names the last assistant turn called, and the tool results that followed it."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
@@ -37,14 +26,14 @@ def _last_turn(messages: list[dict]) -> tuple[list[str], list[dict]]:
     return [], []
 
 
-def _json(content: str | None):
+def json_or_none(content: str | None):
     try:
         return json.loads(content or "")
     except ValueError:
         return None
 
 
-def _field(messages: list[dict], name: str) -> str:
+def user_field(messages: list[dict], name: str) -> str:
     first = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
     found = re.search(rf"^{name}:\s*(.+)$", first, re.MULTILINE)
     return found.group(1).strip() if found else ""
@@ -52,9 +41,9 @@ def _field(messages: list[dict], name: str) -> str:
 
 def research_script(messages: list[dict], tools: list[dict]) -> dict:
     """Plan, search the corpus twice, read the best documents, answer with [doc-id] citations."""
-    question = _field(messages, "Question")
-    limit = int(re.sub(r"\D", "", _field(messages, "Maximum sources")) or 3)
-    called, results = _last_turn(messages)
+    question = user_field(messages, "Question")
+    limit = int(re.sub(r"\D", "", user_field(messages, "Maximum sources")) or 3)
+    called, results = last_turn(messages)
     if not called:
         keywords = " ".join(dict.fromkeys(terms(question)))
         plan = (
@@ -68,7 +57,7 @@ def research_script(messages: list[dict], tools: list[dict]) -> dict:
     if "search_docs" in called:
         best: dict[str, float] = {}
         for result in results:
-            for hit in _json(result.get("content")) or []:
+            for hit in json_or_none(result.get("content")) or []:
                 if isinstance(hit, dict) and "doc_id" in hit:
                     best[hit["doc_id"]] = max(best.get(hit["doc_id"], 0.0), float(hit.get("score", 0)))
         ranked = sorted(best, key=lambda doc_id: (-best[doc_id], doc_id))
@@ -81,7 +70,7 @@ def research_script(messages: list[dict], tools: list[dict]) -> dict:
     if "read_doc" in called:
         points = []
         for result in results:
-            doc = _json(result.get("content"))
+            doc = json_or_none(result.get("content"))
             if isinstance(doc, dict) and "text" in doc:
                 sentence = best_sentence(Document(doc["doc_id"], doc["title"], doc["text"]), question)
                 points.append(f"- {sentence} [{doc['doc_id']}]")
@@ -89,42 +78,3 @@ def research_script(messages: list[dict], tools: list[dict]) -> dict:
             return {"content": f"I could not read any document about: {question}"}
         return {"content": f"{question}\n\n" + "\n".join(points)}
     return {"content": "I have nothing more to add."}
-
-
-def stage_for(instruction: str) -> str | None:
-    text = f" {instruction.lower()} "
-    for stage, words in STAGE_WORDS:
-        if any(word in text for word in words):
-            return stage
-    return None
-
-
-def crm_script(messages: list[dict], tools: list[dict]) -> dict:
-    """Read the lead, propose one update from the instruction, then report what happened."""
-    lead_id = int(re.sub(r"\D", "", _field(messages, "Lead id")) or 0)
-    instruction = _field(messages, "Instruction")
-    called, results = _last_turn(messages)
-    if not called:
-        return {"content": "Reading the lead first.", "tool_calls": [{"name": "get_lead", "arguments": {"lead_id": lead_id}}]}
-    outcome = results[-1].get("content", "") if results else ""
-    if "get_lead" in called:
-        lead = _json(outcome)
-        if not isinstance(lead, dict):
-            return {"content": f"I could not read lead {lead_id}: {outcome}"}
-        arguments: dict = {"lead_id": lead_id, "note": instruction}
-        stage = stage_for(instruction)
-        if stage and stage != lead.get("stage"):
-            arguments["stage"] = stage
-        change = f"move it from {lead.get('stage')} to {stage}" if "stage" in arguments else "keep its stage"
-        return {"content": f"I propose to {change} and add the note: {instruction}",
-                "tool_calls": [{"name": "update_lead", "arguments": arguments}]}
-    if "update_lead" in called:
-        update = _json(outcome)
-        if not isinstance(update, dict):
-            return {"content": f"The update of lead {lead_id} was not applied. {outcome}"}
-        changes = update.get("changes", {})
-        parts = [f"stage {update['previous'].get('stage')} → {changes['stage']}"] if "stage" in changes else []
-        if "note" in changes:
-            parts.append("note added")
-        return {"content": f"Updated lead {lead_id}: {', '.join(parts) or 'nothing changed'}."}
-    return {"content": "Done."}

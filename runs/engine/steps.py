@@ -1,10 +1,12 @@
-"""The SQL of a step: write-ahead, announce, checkpoint and failure, each one fenced statement.
+"""What a running run records of its steps, and reads back: each write one fenced statement.
 
-Every statement here is guarded by ``status = 'running' AND lease_token =
+Every write here is guarded by ``status = 'running' AND lease_token =
 <mine>`` on the run row and writes the step, the run's progress and money,
 and the Event together, or nothing at all: a worker that lost its lease
 records nothing. Money also goes to the tenant's spend of the day (the
-daily cost cap reads it in the claim).
+daily cost cap reads it in the claim). Step names, inputs, outputs and
+errors are untrusted text (models and tools write them): they are made
+storable on the way in (``runs.db.dumps_storable``), and the step says so.
 """
 
 from __future__ import annotations
@@ -17,7 +19,51 @@ from uuid import UUID
 
 from django.db import connection
 
-from workers.queue import dumps
+from runs.db import dumps_storable, loads, sql, storable_text
+from runs.events import event_ctes, next_seq
+
+# At most this many messages are handed to one `message` step; the rest wait
+# for the next one (a run's inbox is read in bounded pages).
+MESSAGES_PER_STEP = 100
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    seq: int
+    name: str
+    status: str
+    output: Any
+    idempotency_key: str = ""
+
+
+def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
+    """The run's recorded steps in its current generation, read once per claim."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq, name, status, output, idempotency_key FROM runs_step"
+            " WHERE run_id = %s AND generation = %s ORDER BY seq",
+            [run_id, generation],
+        )
+        rows = cursor.fetchall()
+    return {
+        seq: RecordedStep(seq=seq, name=name, status=status, output=loads(output), idempotency_key=key)
+        for seq, name, status, output, key in rows
+    }
+
+
+def unconsumed_messages(run_id: UUID, *, limit: int = MESSAGES_PER_STEP) -> list[dict]:
+    """The run's oldest messages no step consumed yet, at most ``limit``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, text, author_type, author_id, created_at FROM runs_message"
+            " WHERE run_id = %s AND consumed_by_step_id IS NULL ORDER BY id LIMIT %s",
+            [run_id, limit],
+        )
+        rows = cursor.fetchall()
+    return [
+        {"id": pk, "text": text, "author": f"{author_type}:{author_id}", "at": created.isoformat()}
+        for pk, text, author_type, author_id, created in rows
+    ]
 
 
 @dataclass
@@ -34,24 +80,33 @@ class StepRecord:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_cents: Decimal = Decimal(0)
+    # Set when the step's name, input or output held characters that cannot
+    # be stored (NUL, lone surrogates) and were replaced by U+FFFD.
+    text_replaced: bool = False
 
     def params(self) -> dict[str, Any]:
         """The step's columns as named parameters of the statements below."""
+        name = storable_text(self.name)
+        input_json, replaced = dumps_storable(self.input)
+        self.text_replaced = self.text_replaced or replaced or name != self.name
         return {
             "run": self.run_id,
             "token": self.token,
             "generation": self.generation,
             "seq": self.seq,
-            "name": self.name,
+            "name": name,
             "kind": self.kind,
-            "input": dumps(self.input),
-            "key": self.idempotency_key,
+            "input": input_json,
+            "key": storable_text(self.idempotency_key),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "cost": self.cost_cents,
             "started_at": self.started_at,
+            "text_replaced": self.text_replaced,
         }
 
+
+_RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 
 # Adds the step's cost to the tenant's spend of the day (UTC), only when
 # there is a cost: a no-op checkpoint does not touch the row.
@@ -63,7 +118,12 @@ d AS (
     ON CONFLICT (tenant_id, day) DO UPDATE SET cost_cents = runs_tenantdailycost.cost_cents + EXCLUDED.cost_cents
 )"""
 
-_CHECKPOINT_SQL = """
+_STEP_COLUMNS = (
+    "run_id, generation, seq, name, kind, input, output, idempotency_key, tokens_in, tokens_out,"
+    " cost_cents, status, executions, error, text_replaced, started_at"
+)
+
+_CHECKPOINT_SQL = sql("""
 WITH r AS (
     UPDATE runs_run SET
         steps_done = steps_done + 1,
@@ -74,28 +134,27 @@ WITH r AS (
         locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
         heartbeat_at = statement_timestamp(),
         updated_at = statement_timestamp(),
-        last_event_seq = last_event_seq + 1
-    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+        {next_seq}
+    WHERE {guard}
     RETURNING id, tenant_id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
               pause_requested_at IS NOT NULL AS pause, cost_cents
 ),
 s AS (
-    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
-                           tokens_in, tokens_out, cost_cents, status, executions, error,
-                           started_at, ended_at)
+    INSERT INTO runs_step ({columns}, ended_at)
     SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, %(output)s::jsonb,
-           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, 'done', 1, '', %(started_at)s,
-           statement_timestamp()
+           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, {step_done}, 1, '', %(text_replaced)s,
+           %(started_at)s, statement_timestamp()
     FROM r
     ON CONFLICT (run_id, generation, seq) DO UPDATE SET
-        output = EXCLUDED.output, status = 'done', error = '',
+        output = EXCLUDED.output, status = {step_done}, error = '',
         tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
         tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
         cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
         -- A write-ahead row already counted this execution when it began.
-        executions = runs_step.executions + (runs_step.status <> 'running')::int,
+        executions = runs_step.executions + (runs_step.status <> {step_running})::int,
+        text_replaced = runs_step.text_replaced OR EXCLUDED.text_replaced,
         started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
-    WHERE runs_step.status <> 'done'
+    WHERE runs_step.status <> {step_done}
     RETURNING id
 ),
 -- Messages a `message` step read are consumed with its checkpoint (ack
@@ -106,31 +165,34 @@ m AS (
     WHERE runs_message.run_id = %(run)s AND runs_message.id = ANY(%(message_ids)s::bigint[])
       AND runs_message.consumed_by_step_id IS NULL
 ),
-e AS (
-    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
-    SELECT r.id, r.last_event_seq, 'step.done', 'worker', %(worker)s::text,
-           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s),
-           statement_timestamp()
-    FROM r
-),""" + _DAILY_COST_CTE + """
+{events},
+{daily_cost}
 SELECT cancel, pause, cost_cents FROM r
-"""
+""", next_seq=next_seq(), guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS, daily_cost=_DAILY_COST_CTE,
+    events=event_ctes(
+        "r", type="'step.done'", actor_type="'worker'", actor_id="%(worker)s::text",
+        payload="jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'cost_cents', %(cost)s)",
+    ))
 
 
 def checkpoint(
     step: StepRecord,
     *,
-    output_json: str,
+    output: Any,
     worker_id: UUID,
     lease: float,
     steps_total: int | None,
     consumed_message_ids: list[int] | None = None,
-) -> tuple[bool, bool, Decimal] | None:
+) -> tuple[bool, bool, Decimal, str] | None:
     """Record a finished step with the run's progress, cost and lease extension, in one statement.
 
-    Returns (cancel requested, pause requested, run cost) or None when the
-    lease is lost, in which case nothing at all was written.
+    ``output`` is made storable first (raises TypeError when it is not
+    JSON). Returns (cancel requested, pause requested, run cost, the output
+    as stored, in JSON) or None when the lease is lost, in which case nothing
+    at all was written.
     """
+    output_json, replaced = dumps_storable(output)
+    step.text_replaced = step.text_replaced or replaced
     with connection.cursor() as cursor:
         cursor.execute(
             _CHECKPOINT_SQL,
@@ -144,35 +206,34 @@ def checkpoint(
             },
         )
         row = cursor.fetchone()
-    return None if row is None else (row[0], row[1], row[2])
+    return None if row is None else (row[0], row[1], row[2], output_json)
 
 
-_STEP_FAILED_SQL = """
+_STEP_FAILED_SQL = sql("""
 WITH r AS (
     UPDATE runs_run SET
         cost_cents = cost_cents + %(cost)s,
         current_step = %(name)s,
         updated_at = statement_timestamp(),
-        last_event_seq = last_event_seq + 1
-    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+        {next_seq}
+    WHERE {guard}
     RETURNING id, tenant_id, last_event_seq, attempt, cost_cents
 ),
 s AS (
-    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
-                           tokens_in, tokens_out, cost_cents, status, executions, error,
-                           started_at, ended_at)
+    INSERT INTO runs_step ({columns}, ended_at)
     SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
-           %(tokens_in)s, %(tokens_out)s, %(cost)s, %(status)s, 1, %(error)s, %(started_at)s,
-           statement_timestamp()
+           %(tokens_in)s, %(tokens_out)s, %(cost)s, %(status)s, 1, %(error)s, %(text_replaced)s,
+           %(started_at)s, statement_timestamp()
     FROM r
     ON CONFLICT (run_id, generation, seq) DO UPDATE SET
         status = EXCLUDED.status, error = EXCLUDED.error,
         tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
         tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
         cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
-        executions = runs_step.executions + (runs_step.status <> 'running')::int,
+        executions = runs_step.executions + (runs_step.status <> {step_running})::int,
+        text_replaced = runs_step.text_replaced OR EXCLUDED.text_replaced,
         started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
-    WHERE runs_step.status <> 'done'
+    WHERE runs_step.status <> {step_done}
     RETURNING id
 ),
 a AS (
@@ -182,15 +243,15 @@ a AS (
            %(worker)s, %(started_at)s, statement_timestamp()
     FROM r, s
 ),
-e AS (
-    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
-    SELECT r.id, r.last_event_seq, 'step.failed', 'worker', %(worker)s::text,
-           jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'error_kind', %(error_kind)s::text,
-                              'error', left(%(error)s, 500)), statement_timestamp()
-    FROM r
-),""" + _DAILY_COST_CTE + """
+{events},
+{daily_cost}
 SELECT cost_cents FROM r
-"""
+""", next_seq=next_seq(), guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS, daily_cost=_DAILY_COST_CTE,
+    events=event_ctes(
+        "r", type="'step.failed'", actor_type="'worker'", actor_id="%(worker)s::text",
+        payload=("jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'error_kind', %(error_kind)s::text,"
+                 " 'error', left(%(error)s, 500))"),
+    ))
 
 
 def record_step_failure(
@@ -201,10 +262,12 @@ def record_step_failure(
     ``status`` is ``failed``, or ``waiting`` for an ambiguous side effect a
     person must decide. Returns the run's cost, or None when the lease is lost.
     """
+    error_text = storable_text(error) or ""
+    step.text_replaced = step.text_replaced or error_text != error
     with connection.cursor() as cursor:
         cursor.execute(
             _STEP_FAILED_SQL,
-            step.params() | {"error": error, "error_kind": error_kind, "worker": worker_id, "status": status},
+            step.params() | {"error": error_text, "error_kind": error_kind, "worker": worker_id, "status": status},
         )
         row = cursor.fetchone()
     return None if row is None else row[0]
@@ -213,23 +276,22 @@ def record_step_failure(
 # Write-ahead for side effects: the Step row is committed as `running` before
 # the effect, so that a crash leaves a record that the effect may have
 # happened. Re-executing a keyed step counts one more execution.
-_BEGIN_SQL = """
+_BEGIN_SQL = sql("""
 WITH r AS (
     UPDATE runs_run SET current_step = %(name)s, steps_total = COALESCE(%(steps_total)s, steps_total)
-    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    WHERE {guard}
     RETURNING id
 )
-INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
-                       tokens_in, tokens_out, cost_cents, status, executions, error, started_at)
+INSERT INTO runs_step ({columns})
 SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, %(key)s,
-       0, 0, 0, 'running', 1, '', %(started_at)s
+       0, 0, 0, {step_running}, 1, '', %(text_replaced)s, %(started_at)s
 FROM r
 ON CONFLICT (run_id, generation, seq) DO UPDATE SET
-    status = 'running', executions = runs_step.executions + 1, started_at = EXCLUDED.started_at,
+    status = {step_running}, executions = runs_step.executions + 1, started_at = EXCLUDED.started_at,
     idempotency_key = EXCLUDED.idempotency_key, ended_at = NULL
-WHERE runs_step.status <> 'done'
+WHERE runs_step.status <> {step_done}
 RETURNING id
-"""
+""", guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS)
 
 
 def begin_side_effect(step: StepRecord, *, steps_total: int | None) -> bool:
@@ -239,35 +301,37 @@ def begin_side_effect(step: StepRecord, *, steps_total: int | None) -> bool:
         return cursor.fetchone() is not None
 
 
-_ANNOUNCE_SQL = """
+_ANNOUNCE_SQL = sql("""
 UPDATE runs_run SET current_step = %(name)s, steps_total = COALESCE(%(steps_total)s, steps_total)
-WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+WHERE {guard}
 RETURNING cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL
-"""
+""", guard=sql(_RUN_GUARD))
 
 
 def announce_step(*, run_id: UUID, token: int, name: str, steps_total: int | None) -> tuple[bool, bool] | None:
     """Show a slow step as the one in progress (a HOT update). None when the lease is lost."""
     with connection.cursor() as cursor:
-        cursor.execute(_ANNOUNCE_SQL, {"run": run_id, "token": token, "name": name, "steps_total": steps_total})
+        cursor.execute(_ANNOUNCE_SQL, {"run": run_id, "token": token, "name": storable_text(name),
+                                       "steps_total": steps_total})
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
 
 
-_AWAIT_SQL = """
+_AWAIT_SQL = sql("""
 WITH r AS (
     UPDATE runs_run SET current_step = %(name)s
-    WHERE id = %(run)s AND status = 'running' AND lease_token = %(token)s
+    WHERE {guard}
     RETURNING id
 )
-INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key,
-                       tokens_in, tokens_out, cost_cents, status, executions, error, started_at)
+INSERT INTO runs_step ({columns})
 SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, NULL, '',
-       0, 0, 0, 'waiting', 1, '', %(started_at)s
+       0, 0, 0, {step_waiting}, 1, '', %(text_replaced)s, %(started_at)s
 FROM r
 ON CONFLICT (run_id, generation, seq) DO NOTHING
 RETURNING id
-"""
+""", guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS)
+
+_STILL_HELD_SQL = sql("SELECT 1 FROM runs_run WHERE {guard}", guard=sql(_RUN_GUARD))
 
 
 def record_pending(step: StepRecord) -> bool:
@@ -276,8 +340,5 @@ def record_pending(step: StepRecord) -> bool:
         cursor.execute(_AWAIT_SQL, step.params())
         if cursor.fetchone() is not None:
             return True
-        cursor.execute(
-            "SELECT 1 FROM runs_run WHERE id = %s AND status = 'running' AND lease_token = %s",
-            [step.run_id, step.token],
-        )
+        cursor.execute(_STILL_HELD_SQL, {"run": step.run_id, "token": step.token})
         return cursor.fetchone() is not None

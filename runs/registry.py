@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from workers.errors import InvalidAgentInput
+from runs.exceptions import InvalidAgentInput
 
 _registry: dict[str, AgentKind] = {}
 

@@ -1,0 +1,95 @@
+"""People's decisions on a run waiting for them: approve or reject a proposal, resolve a doubtful side effect."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from runs.control.transition import Outcome, locked, transition
+from runs.db import db_now
+from runs.events import Actor
+from runs.exceptions import InvalidRunInput, InvalidTransition
+from runs.models import Run, RunStatus, Step, StepStatus
+from runs.text import find_unstorable
+
+
+def _pending_step(run: Run, *, approval: bool) -> Step | None:
+    steps = Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING)
+    steps = steps.filter(kind="approval") if approval else steps.exclude(kind="approval")
+    return steps.order_by("-seq").first()
+
+
+@transaction.atomic
+def decide_approval(*, run: Run, actor: Actor, approved: bool, comment: str = "", step: int | None = None) -> Outcome:
+    """Approve or reject the pending approval; the run is queued and ``ctx.approval`` returns the decision."""
+    if problem := find_unstorable(comment, where="comment"):
+        raise InvalidRunInput(problem)
+    run = locked(run)
+    pending = _pending_step(run, approval=True) if run.status == RunStatus.WAITING_HUMAN else None
+    if pending is None:
+        raise InvalidTransition(f"the run has no pending approval (it is {run.status})")
+    if step is not None and step != pending.seq:
+        raise InvalidTransition(f"step {step} is not the pending approval (step {pending.seq} is)")
+    now = db_now()
+    decision = {"approved": approved, "comment": comment, "by": f"{actor.type}:{actor.id}", "at": now.isoformat()}
+    Step.objects.filter(pk=pending.pk, status=StepStatus.WAITING).update(status=StepStatus.DONE, output=decision, ended_at=now)
+    verb = "approved" if approved else "rejected"
+    return Outcome(transition(
+        run, to=RunStatus.QUEUED, event=f"run.{verb}", actor=actor, run_after=Now(),
+        payload={"step": pending.seq, "name": pending.name, "comment": comment},
+    ))
+
+
+def approve_run(*, run: Run, actor: Actor, comment: str = "", step: int | None = None) -> Outcome:
+    return decide_approval(run=run, actor=actor, approved=True, comment=comment, step=step)
+
+
+def reject_run(*, run: Run, actor: Actor, comment: str = "", step: int | None = None) -> Outcome:
+    return decide_approval(run=run, actor=actor, approved=False, comment=comment, step=step)
+
+
+RESOLVE_ACTIONS = ("done", "retry", "fail")
+
+
+@transaction.atomic
+def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> Outcome:
+    """Decide an ambiguous side effect: ``done`` (record ``output``), ``retry`` the step, or ``fail`` the run.
+
+    A run whose agent code raised ``Ambiguous`` between steps has no step to
+    decide on: ``done`` then finishes the run with ``output`` as its result,
+    ``retry`` runs its code again from the step log, ``fail`` fails it.
+    """
+    if action not in RESOLVE_ACTIONS:
+        raise InvalidRunInput("action must be one of: done, retry, fail")
+    if action == "done":
+        try:
+            json.dumps(output, allow_nan=False)
+        except (TypeError, ValueError):
+            raise InvalidRunInput("output must be JSON (no NaN or infinity)") from None
+        if problem := find_unstorable(output, where="output"):
+            raise InvalidRunInput(problem)
+    run = locked(run)
+    if run.status != RunStatus.WAITING_HUMAN or _pending_step(run, approval=True) is not None:
+        raise InvalidTransition(f"the run has no step waiting to be resolved (it is {run.status})")
+    pending = _pending_step(run, approval=False)
+    payload = {"step": pending.seq if pending else None, "name": pending.name if pending else None, "action": action}
+    if pending is None:
+        if run.error_kind != "ambiguous":
+            raise InvalidTransition("the run has no step waiting to be resolved")
+        if action == "done":
+            return Outcome(transition(run, to=RunStatus.DONE, event="run.done", actor=actor, payload=payload,
+                                      result=output, error="", error_kind=""))
+    elif action == "done":
+        Step.objects.filter(pk=pending.pk).update(status=StepStatus.DONE, output=output, ended_at=Now())
+    else:
+        Step.objects.filter(pk=pending.pk).update(status=StepStatus.FAILED, ended_at=Now())
+    if action in ("done", "retry"):
+        return Outcome(transition(run, to=RunStatus.QUEUED, event="run.resolved", actor=actor, payload=payload,
+                                  run_after=Now(), error="", error_kind="",
+                                  **({"failures": 0} if action == "retry" else {})))
+    # Terminal events keep their type (webhooks listen for run.failed).
+    return Outcome(transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
+                              error_kind="ambiguous"))

@@ -1,0 +1,78 @@
+"""A run's life by people's hands: cancel, pause, resume, and the messages that wake a waiting run."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from runs.control.transition import Outcome, expires_from_now, locked, refuse, request, transition
+from runs.db import notify_control
+from runs.events import Actor, append_event
+from runs.exceptions import InvalidRunInput
+from runs.models import TERMINAL_STATUSES, Message, Run, RunStatus
+from runs.text import find_unstorable
+
+
+@transaction.atomic
+def cancel_run(*, run: Run, actor: Actor) -> Outcome:
+    """Cancel at once, or (running) at the run's next step boundary."""
+    run = locked(run)
+    if run.status == RunStatus.RUNNING:
+        return Outcome(request(run, field="cancel_requested_at", event="run.cancel_requested", actor=actor), later=True)
+    if run.status in TERMINAL_STATUSES:
+        raise refuse(run, "cancel")
+    return Outcome(transition(run, to=RunStatus.CANCELLED, event="run.cancelled", actor=actor,
+                                 cancel_requested_at=Now()))
+
+
+@transaction.atomic
+def pause_run(*, run: Run, actor: Actor) -> Outcome:
+    """Pause a queued run at once, or a running one at its next step boundary (it releases its worker)."""
+    run = locked(run)
+    if run.status == RunStatus.RUNNING:
+        return Outcome(request(run, field="pause_requested_at", event="run.pause_requested", actor=actor), later=True)
+    if run.status != RunStatus.QUEUED:
+        raise refuse(run, "pause")
+    return Outcome(transition(
+        run, to=RunStatus.PAUSED, event="run.paused", actor=actor, pause_requested_at=Now(),
+        expires_at=expires_from_now(),
+    ))
+
+
+@transaction.atomic
+def resume_run(*, run: Run, actor: Actor) -> Outcome:
+    """Queue a paused run again (it continues from its step log); withdraw a pause not yet honoured."""
+    run = locked(run)
+    if run.status == RunStatus.RUNNING and run.pause_requested_at is not None:
+        # Withdraw a pause the worker has not honoured yet; its heartbeat
+        # (woken now) clears the flag it holds.
+        Run.objects.filter(pk=run.pk).update(pause_requested_at=None, updated_at=Now())
+        append_event(run_id=run.pk, type="run.resumed", actor=actor, payload={"withdrawn": "pause_requested"})
+        run.refresh_from_db()
+        transaction.on_commit(notify_control)
+        return Outcome(run)
+    if run.status != RunStatus.PAUSED:
+        raise refuse(run, "resume")
+    return Outcome(transition(
+        run, to=RunStatus.QUEUED, event="run.resumed", actor=actor, pause_requested_at=None, run_after=Now(),
+    ))
+
+
+@transaction.atomic
+def post_message(*, run: Run, actor: Actor, text: str) -> Outcome:
+    """Append a message; a run waiting for one is queued again."""
+    text = (text or "").strip()
+    if not text:
+        raise InvalidRunInput("text must not be empty")
+    if problem := find_unstorable(text, where="text"):
+        raise InvalidRunInput(problem)
+    run = locked(run)
+    if run.status in TERMINAL_STATUSES:
+        raise refuse(run, "message")
+    Message.objects.create(run=run, author_type=actor.type, author_id=actor.id, text=text)
+    if run.status == RunStatus.WAITING and run.children_pending == 0:
+        transition(run, to=RunStatus.QUEUED, event="run.queued", actor=actor, payload={"reason": "message"},
+                   run_after=Now())
+    return Outcome(run)
+
+

@@ -1,0 +1,135 @@
+"""What every statement of the run domain shares: connections, retries, JSON, status literals, NOTIFY.
+
+The engine's statements (``runs.engine``) are raw SQL on purpose (see there);
+their status literals come from ``RunStatus`` and ``StepStatus`` through
+``sql()``, never from strings typed into the SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import InterfaceError, OperationalError, connection
+
+from runs.states import TERMINAL_STATUSES, RunStatus, StepStatus
+from runs.text import scrub
+
+logger = logging.getLogger(__name__)
+
+# The one channel of the wake-ups: the payload is a queue name, or "control"
+# (a person cancelled or paused a running run: heartbeat now).
+NOTIFY_CHANNEL = "agent_runs"
+CONTROL_PAYLOAD = "control"
+
+# Status literals for SQL templates: {queued}, {running}, ..., {step_done}, ...,
+# {terminal} and {parked} (the states a run waits for people or children in).
+PARKED_STATUSES = (RunStatus.WAITING_HUMAN, RunStatus.WAITING, RunStatus.PAUSED)
+_LITERALS = {member.name.lower(): f"'{member.value}'" for member in RunStatus} | {
+    f"step_{member.name.lower()}": f"'{member.value}'" for member in StepStatus
+} | {
+    "terminal": "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES)) + ")",
+    "parked": "(" + ", ".join(f"'{s.value}'" for s in PARKED_STATUSES) + ")",
+}
+
+
+def sql(template: str, **parts: str) -> str:
+    """Fill a statement's status literals (and any other named ``parts``); ``%(param)s`` stay as they are."""
+    return template.format(**_LITERALS, **parts)
+
+
+def release_connection() -> None:
+    """Hand this thread's connection back to the pool, unless a transaction still needs it.
+
+    A run waiting on a model or a tool must hold no connection; called after
+    each statement of the worker and the reaper.
+    """
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+# A lost or broken connection: the statement may or may not have committed.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+def with_retries(fn, *, attempts: int = 5, for_seconds: float | None = None, what: str = "statement"):
+    """Call ``fn`` again after a lost or broken connection: ``attempts`` times, or for ``for_seconds``.
+
+    For fenced statements only: a retry of one that did commit finds its
+    guard no longer matching and changes nothing.
+    """
+    delay = 0.05
+    deadline = None if for_seconds is None else time.monotonic() + for_seconds
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn()
+        except CONNECTION_ERRORS as exc:
+            release_connection()  # a broken connection goes back to the pool to be discarded
+            out_of_time = deadline is not None and time.monotonic() + delay > deadline
+            if out_of_time or (deadline is None and attempt >= attempts):
+                raise
+            logger.warning("%s failed (%s); retrying in %.2fs", what, exc.__class__.__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def dumps(value: Any) -> str:
+    """JSON text for a jsonb parameter; raises TypeError for what JSON cannot say."""
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), allow_nan=False)
+
+
+def dumps_storable(value: Any) -> tuple[str, bool]:
+    """JSON text jsonb accepts, for untrusted data (model and tool output, results).
+
+    NUL characters and lone surrogates, which jsonb refuses, are replaced by
+    U+FFFD, and NaN or infinite numbers become null; the flag says whether
+    anything was replaced. The fast path is one ``json.dumps``: with
+    ``ensure_ascii`` those characters can only appear as ``\\u0000`` and
+    ``\\udXXX`` escapes, so most outputs are never walked.
+    """
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or infinity
+        text = None
+    if text is not None and "\\u0000" not in text and "\\ud" not in text:
+        return text, False
+    cleaned, replaced = scrub(value)
+    return dumps(cleaned), replaced
+
+
+def storable_text(text: str | None) -> str | None:
+    """A text column's value with NUL and lone surrogates replaced by U+FFFD."""
+    if text is None:
+        return None
+    cleaned, _ = scrub(text)
+    return cleaned
+
+
+def loads(value: Any) -> Any:
+    """jsonb from a raw cursor: Django's connections hand it over undecoded."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def db_now():
+    """The database's clock (``statement_timestamp()``), for a time a person's action records."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def notify_queues(queues: set[str] | list[str]) -> None:
+    """Wake idle workers listening for these queues (after the change has committed)."""
+    with connection.cursor() as cursor:
+        for queue in sorted(queues):
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
+
+
+def notify_control() -> None:
+    """Wake every worker's heartbeat: a person cancelled or paused a running run."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, CONTROL_PAYLOAD])

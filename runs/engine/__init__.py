@@ -1,0 +1,21 @@
+"""The engine's transitions of a run, each one fenced statement (DESIGN.md §5, §6).
+
+- ``claim``: queued → running (the claim, the heartbeat, adopting a claim
+  whose answer was lost);
+- ``steps``: what a running run records of its steps (write-ahead, announce,
+  checkpoint, failure, a pending approval) and reads back (the step log);
+- ``exit``: the one exit from running (finish, fail, retry, park, release,
+  rescue);
+- ``reaping``: rescue of expired leases, deadlines, expiry of waiting runs,
+  the tenant counters;
+- ``fleet``: the Worker rows.
+
+Raw SQL on purpose: each is a single statement (data-modifying CTEs), so
+that a claim, a checkpoint and an exit are each one round trip and one
+atomic change, fenced on the run's lease token. Times are the database's
+``statement_timestamp()``, never an app server's clock. The ORM cannot say
+``FOR UPDATE SKIP LOCKED`` inside a LATERAL join, nor write three tables in
+one statement. Every statement runs in autocommit on the calling thread's
+Django connection, which the caller hands back to the pool
+(``runs.db.release_connection``). Events go through ``runs.events``.
+"""

@@ -1,0 +1,244 @@
+"""queued → running: the claim, the heartbeat that keeps a claim, and adopting a claim whose answer was lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+from runs.db import loads, sql
+from runs.events import event_ctes, next_seq
+
+
+@dataclass
+class ClaimedRun:
+    id: UUID
+    tenant_id: UUID
+    kind: str
+    kind_version: int | None
+    input: Any
+    lease_token: int
+    attempt: int
+    failures: int
+    max_attempts: int
+    generation: int
+    deadline_seconds: int
+    running_seconds: float
+    steps_done: int
+    steps_total: int | None
+    cost_cents: Decimal
+    cost_ceiling_cents: Decimal | None
+    cancel_requested: bool
+    pause_requested: bool
+    queue: str
+    claimed_at: datetime
+
+
+_CLAIM_COLUMNS = (
+    "id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation, "
+    "deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents, "
+    "cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL, queue, claimed_at"
+)
+
+
+def _rows(cursor) -> list[ClaimedRun]:
+    return [ClaimedRun(*row[:4], loads(row[4]), *row[5:]) for row in cursor.fetchall()]
+
+
+# Walk tenant by tenant: only tenants that are not paused and have a free
+# slot are visited, and each contributes at most its free slots, so a tenant
+# at its limit with 100,000 queued runs costs the claim nothing. Inside a
+# tenant the LATERAL scan follows run_claim_idx in its order. The tenant
+# counter is bumped by a guarded update on the row locked in id order (so
+# that concurrent multi-tenant claims cannot deadlock), re-checked on its
+# latest version under READ COMMITTED: concurrent claims never overshoot
+# max_running, and a tenant whose bump fails keeps its runs queued.
+_CLAIM_SQL = """
+WITH tenants AS (
+    SELECT t.id, t.max_running - t.running AS free
+    FROM runs_tenant t
+    WHERE NOT t.paused AND t.running < t.max_running
+      AND (t.daily_cost_cap_cents IS NULL OR t.daily_cost_cap_cents > COALESCE(
+          (SELECT c.cost_cents FROM runs_tenantdailycost c
+           WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
+),
+candidates AS (
+    SELECT c.*
+    FROM tenants t
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after
+        FROM runs_run r
+        WHERE r.tenant_id = t.id
+          AND r.status = {queued}
+          AND {queue_filter}
+          AND r.run_after <= statement_timestamp()
+          AND r.kind = ANY(ARRAY(SELECT unnest(%(kinds)s::text[])
+                                 EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused))
+          -- Only versions this worker's code can resume (a rolling deploy):
+          -- a run recorded by a newer version waits for a worker that has it.
+          AND (r.kind_version IS NULL OR (r.kind, r.kind_version) IN (
+               SELECT * FROM unnest(%(rkinds)s::text[], %(rversions)s::int[])))
+        ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
+        LIMIT LEAST(t.free, %(n)s)
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+picked AS (
+    SELECT * FROM candidates ORDER BY priority, fresh, run_after, id LIMIT %(n)s
+),
+per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
+),
+locked_tenants AS (
+    SELECT t.id, t.running, t.max_running FROM runs_tenant t
+    WHERE t.id IN (SELECT tenant_id FROM per_tenant)
+    ORDER BY t.id FOR NO KEY UPDATE
+),
+decided AS (
+    SELECT p.tenant_id, p.n
+    FROM per_tenant p JOIN locked_tenants l ON l.id = p.tenant_id
+    WHERE l.running + p.n <= l.max_running
+),
+bumped AS (
+    -- queued may dip below 0 for a moment: a run can be claimed before the
+    -- increment of its submit (sent after commit) lands; they cancel out.
+    UPDATE runs_tenant t SET running = t.running + d.n, queued = t.queued - d.n
+    FROM decided d
+    WHERE t.id = d.tenant_id
+),
+claimed AS (
+    UPDATE runs_run r SET
+        status = {running},
+        lease_token = nextval('runs_lease_token_seq'),
+        locked_by = %(worker)s,
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        claimed_at = statement_timestamp(),
+        heartbeat_at = statement_timestamp(),
+        attempt = r.attempt + 1,
+        kind_version = COALESCE(r.kind_version, v.version),
+        started_at = COALESCE(r.started_at, statement_timestamp()),
+        updated_at = statement_timestamp(),
+        {next_seq}
+    FROM picked p
+    JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
+    WHERE r.id = p.id AND r.status = {queued} AND v.kind = r.kind
+      AND p.tenant_id IN (SELECT tenant_id FROM decided)
+    RETURNING r.*
+),
+{events}
+SELECT {columns} FROM claimed
+"""
+
+_EVENTS = event_ctes(
+    "claimed", type="'run.running'", actor_type="'worker'", actor_id="%(worker)s::text",
+    payload="jsonb_build_object('from', {queued}, 'attempt', claimed.attempt)",
+)
+
+
+def claim(
+    *,
+    worker_id: UUID,
+    queues: list[str],
+    kinds: dict[str, int],
+    n: int,
+    lease: float,
+    resumes: dict[str, Iterable[int]] | None = None,
+) -> list[ClaimedRun]:
+    """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement.
+
+    A run that already recorded a version is claimed only when its kind's
+    version here, or one of ``resumes[kind]``, is that version.
+    """
+    if n <= 0 or not kinds or not queues:
+        return []
+    # One queue (the usual case) compares with =, so the index scan returns
+    # rows already in claim order; several queues use = ANY. Paused queues
+    # drop out in an InitPlan evaluated once per claim.
+    if len(queues) == 1:
+        queue_filter = (
+            "r.queue = (SELECT %(queue)s::text WHERE NOT EXISTS"
+            " (SELECT 1 FROM runs_queue q WHERE q.name = %(queue)s AND q.paused))"
+        )
+    else:
+        queue_filter = (
+            "r.queue = ANY(ARRAY(SELECT unnest(%(queues)s::text[])"
+            " EXCEPT SELECT q.name FROM runs_queue q WHERE q.paused))"
+        )
+    statement = sql(
+        _CLAIM_SQL, queue_filter=queue_filter, columns=_CLAIM_COLUMNS, events=_EVENTS,
+        next_seq=next_seq("r"),
+    )
+    names = list(kinds)
+    pairs = sorted({(k, kinds[k]) for k in names} | {(k, v) for k, vs in (resumes or {}).items() for v in vs})
+    params = {
+        "queue": queues[0],
+        "queues": list(queues),
+        "kinds": names,
+        "versions": [kinds[k] for k in names],
+        "rkinds": [k for k, _ in pairs],
+        "rversions": [v for _, v in pairs],
+        "n": n,
+        "worker": worker_id,
+        "lease": lease,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return _rows(cursor)
+
+
+_HELD_ELSEWHERE_SQL = sql(
+    "SELECT " + _CLAIM_COLUMNS + " FROM runs_run"
+    " WHERE status = {running} AND locked_by = %(worker)s AND NOT (id = ANY(%(held)s::uuid[]))"
+)
+
+
+def claimed_but_not_held(*, worker_id: UUID, held: Iterable[UUID]) -> list[ClaimedRun]:
+    """Runs the database says this worker holds but the worker does not know of.
+
+    A claim whose commit succeeded but whose answer was lost (the connection
+    broke after COMMIT) leaves such runs; a worker retrying the claim adopts
+    them first instead of leaving them to the reaper.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_HELD_ELSEWHERE_SQL, {"worker": worker_id, "held": list(held)})
+        return _rows(cursor)
+
+
+_HEARTBEAT_SQL = sql("""
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS h(id, token)
+),
+extended AS (
+    UPDATE runs_run r SET
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        heartbeat_at = statement_timestamp()
+    FROM held h
+    WHERE r.id = h.id AND r.lease_token = h.token AND r.status = {running}
+    RETURNING r.lease_token, r.cancel_requested_at IS NOT NULL, r.pause_requested_at IS NOT NULL
+),
+seen AS (
+    UPDATE runs_worker SET last_seen_at = statement_timestamp(), runs_held = (SELECT count(*) FROM extended)
+    WHERE id = %(worker)s
+)
+SELECT * FROM extended
+""")
+
+
+def heartbeat(*, worker_id: UUID, held: dict[int, UUID], lease: float) -> dict[int, tuple[bool, bool]]:
+    """Extend the lease of every run held (lease token → run id), in one statement; marks the Worker row seen.
+
+    Returns the lease tokens still held with their (cancel, pause) request
+    flags; a token missing from the answer has lost its lease.
+    """
+    tokens = list(held)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _HEARTBEAT_SQL,
+            {"ids": [held[t] for t in tokens], "tokens": tokens, "lease": lease, "worker": worker_id},
+        )
+        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}

@@ -1,0 +1,160 @@
+"""The one exit from running (DESIGN.md §5).
+
+Every path out of ``running`` (finish, fail, retry, park, graceful release,
+lease rescue by the reaper, an operator's requeue) runs this statement,
+which clears the lease, gives the tenant slot back, adds the running time,
+writes the Event, and honours a cancel or pause request that landed
+meanwhile: a run being parked is cancelled or paused instead. A retry that
+would spend the last attempt fails the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from runs.db import sql, storable_text
+from runs.events import event_ctes, next_seq
+
+_EXIT_SQL = """
+WITH cur AS (
+    SELECT id, tenant_id, claimed_at, heartbeat_at,
+        CASE
+            WHEN %(target)s::text NOT IN {terminal} AND cancel_requested_at IS NOT NULL
+                THEN {cancelled}
+            WHEN %(target)s::text = {queued} AND failures + %(add_failure)s >= max_attempts
+                THEN {failed}
+            WHEN %(target)s::text = {queued} AND pause_requested_at IS NOT NULL
+                THEN {paused}
+            -- Parking to wait for a message re-checks for one under the row
+            -- lock: a message that arrived meanwhile is not missed.
+            WHEN %(target)s::text = {waiting} AND %(wake_on_message)s AND EXISTS (
+                SELECT 1 FROM runs_message m WHERE m.run_id = runs_run.id AND m.consumed_by_step_id IS NULL)
+                THEN {queued}
+            ELSE %(target)s::text
+        END AS new_status
+    FROM runs_run
+    WHERE id = %(run)s AND status = {running} AND lease_token = %(token)s
+      {reaper_guard}
+    FOR UPDATE
+),
+r AS (
+    UPDATE runs_run SET
+        status = cur.new_status,
+        lease_token = NULL, locked_by = NULL, locked_until = NULL,
+        running_seconds = running_seconds + GREATEST(0, EXTRACT(EPOCH FROM
+            ({running_until}) - cur.claimed_at)),
+        failures = runs_run.failures + %(add_failure)s,
+        run_after = CASE WHEN cur.new_status = {queued}
+                         THEN statement_timestamp() + make_interval(secs => %(delay)s) ELSE runs_run.run_after END,
+        result = CASE WHEN cur.new_status = {done} THEN %(result)s::jsonb ELSE runs_run.result END,
+        error = CASE WHEN %(error)s::text IS NOT NULL THEN %(error)s::text ELSE runs_run.error END,
+        error_kind = CASE
+            WHEN cur.new_status = {failed} AND %(target)s::text = {queued} THEN 'retryable'
+            WHEN cur.new_status = {failed} THEN COALESCE(%(error_kind)s, 'fatal')
+            WHEN cur.new_status = {done} THEN ''
+            ELSE COALESCE(%(error_kind)s, runs_run.error_kind) END,
+        expires_at = CASE WHEN cur.new_status IN {parked}
+                          THEN statement_timestamp() + make_interval(secs => %(expires)s)
+                          ELSE runs_run.expires_at END,
+        finished_at = CASE WHEN cur.new_status IN {terminal} THEN statement_timestamp() END,
+        current_step = CASE WHEN cur.new_status = {done} THEN '' ELSE runs_run.current_step END,
+        updated_at = statement_timestamp(),
+        {next_seq}
+    FROM cur
+    WHERE runs_run.id = cur.id
+    RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
+              runs_run.error_kind, runs_run.queue
+),
+t AS (
+    UPDATE runs_tenant SET running = GREATEST(running - 1, 0),
+                           queued = queued + (r.status = {queued})::int
+    FROM r WHERE runs_tenant.id = r.tenant_id
+),
+{events}
+SELECT status, queue FROM r
+"""
+
+_EVENTS = event_ctes(
+    "r", type="'run.' || r.status", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
+    payload=(
+        "jsonb_build_object('from', {running}, 'reason', %(reason)s::text,"
+        " 'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500))"
+    ),
+)
+
+
+def _statement(*, only_if_expired: bool) -> str:
+    return sql(
+        _EXIT_SQL,
+        reaper_guard="AND locked_until < statement_timestamp()" if only_if_expired else "",
+        # A rescued run was last alive at its last heartbeat, not now.
+        running_until="cur.heartbeat_at" if only_if_expired else "statement_timestamp()",
+        next_seq=next_seq(),
+        events=_EVENTS,
+    )
+
+
+_STATEMENTS = {expired: _statement(only_if_expired=expired) for expired in (False, True)}
+
+
+def leave_running(
+    *,
+    run_id: UUID,
+    token: int,
+    target: str,
+    reason: str,
+    actor_type: str = "worker",
+    actor_id: str = "",
+    result_json: str | None = None,
+    error: str | None = None,
+    error_kind: str | None = None,
+    add_failure: bool = False,
+    delay_seconds: float = 0.0,
+    only_if_expired: bool = False,
+    expires_seconds: float | None = None,
+    wake_on_message: bool = False,
+) -> tuple[str, str] | None:
+    """Move a run out of ``running`` towards ``target``; see the module's docstring.
+
+    Returns (the status actually reached, the run's queue), or None when the
+    guard did not match (the lease is not ``token``'s any more, or with
+    ``only_if_expired`` the lease has not expired): then nothing changed.
+    ``result_json`` must already be storable (``runs.db.dumps_storable``);
+    ``error`` is untrusted text and is made storable here.
+    """
+    params = {
+        "run": run_id,
+        "token": token,
+        "target": target,
+        "add_failure": 1 if add_failure else 0,
+        "delay": delay_seconds,
+        "result": result_json,
+        "error": storable_text(error),
+        "error_kind": error_kind,
+        "actor_type": actor_type,
+        "actor_id": actor_id,
+        "reason": reason,
+        "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
+        "wake_on_message": wake_on_message,
+    }
+    statement = _STATEMENTS[only_if_expired]
+    if not wake_on_message:
+        return _fetch(statement, params)
+    # The message check must see a message committed while we waited for the
+    # row (post_message holds it): take the lock first, then decide in a
+    # statement with a fresh snapshot.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
+        return _fetch(statement, params)
+
+
+def _fetch(statement: str, params: dict[str, Any]) -> tuple[str, str] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])

@@ -1,0 +1,164 @@
+"""The reaper's transitions: rescue expired leases, stop runs past their deadline, expire waiting runs,
+and keep the tenant counters true.
+
+Every write is fenced: a rescue matches only the lease token it read and
+only while that lease is still expired, so a run that finished or was
+claimed again between the read and the write is left alone. Every read is
+bounded: by a batch size on the running-runs index, or by the tenant's own
+limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from runs.db import sql
+from runs.engine.exit import leave_running
+from runs.events import event_ctes, next_seq
+
+
+@dataclass(frozen=True)
+class StaleLease:
+    run_id: UUID
+    token: int
+    queue: str
+
+
+_EXPIRED_LEASES_SQL = sql(
+    "SELECT id, lease_token, queue FROM runs_run"
+    " WHERE status = {running} AND locked_until < statement_timestamp() ORDER BY locked_until LIMIT %s"
+)
+
+
+def find_expired_leases(*, limit: int) -> list[StaleLease]:
+    """Running runs whose lease has expired (on the partial index of running runs)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_EXPIRED_LEASES_SQL, [limit])
+        return [StaleLease(*row) for row in cursor.fetchall()]
+
+
+def rescue(stale: StaleLease, *, actor_type: str = "system", actor_id: str = "reaper",
+           reason: str = "lease_expired",
+           error: str = "the worker holding this run stopped heartbeating (lease expired)") -> str | None:
+    """Return one expired run to the queue (a failed attempt), or fail it when its budget is spent.
+
+    Returns the status reached, or None when the run was no longer the one
+    read (finished, re-claimed or heartbeated meanwhile).
+    """
+    outcome = leave_running(
+        run_id=stale.run_id, token=stale.token, target="queued", reason=reason, actor_type=actor_type,
+        actor_id=actor_id, error=error, add_failure=True, only_if_expired=True,
+    )
+    return None if outcome is None else outcome[0]
+
+
+_PAST_DEADLINE_SQL = sql(
+    "SELECT id, lease_token, queue FROM runs_run WHERE status = {running}"
+    " AND running_seconds + EXTRACT(EPOCH FROM statement_timestamp() - claimed_at) > deadline_seconds"
+    " LIMIT %s"
+)
+
+
+def find_past_deadline(*, limit: int) -> list[StaleLease]:
+    """Running runs (alive or not) whose running time is past their deadline."""
+    with connection.cursor() as cursor:
+        cursor.execute(_PAST_DEADLINE_SQL, [limit])
+        return [StaleLease(*row) for row in cursor.fetchall()]
+
+
+def stop_past_deadline(stale: StaleLease) -> bool:
+    """Fail a run past its deadline, fenced on the lease token read; its worker then finds its lease lost."""
+    outcome = leave_running(
+        run_id=stale.run_id, token=stale.token, target="failed", reason="deadline", actor_type="system",
+        actor_id="reaper", error="the run used up its running time (deadline); stopped by the reaper",
+        error_kind="deadline",
+    )
+    return outcome is not None
+
+
+# Runs waiting on people (or paused) past expires_at fail as `expired`, in
+# one statement per batch with their Events; they hold no slot to give back.
+_EXPIRE_SQL = sql(
+    """
+WITH r AS (
+    UPDATE runs_run SET status = {failed}, error_kind = 'expired',
+        error = 'nobody acted on this run before it expired (expires_at)',
+        finished_at = statement_timestamp(), updated_at = statement_timestamp(),
+        {next_seq}
+    WHERE id IN (
+        SELECT id FROM runs_run
+        WHERE status IN {parked} AND expires_at < statement_timestamp()
+        LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+    )
+    AND status IN {parked} AND expires_at < statement_timestamp()
+    RETURNING id, last_event_seq
+),
+{events}
+SELECT count(*) FROM r
+""",
+    next_seq=next_seq(),
+    events=event_ctes(
+        "r", type="'run.failed'", actor_type="'system'", actor_id="'reaper'",
+        payload="jsonb_build_object('reason', 'expired', 'error_kind', 'expired')",
+    ),
+)
+
+
+def expire_waiting(*, batch: int) -> int:
+    """Fail up to ``batch`` runs that waited for people past their ``expires_at``; returns how many."""
+    with connection.cursor() as cursor:
+        cursor.execute(_EXPIRE_SQL, {"batch": batch})
+        return cursor.fetchone()[0]
+
+
+# Tenants whose running counter disagrees with their running runs: the
+# running runs are few (the partial index on running runs), so this read is
+# bounded by what runs, never by what is queued.
+_RUNNING_SUSPECTS_SQL = sql("""
+WITH c AS (SELECT tenant_id, count(*) AS n FROM runs_run WHERE status = {running} GROUP BY tenant_id)
+SELECT t.id FROM runs_tenant t LEFT JOIN c ON c.tenant_id = t.id
+WHERE t.running <> COALESCE(c.n, 0)
+""")
+
+# The queued counter is approximate (backpressure only): counted up to the
+# tenant's max_queued + 1 on the claim index, never past it.
+_FIX_SQL = sql("""
+UPDATE runs_tenant t SET running = c.running, queued = CASE WHEN %(queued)s THEN c.queued ELSE t.queued END
+FROM (
+    SELECT (SELECT count(*) FROM runs_run WHERE tenant_id = %(tenant)s AND status = {running}) AS running,
+           (SELECT count(*) FROM (SELECT 1 FROM runs_run WHERE tenant_id = %(tenant)s AND status = {queued}
+                                  LIMIT (SELECT max_queued + 1 FROM runs_tenant WHERE id = %(tenant)s)) q)
+               AS queued
+) c
+WHERE t.id = %(tenant)s
+  AND (t.running <> c.running
+       OR %(queued)s AND t.queued <> c.queued AND (t.queued <= t.max_queued OR c.queued <= t.max_queued))
+""")
+
+
+def reconcile_tenants(*, queued: bool) -> int:
+    """Set tenants' counters to the truth, each under its row's lock; returns how many were fixed.
+
+    ``running`` is checked on every call; with ``queued`` every tenant's
+    queued counter is checked too (a bounded count per tenant), which the
+    reaper does less often.
+    """
+    with connection.cursor() as cursor:
+        if queued:
+            cursor.execute("SELECT id FROM runs_tenant ORDER BY id")
+        else:
+            cursor.execute(_RUNNING_SUSPECTS_SQL)
+        suspects = [row[0] for row in cursor.fetchall()]
+    fixed = 0
+    for tenant_id in suspects:
+        # The row lock waits for claims and exits in flight to commit (both
+        # write the tenant row in the statement that changes the run); the
+        # counts after it, in a new snapshot, then see them all.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM runs_tenant WHERE id = %s FOR UPDATE", [tenant_id])
+            cursor.execute(_FIX_SQL, {"tenant": tenant_id, "queued": queued})
+            fixed += cursor.rowcount
+    return fixed

@@ -1,0 +1,117 @@
+"""The outbox: the one writer of Events (DESIGN.md §4).
+
+Every transition of a run and every finished step appends one Event in the
+same statement, or the same transaction, as the change it reports. Its
+``seq`` is the run's ``last_event_seq``, raised by the same UPDATE that makes
+the change (``NEXT_SEQ``), so readers page a run's events by ``(run, seq)``
+with no gap and no duplicate.
+
+Two doors, one writer:
+
+- ``event_ctes()`` is the SQL fragment every engine statement puts in its
+  ``WITH``: it inserts one Event per row of the statement's updated-run CTE.
+- ``append_event()`` is the same fragment behind a Python call, for people's
+  transitions (``runs.control``) that change the run through the ORM.
+
+A new consumer of Events (webhook deliveries, event streams) is added here,
+as one more CTE after ``events`` in ``event_ctes()``, and every transition
+feeds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+from runs.db import dumps, sql
+
+# The SET clause that gives a transition its Event's seq.
+NEXT_SEQ = "last_event_seq = {table}.last_event_seq + 1"
+
+
+def next_seq(table: str = "runs_run") -> str:
+    return NEXT_SEQ.format(table=table)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who made a change, as Events record it: a user, an API key, a worker or the system."""
+
+    type: str  # Event.ActorType
+    id: str = ""
+
+
+SYSTEM = Actor(type="system")
+
+
+def event_ctes(
+    source: str,
+    *,
+    type: str,
+    actor_type: str,
+    actor_id: str,
+    payload: str,
+    where: str = "",
+) -> str:
+    """CTEs that append one Event per row of ``source``; put them in the statement's ``WITH``.
+
+    ``source`` is the CTE of updated runs: it must expose ``id`` and the
+    bumped ``last_event_seq``. The other arguments are SQL expressions
+    (parameters, literals or columns of ``source``; status literals as
+    ``{queued}``...); ``where`` filters ``source`` rows that write no Event.
+    """
+    condition = f"WHERE {sql(where)}" if where else ""
+    return sql(
+        """events AS (
+    INSERT INTO runs_event (run_id, seq, type, actor_type, actor_id, payload, created_at)
+    SELECT {source}.id, {source}.last_event_seq, {type}, {actor_type}, {actor_id}, {payload},
+           statement_timestamp()
+    FROM {source} {condition}
+    RETURNING run_id, seq, type
+)""",
+        source=source, type=sql(type), actor_type=sql(actor_type), actor_id=sql(actor_id),
+        payload=sql(payload), condition=condition,
+    )
+
+
+# A run inserted with last_event_seq = 1 (a submit) gets its first Event
+# without touching the run row again.
+_FIRST_SQL = (
+    "WITH born AS (SELECT %(run)s::uuid AS id, 1 AS last_event_seq), "
+    + event_ctes("born", type="%(type)s", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
+                 payload="%(payload)s::jsonb")
+    + " SELECT last_event_seq FROM born"
+)
+
+_APPEND_SQL = (
+    "WITH bumped AS ("
+    " UPDATE runs_run SET " + next_seq() + ", updated_at = statement_timestamp()"
+    " WHERE id = %(run)s RETURNING id, last_event_seq"
+    "), "
+    + event_ctes("bumped", type="%(type)s", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
+                 payload="%(payload)s::jsonb")
+    + " SELECT last_event_seq FROM bumped"
+)
+
+
+def append_event(
+    *, run_id: UUID, type: str, actor: Actor, payload: dict[str, Any] | None = None, first: bool = False
+) -> int:
+    """Append an Event to a run with its next seq; returns the seq. Call it inside the change's transaction.
+
+    ``first`` is for the run's first Event, when the run was just inserted
+    with ``last_event_seq = 1``.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FIRST_SQL if first else _APPEND_SQL,
+            {"run": run_id, "type": type, "actor_type": actor.type, "actor_id": actor.id,
+             "payload": dumps(payload or {})},
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise LookupError(f"run {run_id} does not exist")
+    return row[0]

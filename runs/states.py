@@ -1,0 +1,49 @@
+"""The states of a run and of a step (DESIGN.md §5), importable before Django's apps are ready."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"  # waiting for a worker (possibly until run_after)
+    RUNNING = "running"  # held by a worker under a lease
+    WAITING_HUMAN = "waiting_human"  # an approval or an ambiguous side effect needs a person
+    WAITING = "waiting"  # waiting for child runs or a message
+    PAUSED = "paused"  # paused by a person
+    DONE = "done"  # finished with a result
+    FAILED = "failed"  # finished without one; error_kind says why
+    CANCELLED = "cancelled"  # stopped by a person
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class ErrorKind(models.TextChoices):
+    RETRYABLE = "retryable"  # retry budget spent on transient errors
+    FATAL = "fatal"  # an error that retrying cannot fix
+    AMBIGUOUS = "ambiguous"  # a side effect may or may not have happened
+    DEADLINE = "deadline"  # running time beyond deadline_seconds
+    BUDGET = "budget"  # cost beyond the ceiling
+    STEP_LIMIT = "step_limit"  # too many steps or model iterations
+    EXPIRED = "expired"  # waited for people beyond expires_at
+    NONDETERMINISTIC = "nondeterministic"  # replay met a different step than recorded
+
+
+class StepStatus(models.TextChoices):
+    RUNNING = "running"  # executing, or written ahead of a side effect
+    DONE = "done"  # output recorded; replay returns it
+    FAILED = "failed"  # the last execution failed (attempts keep every try)
+    WAITING = "waiting"  # waiting for a person or a message
+    COMPENSATED = "compensated"  # undone by its compensation
+
+
+class StepKind(models.TextChoices):
+    LLM = "llm"  # a model call
+    TOOL = "tool"  # a tool call
+    APPROVAL = "approval"  # a person's decision
+    MESSAGE = "message"  # messages consumed
+    CHILD = "child"  # child runs spawned
+    SLEEP = "sleep"  # a durable timer
+    COMPENSATION = "compensation"  # a saga compensation
+    CUSTOM = "custom"  # any other function

@@ -1,0 +1,210 @@
+"""The engine's promises held at its edges: races of claims and reaps, hostile text, lost connections,
+rolling deploys, doubt raised between steps, and reads that stay bounded."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from runs.control import resolve_run
+from runs.events import Actor
+from runs.models import Event, Message, Run, Step, StepAttempt, Tenant
+from runs.selectors import waiting_for
+from runs.services import submit_run
+from tests.agents import notes
+from tests.agents_edges import HOSTILE
+from tests.conftest import fresh, wait_for
+from tests.factories import TenantFactory
+from workers.reaper import Reaper
+from workers.worker import Worker, WorkerOptions
+
+PERSON = Actor(type="user", id="7")
+FFFD = "\ufffd"
+
+
+def burst(**options) -> None:
+    options = {"burst": True, "heartbeat": 1, "lease": 10, "listen": False, "concurrency": 4} | options
+    Worker(WorkerOptions(**options)).run()
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The largest number of intervals that overlap at one instant."""
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+                    key=lambda p: (p[0], p[1]))
+    live = peak = 0
+    for _, delta in points:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_never_runs_more_than_max_running_with_two_workers_and_a_busy_reaper(processes, tmp_path):
+    """Item 1: a slot given back by an exit is never also given back by the reaper's reconciliation."""
+    tenant = TenantFactory(max_running=1)
+    log = str(tmp_path / "spans.log")
+    runs = [submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.25}) for _ in range(16)]
+    for _ in range(2):
+        processes.worker("--concurrency", "4", "--poll", "0.05")
+    processes.manage("reap", "--interval", "0.02")
+
+    wait_for(lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status="done").count() == len(runs),
+             timeout=60, message="all runs done")
+    spans = [(row["start"], row["end"]) for row in notes(log)]
+    assert len(spans) == len(runs)
+    assert max_overlap(spans) == 1
+    assert Tenant.objects.get(pk=tenant.pk).running == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_text_a_database_refuses_is_stored_replaced_and_the_step_runs_once(tenant, tmp_path):
+    """Item 2: NUL and lone surrogates in step output, step names and results are kept as U+FFFD."""
+    log = str(tmp_path / "calls.log")
+    run = submit_run(tenant=tenant, kind="hostile_text", input={"log": log})
+    burst()
+
+    run = fresh(run)
+    assert run.status == "done", (run.status, run.error)
+    assert len(notes(log, step="model")) == 1  # executed once: not retried because it could not be stored
+    clean = HOSTILE.replace("\u0000", FFFD).replace("\ud800", FFFD)
+    assert run.result == {"answer": clean, "echo": clean}
+    step = Step.objects.get(run=run)
+    assert step.name == f"ask {clean}"
+    assert step.output == {"text": clean, clean: [clean], "n": None}
+    assert step.text_replaced is True
+    assert (step.executions, step.cost_cents, run.cost_cents) == (1, 7, 7)
+    assert run.attempt == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_message_a_text_column_refuses_is_kept_readable(tenant):
+    run = submit_run(tenant=tenant, kind="hostile_error", input={})
+    burst()
+
+    run = fresh(run)
+    assert (run.status, run.error_kind) == ("failed", "fatal")
+    assert f"tool said before{FFFD}middle{FFFD}after" in run.error
+    attempt = StepAttempt.objects.get(run=run)
+    assert "\u0000" not in attempt.error and FFFD in attempt.error
+    assert Step.objects.get(run=run).text_replaced is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_run_claimed_again_by_the_same_worker_keeps_its_heartbeat(tenant, tmp_path):
+    """Item 5: the old thread of a released run must not drop the new claim out of the heartbeat."""
+    block = tmp_path / "block"
+    block.touch()
+    run = submit_run(tenant=tenant, kind="reclaimed", input={"block_file": str(block), "seconds": 4})
+    worker = Worker(WorkerOptions(concurrency=2, heartbeat=0.5, lease=1.5, poll=0.05, listen=False))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: fresh(run).status == "running", message="the first claim")
+        first_token = fresh(run).lease_token
+        # The lease is taken from the worker while its step blocks (as if it
+        # had missed heartbeats); the same worker claims the run again.
+        Run.objects.filter(pk=run.pk).update(locked_until=timezone.now() - timezone.timedelta(seconds=1))
+        assert Reaper().reap_once().rescued == 1
+        wait_for(lambda: fresh(run).status == "running" and fresh(run).lease_token != first_token,
+                 message="the second claim, by the same worker")
+        block.unlink()  # both executions go on; the old one finds its lease gone and ends
+        wait_for(lambda: fresh(run).current_step == "long", message="the long step of the second claim")
+        # Several leases later, the second claim must still be alive.
+        time.sleep(3)
+        assert Reaper().reap_once().rescued == 0
+        wait_for(lambda: fresh(run).status == "done", timeout=20, message="the run to finish")
+    finally:
+        worker.stop()
+        thread.join(20)
+    assert fresh(run).attempt == 2
+    assert Event.objects.filter(run=run, payload__reason="lease_expired").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ambiguous_between_steps_can_be_resolved_by_a_person(tenant):
+    """Item 6: no step waits, yet a person can mark the run done, retry it or fail it."""
+    done = submit_run(tenant=tenant, kind="doubt_between_steps", input={})
+    failed = submit_run(tenant=tenant, kind="doubt_between_steps", input={})
+    burst()
+
+    run = fresh(done)
+    assert (run.status, run.error_kind) == ("waiting_human", "ambiguous")
+    shown = waiting_for(run)
+    assert shown["type"] == "ambiguous" and shown["step"] is None and "maybe" in shown["error"]
+    assert shown["actions"] == ["done", "retry", "fail"]
+
+    resolve_run(run=run, actor=PERSON, action="done", output={"transfer": "went through"})
+    run = fresh(done)
+    assert (run.status, run.result, run.error_kind) == ("done", {"transfer": "went through"}, "")
+    assert Event.objects.filter(run=run).latest("seq").type == "run.done"
+
+    resolve_run(run=fresh(failed), actor=PERSON, action="fail")
+    assert (fresh(failed).status, fresh(failed).error_kind) == ("failed", "ambiguous")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_version_no_worker_can_resume_is_not_claimed(tenant):
+    """Item 7: it waits for a worker that has its version, instead of bouncing between workers."""
+    run = submit_run(tenant=tenant, kind="noop3", input={})
+    Run.objects.filter(pk=run.pk).update(kind_version=7)
+    started = time.monotonic()
+    burst(poll=0.05)
+    burst(poll=0.05)
+
+    run = fresh(run)
+    assert time.monotonic() - started < 10
+    assert (run.status, run.attempt) == ("queued", 0)
+    assert list(Event.objects.filter(run=run).values_list("type", flat=True)) == ["run.queued"]
+    assert Tenant.objects.get(pk=tenant.pk).running == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_losing_the_database_connections_mid_step_does_not_fail_a_run_with_one_attempt(tenant, processes,
+                                                                                       tmp_path):
+    """Item 8: a failover breaks the checkpoint's connection; the run goes back, spending nothing."""
+    log = str(tmp_path / "kills.log")
+    run = submit_run(tenant=tenant, kind="failover", input={"log": log})
+    worker = processes.worker("--poll", "0.1", "--heartbeat", "1", "--lease", "5")
+
+    wait_for(lambda: fresh(run).status in ("done", "failed"), timeout=30, message="the run to end")
+    run = fresh(run)
+    assert notes(log, attempt=1) and notes(log, attempt=1)[0]["killed"] >= 1
+    assert (run.status, run.max_attempts, run.attempt) == ("done", 1, 2), (run.error, processes.output(worker))
+    assert run.result == {"attempt": 2}
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_reads_the_inbox_in_bounded_pages(tenant):
+    """Item 11: a run with 150 unread messages hands its first messages step 100, the next one 50."""
+    run = submit_run(tenant=tenant, kind="many_messages", input={})
+    Message.objects.bulk_create(Message(run=run, author_type="user", author_id="1", text=f"m{i}") for i in range(150))
+    burst()
+
+    run = fresh(run)
+    assert run.status == "done"
+    assert run.result == {"first": 100, "second": 50}
+    assert not Message.objects.filter(run=run, consumed_by_step__isnull=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reaper_pass_does_not_count_every_queued_run(tenant):
+    """Item 11: the queued counters are reconciled now and then, not on every pass."""
+    for _ in range(30):
+        submit_run(tenant=tenant, kind="noop3", input={})
+    Tenant.objects.filter(pk=tenant.pk).update(queued=0)  # drifted
+    reaper = Reaper()
+    assert reaper.reap_once().tenants_fixed == 1
+    assert Tenant.objects.get(pk=tenant.pk).queued == 30
+
+    with CaptureQueriesContext(connection) as second:
+        reaper.reap_once()
+    counted = [q["sql"] for q in second.captured_queries if "'queued'" in q["sql"] and "count(" in q["sql"]]
+    assert counted == []
