@@ -49,10 +49,10 @@ def test_a_tenant_never_runs_more_than_max_running_with_two_workers_and_a_busy_r
     """Item 1: a slot given back by an exit is never also given back by the reaper's reconciliation."""
     tenant = TenantFactory(max_running=1)
     log = str(tmp_path / "spans.log")
-    runs = [submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.25}) for _ in range(16)]
+    runs = [submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.03}) for _ in range(80)]
     for _ in range(2):
         processes.worker("--concurrency", "4", "--poll", "0.05")
-    processes.manage("reap", "--interval", "0.02")
+    processes.manage("reap", "--interval", "0.005")
 
     wait_for(lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status="done").count() == len(runs),
              timeout=60, message="all runs done")
@@ -208,3 +208,30 @@ def test_a_reaper_pass_does_not_count_every_queued_run(tenant):
         reaper.reap_once()
     counted = [q["sql"] for q in second.captured_queries if "'queued'" in q["sql"] and "count(" in q["sql"]]
     assert counted == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_people_s_transitions_use_the_database_clock_not_the_web_server_s(tenant):
+    """Item 9: a web server whose clock runs two hours ahead must not delay the runs people re-queue."""
+    import time_machine
+
+    from runs.control import approve_run, pause_run, resume_run
+    from runs.db import db_now
+
+    approved = submit_run(tenant=tenant, kind="approve_then_act", input={})
+    burst()
+    assert fresh(approved).status == "waiting_human"
+    paused = submit_run(tenant=tenant, kind="noop3", input={})
+
+    with time_machine.travel(timezone.now() + timezone.timedelta(hours=2), tick=True):
+        approve_run(run=fresh(approved), actor=PERSON)
+        pause_run(run=fresh(paused), actor=PERSON)
+        resume_run(run=fresh(paused), actor=PERSON)
+
+    now = db_now()
+    for run in (fresh(approved), fresh(paused)):
+        assert run.status == "queued"
+        assert run.run_after <= now, (run.run_after, now)
+        assert run.updated_at <= now
+    burst()
+    assert (fresh(approved).status, fresh(paused).status) == ("done", "done")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import traceback
 import uuid as uuid_module
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,31 +21,25 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from django.conf import settings
-
 from runs.db import dumps, release_connection
 from runs.engine import steps as checkpoint
-from runs.engine.steps import RecordedStep, unconsumed_messages
-from workers.classify import classify
+from runs.engine.steplog import RecordedStep, unconsumed_messages
 from workers.errors import (
     AwaitApproval,
     AwaitMessage,
     Fatal,
     LeaseLost,
     NonDeterministic,
-    ParkForHuman,
-    ReleaseRun,
-    StepTimeout,
     StopRun,
     Suspend,
 )
+from workers.recording import StepMachinery, describe_args
 from workers.step_support import (
     Decision,
     Host,
     RunControl,
     StepFailure,
     StepResult,
-    StepThread,
 )
 
 if TYPE_CHECKING:
@@ -55,11 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A step still running after this long is written as the run's current step.
-ANNOUNCE_AFTER_SECONDS = 0.2
-
-
-class RunContext:
+class RunContext(StepMachinery):
     """The API an agent function uses: steps, progress, and what it may know of its run."""
 
     def __init__(
@@ -196,7 +185,7 @@ class RunContext:
             seq=seq,
             name=name,
             kind=kind,
-            input=_describe_args(args, kwargs),
+            input=describe_args(args, kwargs),
             started_at=datetime.now(UTC),
             idempotency_key=key or "",
         )
@@ -316,152 +305,3 @@ class RunContext:
             if not pending:
                 raise AwaitMessage("waiting for a message")
         return self.messages()
-
-    # Bounds and signals.
-    def _before_step(self, seq: int, kind: str) -> None:
-        """A new step starts only while the run is still ours, wanted, and within its bounds."""
-        if self._control.lease_lost.is_set():
-            raise LeaseLost("lease lost")
-        if not self._worker.lease_is_fresh():
-            # Heartbeats have failed for lease - heartbeat seconds: another
-            # worker may own the run soon, so start nothing new.
-            self._control.lease_lost.set()
-            raise LeaseLost("heartbeats failing; not starting a new step")
-        if self._control.cancel_requested.is_set() or self._control.pause_requested.is_set():
-            raise ReleaseRun("cancel or pause requested")
-        if self._worker.stopping.is_set():
-            raise ReleaseRun("worker shutting down")
-        if seq > self._kind.max_steps:
-            raise StopRun("step_limit", f"the run reached its limit of {self._kind.max_steps} steps")
-        if kind == "llm" and self._model_steps > self._kind.max_model_iterations:
-            raise StopRun(
-                "step_limit", f"the run reached its limit of {self._kind.max_model_iterations} model calls"
-            )
-        if self._deadline_left() <= 0:
-            raise StopRun("deadline", self._deadline_message())
-        self._check_budget()
-
-    def _check_budget(self) -> None:
-        ceiling = self._claimed.cost_ceiling_cents
-        if ceiling is not None and self._cost > ceiling:
-            raise StopRun("budget", f"the run cost {self._cost:.6f}¢, over its ceiling of {ceiling}¢")
-
-    def _deadline_left(self) -> float:
-        used = self._claimed.running_seconds + (time.monotonic() - self._claimed_clock)
-        return self._claimed.deadline_seconds - used
-
-    def _deadline_message(self) -> str:
-        return f"the run used its {self._claimed.deadline_seconds} s of running time (deadline)"
-
-    def _timeout(self, requested: float | None) -> float:
-        timeout = requested or self._kind.step_timeout or settings.RUNS_STEP_TIMEOUT_SECONDS
-        return max(0.001, min(timeout, self._deadline_left()))
-
-    def _note_flags(self, cancel: bool, pause: bool) -> None:
-        self._control.note(cancel=cancel, pause=pause)
-
-    # Executing one step.
-    def _call(self, fn, args, kwargs, record: checkpoint.StepRecord, timeout: float) -> Any:
-        """Run ``fn`` on the step thread; announce it when slow; give up on it after ``timeout``."""
-        runner = StepThread.for_this_thread()
-        started = time.monotonic()
-        box, finished = runner.submit(fn, args, kwargs)
-        if not finished.wait(min(ANNOUNCE_AFTER_SECONDS, timeout)):
-            self._announce(record.name)  # and hand the connection back while waiting
-            if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
-                StepThread.abandon_this_thread()  # the next step gets a fresh thread
-                self._worker.watch_stuck_step(runner.thread, timeout)
-                raise StepTimeout(f"step {record.name!r} did not return within {timeout:g} s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    def _announce(self, name: str) -> None:
-        try:
-            flags = checkpoint.announce_step(
-                run_id=self.run_id, token=self._claimed.lease_token, name=name, steps_total=self._steps_total
-            )
-        finally:
-            release_connection()
-        if flags is None:
-            self._control.lease_lost.set()  # the step's checkpoint will find out too
-        else:
-            self._note_flags(*flags)
-
-    def _write_ahead(self, record: checkpoint.StepRecord) -> None:
-        try:
-            written = checkpoint.begin_side_effect(record, steps_total=self._steps_total)
-        finally:
-            release_connection()
-        if not written:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost before the side effect of step {record.seq}")
-
-    def _step_failed(self, record: checkpoint.StepRecord, exc: BaseException, *, uncertain_means_ambiguous: bool) -> None:
-        found = classify(exc)
-        error_kind = found.kind
-        if uncertain_means_ambiguous and found.kind == "retryable" and found.uncertain:
-            error_kind = "ambiguous"
-        usage = getattr(exc, "usage", None)
-        if usage:
-            record.tokens_in, record.tokens_out = usage[0], usage[1]
-            record.cost_cents = Decimal(str(usage[2]))
-        self._record(record, exc, error_kind, status="waiting" if error_kind == "ambiguous" else "failed")
-        self.last_failure = StepFailure(exc, error_kind, found.retry_after, record.seq, record.name)
-        # Money a failed call cost counts against the ceiling too: a bound, not a retry.
-        self._check_budget()
-
-    def _park_unknown_outcome(self, seq: int, name: str, kind: str, args, kwargs) -> None:
-        message = (
-            f"step {seq} ({name}) was interrupted after its side effect began and has no idempotency key: "
-            "the effect may or may not have happened, so a person decides"
-        )
-        record = checkpoint.StepRecord(
-            run_id=self.run_id, token=self._claimed.lease_token, generation=self._claimed.generation,
-            seq=seq, name=name, kind=kind, input=_describe_args(args, kwargs), started_at=datetime.now(UTC),
-        )
-        self._record(record, None, "ambiguous", status="waiting", error=message)
-        raise ParkForHuman(message)
-
-    def _record(self, record, exc: BaseException | None, error_kind: str, *, status: str, error: str = "") -> None:
-        try:
-            cost = checkpoint.record_step_failure(
-                record, error=error or _format_error(exc), error_kind=error_kind,
-                worker_id=self._worker.id, status=status,
-            )
-        finally:
-            release_connection()
-        if cost is None:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while recording the failure of step {record.seq}")
-        self._cost = cost
-
-    def _step_idempotency_key(self, seq: int, requested: str | bool | None) -> str | None:
-        if requested is True:
-            return f"{self.run_id}:{self.generation}:{seq}"
-        if isinstance(requested, str) and requested:
-            return requested
-        return None
-
-
-def _describe_args(args: tuple, kwargs: dict) -> Any:
-    """The step input for the audit trail: the arguments when they are JSON, else their repr."""
-    payload: dict[str, Any] = {}
-    if args:
-        payload["args"] = list(args)
-    if kwargs:
-        payload["kwargs"] = kwargs
-    if not payload:
-        return None
-    try:
-        dumps(payload)
-        return payload
-    except (TypeError, ValueError):
-        return {"repr": repr(payload)[:2000]}
-
-
-def _format_error(exc: BaseException | None) -> str:
-    if exc is None:
-        return ""
-    text = "".join(traceback.format_exception(exc))
-    return f"{type(exc).__name__}: {exc}\n\n{text[-8000:]}"

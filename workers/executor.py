@@ -15,7 +15,7 @@ from django.db import DatabaseError
 
 from runs.db import CONNECTION_ERRORS, dumps_storable, release_connection, with_retries
 from runs.engine.exit import leave_running
-from runs.engine.steps import load_step_log
+from runs.engine.steplog import load_step_log
 from runs.registry import get_kind
 from workers.classify import classify
 from workers.context import RunContext, RunControl

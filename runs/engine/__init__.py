@@ -2,7 +2,7 @@
 
 - ``claim``: queued → running (the claim, the heartbeat, adopting a claim
   whose answer was lost);
-- ``steps``: what a running run records of its steps (write-ahead, announce,
+- ``steps`` and ``steplog``: what a running run records of its steps (write-ahead, announce,
   checkpoint, failure, a pending approval) and reads back (the step log);
 - ``exit``: the one exit from running (finish, fail, retry, park, release,
   rescue);

@@ -13,7 +13,7 @@ from typing import Any
 
 from workers.errors import Fatal
 from workers.llm import conf, pricing
-from workers.llm.providers import ChatModel, Completion
+from workers.llm.model import ChatModel, Completion
 
 _clients: dict[tuple, Any] = {}
 _clients_lock = threading.Lock()

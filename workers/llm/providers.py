@@ -13,9 +13,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,41 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from workers.errors import Fatal, Retryable
 from workers.llm import conf, pricing
-
-# A scripted model's brain: (conversation, tool specs) -> {"content": ..., "tool_calls": [{"name", "arguments"}]}.
-Script = Callable[[list[dict], list[dict]], dict]
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One model answer: the assistant message (Chat Completions form), its usage and its cost."""
-
-    message: dict
-    tokens_in: int
-    tokens_out: int
-    cost_cents: Decimal
-    model: str
-    finish_reason: str = ""
-
-
-class ChatModel:
-    """The interface of a chat model: ``complete`` one turn of a conversation.
-
-    ``provider`` and ``model`` name it; ``describe()`` is what a run
-    records at its start, so the run keeps its model when settings change.
-    """
-
-    provider = ""
-    model = ""
-
-    def complete(
-        self, messages: list[dict], *, tools: list[dict], max_tokens: int | None, timeout: float | None
-    ) -> Completion:
-        raise NotImplementedError
-
-    def describe(self) -> dict:
-        return {"provider": self.provider, "model": self.model}
-
+from workers.llm.model import ChatModel, Completion, Script
 
 _clients: dict[tuple, Any] = {}
 _clients_lock = threading.Lock()

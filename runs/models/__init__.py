@@ -1,0 +1,22 @@
+"""Data model of DESIGN.md §4, one module per part: tenancy, the run, what it records, the fleet."""
+
+from runs.models.fleet import Worker
+from runs.models.records import Artifact, Event, Message, Step, StepAttempt
+from runs.models.run import Run, RunQuerySet, default_expires_at
+from runs.models.tenancy import (
+    MONEY,
+    ApiKey,
+    KindState,
+    Membership,
+    Pausable,
+    Queue,
+    Tenant,
+    TenantDailyCost,
+)
+from runs.states import TERMINAL_STATUSES, ErrorKind, RunStatus, StepKind, StepStatus
+
+__all__ = [
+    "MONEY", "TERMINAL_STATUSES", "ApiKey", "Artifact", "ErrorKind", "Event", "KindState", "Membership",
+    "Message", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
+    "StepStatus", "Tenant", "TenantDailyCost", "Worker", "default_expires_at",
+]

@@ -1,0 +1,175 @@
+"""The Run (DESIGN.md §4).
+
+Hot-path rules that shape this file: no index contains a column that a
+heartbeat or a checkpoint writes (``locked_until``, ``heartbeat_at``,
+``current_step``, ``steps_done``, ``cost_cents``, ``failures``,
+``last_event_seq``, ``updated_at``), so both stay HOT updates; the partial
+indexes match the claim, the reaper and the dashboard list exactly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from runs.models.tenancy import MONEY, Tenant
+from runs.states import TERMINAL_STATUSES, ErrorKind, RunStatus
+
+
+class RunQuerySet(models.QuerySet):
+    def for_tenant(self, tenant) -> RunQuerySet:
+        return self.filter(tenant=tenant)
+
+    def queued(self) -> RunQuerySet:
+        return self.filter(status=RunStatus.QUEUED)
+
+    def claimable(self, now=None) -> RunQuerySet:
+        return self.queued().filter(run_after__lte=now or Now())
+
+    def running(self) -> RunQuerySet:
+        return self.filter(status=RunStatus.RUNNING)
+
+    def stale(self, now=None) -> RunQuerySet:
+        """Running runs whose lease expired: their worker is gone."""
+        return self.running().filter(locked_until__lt=now or Now())
+
+    def terminal(self) -> RunQuerySet:
+        return self.filter(status__in=TERMINAL_STATUSES)
+
+    def newest_first(self) -> RunQuerySet:
+        return self.order_by("-created_at", "-id")
+
+
+def default_expires_at():
+    from datetime import timedelta
+
+    return timezone.now() + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexed by run_tenant_recent_idx and run_claim_idx, which lead with it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    kind = models.CharField(max_length=100)
+    kind_version = models.PositiveIntegerField(null=True, blank=True)
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=5)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    attempt = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    lease_token = models.BigIntegerField(null=True, blank=True)
+    locked_by = models.UUIDField(null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The database's clock, like the claim's now(): app-server clock skew
+    # never delays a run.
+    run_after = models.DateTimeField(db_default=Now())
+    deadline_seconds = models.PositiveIntegerField(default=3600)
+    running_seconds = models.FloatField(default=0)
+    expires_at = models.DateTimeField(default=default_expires_at)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    error_kind = models.CharField(max_length=20, choices=ErrorKind.choices, blank=True, default="")
+    # NULL, not "", when absent: the unique constraint applies to keys only.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
+    cost_ceiling_cents = models.DecimalField(**MONEY, null=True, blank=True)
+    last_event_seq = models.PositiveIntegerField(default=0)
+    current_step = models.CharField(max_length=200, blank=True, default="")
+    steps_done = models.PositiveIntegerField(default=0)
+    steps_total = models.PositiveIntegerField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    pause_requested_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children", db_index=False
+    )
+    children_pending = models.PositiveIntegerField(default=0)
+    generation = models.PositiveIntegerField(default=1)
+    callback_url = models.URLField(max_length=2000, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+            models.CheckConstraint(
+                condition=(
+                    Q(status=RunStatus.RUNNING, lease_token__isnull=False, locked_by__isnull=False, locked_until__isnull=False)
+                    | (~Q(status=RunStatus.RUNNING) & Q(lease_token__isnull=True, locked_by__isnull=True, locked_until__isnull=True))
+                ),
+                name="run_running_iff_leased",
+            ),
+            models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="run_priority_0_9"),
+            models.CheckConstraint(condition=Q(error_kind__in=["", *ErrorKind.values]), name="run_error_kind_valid"),
+            models.CheckConstraint(condition=Q(cost_cents__gte=0), name="run_cost_non_negative"),
+            models.CheckConstraint(
+                condition=Q(cost_ceiling_cents__isnull=True) | Q(cost_ceiling_cents__gte=0),
+                name="run_cost_ceiling_non_negative",
+            ),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="run_max_attempts_positive"),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="run_idempotency_key_unique_per_tenant",
+            ),
+        ]
+        indexes = [
+            # The claim walks each tenant's queue in exactly this order.
+            models.Index(
+                F("tenant"),
+                F("queue"),
+                F("priority"),
+                ExpressionWrapper(Q(started_at__isnull=True), output_field=models.BooleanField()),
+                F("run_after"),
+                F("id"),
+                condition=Q(status=RunStatus.QUEUED),
+                name="run_claim_idx",
+            ),
+            # The reaper scans running runs only; locked_until stays out so a
+            # heartbeat remains a HOT update.
+            models.Index(fields=["id"], condition=Q(status=RunStatus.RUNNING), name="run_running_idx"),
+            # The dashboard and GET /api/runs (keyset pages).
+            models.Index(F("tenant"), F("created_at").desc(), F("id").desc(), name="run_tenant_recent_idx"),
+            models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="run_parent_idx"),
+            # The operations console (bench/admin_million.py: each one turned a full scan of a
+            # million runs into an index scan). Columns and predicates that only transitions
+            # write, so heartbeats and checkpoints stay HOT: the admin run list, newest first...
+            models.Index(F("created_at").desc(), F("id").desc(), name="run_created_idx"),
+            # ...queue depth of live runs (the overview)...
+            models.Index(
+                fields=["queue", "status"],
+                condition=Q(status__in=["queued", "running", "waiting_human", "waiting", "paused"]),
+                name="run_live_idx",
+            ),
+            # ...and runs finished in the last hour (throughput and failure rate).
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_idx"),
+        ]
+        # The operations console's actions (runs/admin); staff need these besides view_run.
+        permissions = [
+            ("cancel_run", "Can cancel runs"),
+            ("retry_run", "Can retry runs"),
+            ("requeue_run", "Can requeue stuck runs"),
+            ("approve_run", "Can approve or reject runs"),
+            ("resolve_run", "Can resolve ambiguous steps"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES

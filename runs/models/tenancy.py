@@ -1,0 +1,123 @@
+"""Who runs: tenants, their spend, keys and members; and the operator state of queues and kinds."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+MONEY = {"max_digits": 18, "decimal_places": 6}
+
+
+class Tenant(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64, unique=True)
+    max_running = models.PositiveIntegerField(default=3)
+    max_queued = models.PositiveIntegerField(default=1000)
+    default_cost_ceiling_cents = models.DecimalField(**MONEY, null=True, blank=True)
+    daily_cost_cap_cents = models.DecimalField(**MONEY, null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    # Live count of the tenant's running runs: changed only by the claim's
+    # guarded update and the one exit from running; the reaper reconciles it.
+    running = models.IntegerField(default=0, editable=False)
+    # Approximate count of its queued runs, for backpressure (max_queued):
+    # raised after a submit commits, lowered by the claim, raised by an exit
+    # to queued; the reaper reconciles it. A count per submit would cost
+    # O(max_queued).
+    queued = models.IntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(running__gte=0), name="tenant_running_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantDailyCost(models.Model):
+    """Money a tenant spent on one UTC day; written by checkpoints, read by the claim (daily cap)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_costs", db_index=False)
+    day = models.DateField()
+    cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "day"], name="tenantdailycost_unique_tenant_day")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.day}: {self.cost_cents}"
+
+
+class Pausable(models.Model):
+    """Operator state of something workers claim from; with no row it is active."""
+
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.pk}{' (paused)' if self.paused else ''}"
+
+
+class Queue(Pausable):
+    """Operator state of a queue."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+
+
+class KindState(Pausable):
+    """Operator state of an agent kind."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+
+
+class ApiKey(models.Model):
+    class Scope(models.TextChoices):
+        READ = "runs:read"  # read runs, steps, kinds
+        WRITE = "runs:write"  # submit and control runs
+        APPROVE = "runs:approve"  # approve, reject and resolve
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=16, db_index=True)
+    secret_sha256 = models.CharField(max_length=64, unique=True)
+    scopes = ArrayField(models.CharField(max_length=32, choices=Scope.choices), default=list)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        VIEWER = "viewer"  # reads
+        OPERATOR = "operator"  # also submits, cancels, pauses, resumes, retries, messages
+        APPROVER = "approver"  # also approves, rejects and resolves
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant"),
+            models.CheckConstraint(condition=Q(role__in=["viewer", "operator", "approver"]), name="membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
