@@ -41,3 +41,29 @@ def bench_steps(ctx: RunContext, data: dict) -> dict:
     for i in range(n):
         ctx.step(f"s{i + 1}", _noop, i)
     return {"steps": n}
+
+
+def _slow(seconds: float) -> dict:
+    # A stand-in for a slow model call: the step holds no database connection
+    # while it sleeps. Its start and end (wall clock, compared with the bench
+    # process's on the same machine) let bench/inflight.py count exactly how
+    # many steps were executing at any moment.
+    started = time.time()
+    if seconds > 0:
+        time.sleep(seconds)
+    return {"t0": started, "t1": time.time()}
+
+
+@agent("bench_slow", queue="bench_slow")
+def bench_slow(ctx: RunContext, data: dict) -> dict:
+    """In-flight kind: ``data["fast"]`` (default 0) no-op steps, then ``data["steps"]`` (default 1)
+    steps that each sleep ``data["sleep"]`` seconds (default 2)."""
+    n = int(data.get("steps", 1))
+    fast = int(data.get("fast", 0))
+    seconds = float(data.get("sleep", 2))
+    ctx.progress(total=fast + n)
+    for i in range(fast):
+        ctx.step(f"fast{i + 1}", _noop, i)
+    for i in range(n):
+        ctx.step(f"slow{i + 1}", _slow, seconds)
+    return {"steps": fast + n}

@@ -227,7 +227,8 @@ class RunContext(StepMachinery):
             release_connection()
             raise
         # The run keeps its connection while it is busy with fast steps; a
-        # slow step hands it back (see _call), and so does leaving running.
+        # step not done within KEEP_CONNECTION_SECONDS hands it back (see
+        # _call), and so does leaving running.
         if answer is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")

@@ -29,6 +29,13 @@ logger = logging.getLogger(__name__)
 
 # A step still running after this long is written as the run's current step.
 ANNOUNCE_AFTER_SECONDS = 0.2
+# How long a run keeps the pooled connection of its last checkpoint while
+# its next step runs, so that a no-op step's checkpoint reuses it. A step
+# still running after this hands it back: the pool has a dozen connections
+# and a worker hundreds of runs, and keeping it until the announcement
+# (0.2 s) capped a worker at pool size / 0.2 s = 60 slow steps started per
+# second (bench/inflight.py).
+KEEP_CONNECTION_SECONDS = 0.002
 
 
 class StepMachinery:
@@ -96,8 +103,10 @@ class StepMachinery:
         runner = StepThread.for_this_thread()
         started = time.monotonic()
         box, finished = runner.submit(fn, args, kwargs)
-        if not finished.wait(min(ANNOUNCE_AFTER_SECONDS, timeout)):
-            self._announce(record.name)  # and hand the connection back while waiting
+        if not finished.wait(min(KEEP_CONNECTION_SECONDS, timeout)):
+            release_connection()  # a run waiting on its step holds no connection
+        if not finished.wait(max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))):
+            self._announce(record.name)
             if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
                 StepThread.abandon_this_thread()  # the next step gets a fresh thread
                 self._worker.watch_stuck_step(runner.thread, timeout)
