@@ -199,6 +199,8 @@ def test_a_reaper_pass_does_not_count_every_queued_run(tenant):
     """Item 11: the queued counters are reconciled now and then, not on every pass."""
     for _ in range(30):
         submit_run(tenant=tenant, kind="noop3", input={})
+    # The submits' counter updates land after commit, debounced: wait for them.
+    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).queued == 30, message="the queued counter")
     Tenant.objects.filter(pk=tenant.pk).update(queued=0)  # drifted
     reaper = Reaper()
     assert reaper.reap_once().tenants_fixed == 1
@@ -235,3 +237,51 @@ def test_people_s_transitions_use_the_database_clock_not_the_web_server_s(tenant
         assert run.updated_at <= now
     burst()
     assert (fresh(approved).status, fresh(paused).status) == ("done", "done")
+
+
+def _rows_read(plan: dict) -> int:
+    """Rows the plan's scans of runs_run read (returned or filtered away), over all loops."""
+    total = 0
+    if plan.get("Relation Name") == "runs_run":
+        loops = plan.get("Actual Loops", 1)
+        total += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
+    for child in plan.get("Plans", []):
+        total += _rows_read(child)
+    return total
+
+
+@pytest.mark.django_db
+def test_a_claim_does_not_read_the_queued_runs_of_a_paused_or_unregistered_kind(tenant):
+    """Item 13: 3,000 queued runs ahead in claim order, of kinds this claim does not take, are not scanned."""
+    from django.db import transaction
+
+    from runs.engine import claim as claims
+    from runs.models import KindState
+
+    for kind in ("noop3", "echo"):
+        Run.objects.bulk_create(
+            Run(tenant=tenant, kind=kind, queue="default", priority=0, input={}) for _ in range(1500)
+        )
+    KindState.objects.create(name="noop3", paused=True)  # echo: not registered by this claim
+    wanted = submit_run(tenant=tenant, kind="steps", input={"steps": 1}, priority=9)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE runs_run")
+    statements: list[tuple[str, dict]] = []
+
+    def capture(execute, sql, params, many, context):
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(capture):
+            [claimed] = claims.claim(worker_id=tenant.pk, queues=["default"], kinds={"steps": 1, "noop3": 1},
+                                     n=5, lease=60)
+        transaction.set_rollback(True)
+    assert claimed.id == wanted.pk
+    sql, params = statements[-1]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    plan = plan if isinstance(plan, list) else __import__("json").loads(plan)
+    assert _rows_read(plan[0]["Plan"]) < 50

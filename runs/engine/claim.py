@@ -53,11 +53,14 @@ def _rows(cursor) -> list[ClaimedRun]:
 # Walk tenant by tenant: only tenants that are not paused and have a free
 # slot are visited, and each contributes at most its free slots, so a tenant
 # at its limit with 100,000 queued runs costs the claim nothing. Inside a
-# tenant the LATERAL scan follows run_claim_idx in its order. The tenant
-# counter is bumped by a guarded update on the row locked in id order (so
-# that concurrent multi-tenant claims cannot deadlock), re-checked on its
-# latest version under READ COMMITTED: concurrent claims never overshoot
-# max_running, and a tenant whose bump fails keeps its runs queued.
+# tenant, queue by queue, a loose index scan of run_claim_kind_idx (one descent
+# per kind present) finds which kinds have queued runs; only those this
+# worker claims (registered, not paused) are read, each in index order, so
+# 100,000 queued runs of a paused or unregistered kind cost one descent too.
+# The tenant counter is bumped by a guarded update on the row locked in id
+# order (so that concurrent multi-tenant claims cannot deadlock), re-checked
+# on its latest version under READ COMMITTED: concurrent claims never
+# overshoot max_running, and a tenant whose bump fails keeps its runs queued.
 _CLAIM_SQL = """
 WITH tenants AS (
     SELECT t.id, t.max_running - t.running AS free
@@ -67,25 +70,51 @@ WITH tenants AS (
           (SELECT c.cost_cents FROM runs_tenantdailycost c
            WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
 ),
+queues AS (
+    SELECT name FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE NOT EXISTS (SELECT 1 FROM runs_queue x WHERE x.name = q.name AND x.paused)
+),
+kinds AS (
+    SELECT unnest(%(kinds)s::text[]) AS name EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused
+),
 candidates AS (
     SELECT c.*
     FROM tenants t
     CROSS JOIN LATERAL (
-        SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after
-        FROM runs_run r
-        WHERE r.tenant_id = t.id
-          AND r.status = {queued}
-          AND {queue_filter}
-          AND r.run_after <= statement_timestamp()
-          AND r.kind = ANY(ARRAY(SELECT unnest(%(kinds)s::text[])
-                                 EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused))
-          -- Only versions this worker's code can resume (a rolling deploy):
-          -- a run recorded by a newer version waits for a worker that has it.
-          AND (r.kind_version IS NULL OR (r.kind, r.kind_version) IN (
-               SELECT * FROM unnest(%(rkinds)s::text[], %(rversions)s::int[])))
-        ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
+        SELECT x.* FROM queues q
+        CROSS JOIN LATERAL (
+            WITH RECURSIVE present(kind) AS (
+                (SELECT r.kind FROM runs_run r
+                 WHERE r.tenant_id = t.id AND r.status = {queued} AND r.queue = q.name
+                 ORDER BY r.kind LIMIT 1)
+                UNION ALL
+                SELECT (SELECT r.kind FROM runs_run r
+                        WHERE r.tenant_id = t.id AND r.status = {queued} AND r.queue = q.name AND r.kind > p.kind
+                        ORDER BY r.kind LIMIT 1)
+                FROM present p WHERE p.kind IS NOT NULL
+            )
+            SELECT kind FROM present WHERE kind IN (SELECT name FROM kinds)
+        ) k
+        CROSS JOIN LATERAL (
+            SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after
+            FROM runs_run r
+            WHERE r.tenant_id = t.id
+              AND r.status = {queued}
+              AND r.queue = q.name
+              AND r.kind = k.kind
+              AND r.run_after <= statement_timestamp()
+              -- Only versions this worker's code can resume (a rolling deploy):
+              -- a run recorded by a newer version waits for a worker that has it.
+              AND (r.kind_version IS NULL OR (r.kind, r.kind_version) IN (
+                   SELECT * FROM unnest(%(rkinds)s::text[], %(rversions)s::int[])))
+            ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
+            LIMIT LEAST(t.free, %(n)s)
+            FOR UPDATE SKIP LOCKED
+        ) x
+        -- The tenant's best runs across its queues and kinds; rows locked
+        -- above but not kept here are let go when the claim commits.
+        ORDER BY x.priority, x.fresh, x.run_after, x.id
         LIMIT LEAST(t.free, %(n)s)
-        FOR UPDATE SKIP LOCKED
     ) c
 ),
 picked AS (
@@ -156,27 +185,10 @@ def claim(
     """
     if n <= 0 or not kinds or not queues:
         return []
-    # One queue (the usual case) compares with =, so the index scan returns
-    # rows already in claim order; several queues use = ANY. Paused queues
-    # drop out in an InitPlan evaluated once per claim.
-    if len(queues) == 1:
-        queue_filter = (
-            "r.queue = (SELECT %(queue)s::text WHERE NOT EXISTS"
-            " (SELECT 1 FROM runs_queue q WHERE q.name = %(queue)s AND q.paused))"
-        )
-    else:
-        queue_filter = (
-            "r.queue = ANY(ARRAY(SELECT unnest(%(queues)s::text[])"
-            " EXCEPT SELECT q.name FROM runs_queue q WHERE q.paused))"
-        )
-    statement = sql(
-        _CLAIM_SQL, queue_filter=queue_filter, columns=_CLAIM_COLUMNS, events=_EVENTS,
-        next_seq=next_seq("r"),
-    )
+    statement = sql(_CLAIM_SQL, columns=_CLAIM_COLUMNS, events=_EVENTS, next_seq=next_seq("r"))
     names = list(kinds)
     pairs = sorted({(k, kinds[k]) for k in names} | {(k, v) for k, vs in (resumes or {}).items() for v in vs})
     params = {
-        "queue": queues[0],
         "queues": list(queues),
         "kinds": names,
         "versions": [kinds[k] for k in names],

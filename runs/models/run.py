@@ -54,7 +54,7 @@ def default_expires_at():
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # Indexed by run_tenant_recent_idx and run_claim_idx, which lead with it.
+    # Indexed by run_tenant_recent_idx and run_claim_kind_idx, which lead with it.
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False)
     kind = models.CharField(max_length=100)
     kind_version = models.PositiveIntegerField(null=True, blank=True)
@@ -128,16 +128,18 @@ class Run(models.Model):
             ),
         ]
         indexes = [
-            # The claim walks each tenant's queue in exactly this order.
+            # The claim walks each tenant's queue, kind by kind (a loose scan
+            # finds the kinds present), in exactly this order.
             models.Index(
                 F("tenant"),
                 F("queue"),
+                F("kind"),
                 F("priority"),
                 ExpressionWrapper(Q(started_at__isnull=True), output_field=models.BooleanField()),
                 F("run_after"),
                 F("id"),
                 condition=Q(status=RunStatus.QUEUED),
-                name="run_claim_idx",
+                name="run_claim_kind_idx",
             ),
             # The reaper scans running runs only; locked_until stays out so a
             # heartbeat remains a HOT update.
