@@ -27,9 +27,11 @@ run: install
 test: install
 	$(VPY) -m pytest
 
+# Development entry points: settings refuse to start with DEBUG off and no
+# SECRET_KEY (`make run` turns DEBUG on in manage.py up, `make test` brings its own key).
 lint: install
 	$(VENV)/bin/ruff check config runs workers crm tests bench
-	$(VPY) manage.py makemigrations --check --dry-run
+	DEBUG=$${DEBUG:-1} $(VPY) manage.py makemigrations --check --dry-run
 
 bench: install
 	$(VPY) bench/engine.py

@@ -7,6 +7,9 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    if sys.argv[1:2] == ["up"]:
+        # `up` is the development stack (and `make run`): DEBUG on, so the development key serves.
+        os.environ.setdefault("DEBUG", "1")
     # manage.py is an entry point: without DATABASE_URL it starts (or joins)
     # the embedded PostgreSQL under .data/ and hands the URL to children.
     from config.dbserver import ensure_database_url

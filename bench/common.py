@@ -6,6 +6,8 @@ import math
 import os
 from urllib.parse import urlsplit, urlunsplit
 
+BENCH_SECRET_KEY = "bench-insecure-not-a-secret-0123456789abcdefghijklmnop"
+
 
 def say(text: str = "") -> None:
     print(text, flush=True)
@@ -51,6 +53,9 @@ class Database:
             os.environ["AGENT_MODULES"] = self.agent_modules
         os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
         os.environ.setdefault("LOG_LEVEL", "WARNING")
+        # Settings refuse to start without a key when DEBUG is off, and the bench
+        # measures with DEBUG off, as production runs: a throwaway key, this machine only.
+        os.environ.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
         import django
 
         django.setup()

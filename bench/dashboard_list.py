@@ -144,7 +144,7 @@ def list_sql(tenant, **filters) -> tuple[str, list]:
     """The SQL the list page runs, captured from the selector itself."""
     from django.db import connection
 
-    from runs import dashboard_selectors
+    from runs import selectors
 
     captured: list[tuple[str, list]] = []
 
@@ -153,7 +153,7 @@ def list_sql(tenant, **filters) -> tuple[str, list]:
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(capture):
-        dashboard_selectors.list_runs(tenant=tenant, limit=50, **filters)
+        selectors.list_runs(tenant=tenant, limit=50, without_payloads=True, **filters)
     return captured[0]
 
 

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import drop_database  # noqa: E402
+from bench.common import BENCH_SECRET_KEY, drop_database  # noqa: E402
 
 PY = sys.executable
 MANAGE = str(ROOT / "manage.py")
@@ -321,6 +321,9 @@ class Bench:
         os.environ["AGENT_MODULES"] = "bench.agents"
         os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
         os.environ.setdefault("LOG_LEVEL", "WARNING")
+        # Settings refuse to start without a key when DEBUG is off, and the bench
+        # measures with DEBUG off, as production runs: a throwaway key, this machine only.
+        os.environ.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
 
         import django
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import DataError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -26,7 +28,8 @@ api = NinjaAPI(
     title="Agent runs",
     version="1",
     description="Durable AI agent runs: submit, then poll, stream or receive a webhook.",
-    docs_url="/docs",
+    docs_url="/docs" if settings.RUNS_API_DOCS else None,
+    openapi_url="/openapi.json" if settings.RUNS_API_DOCS else None,
     urls_namespace="api",
 )
 api.add_router("/", runs_router)
@@ -51,6 +54,10 @@ def on_http_error(request, exc):
     return _error(request, exc.status_code, str(exc))
 
 
+# The parts of a validation error's location that say where ninja read it, not which field.
+PARAMETER_SOURCES = ("body", "payload", "query", "filters", "path", "header")
+
+
 @api.exception_handler(ValidationError)
 def on_validation_error(request, exc):
     errors = [
@@ -59,9 +66,13 @@ def on_validation_error(request, exc):
     ]
     if errors:
         first = errors[0]
-        loc = [str(part) for part in first["loc"] if part not in ("body", "payload", "query", "filters", "path")]
+        loc = [str(part) for part in first["loc"] if part not in PARAMETER_SOURCES]
         where = ".".join(loc) or "request"
-        detail = f"invalid request: {where}: {first['msg']}"
+        if first["type"] == "unstorable":
+            # runs.schemas.StorableIn: the message names the field, and the place inside it.
+            detail = f"invalid request: {first['msg']}"
+        else:
+            detail = f"invalid request: {where}: {first['msg']}"
     else:
         detail = "invalid request"
     return _error(request, 422, detail, errors=errors)
@@ -97,3 +108,25 @@ def on_queue_full(request, exc):
 @api.exception_handler(RequestDataTooBig)
 def on_too_big(request, exc):
     return _error(request, 413, "the request body is larger than the limit")
+
+
+# Input the schemas let through but PostgreSQL refuses (a number out of a
+# column's range, text it cannot encode). The schemas and runs.text are the
+# first line (runs.schemas.StorableIn); this keeps a gap in them a 422, and
+# the warning shows where the gap is.
+@api.exception_handler(DataError)
+def on_data_error(request, exc):
+    logger.warning("the database refused a value of %s %s", request.method, request.path, exc_info=exc)
+    return _error(request, 422, "a value in the request cannot be stored: a number out of range, or text with a "
+                  "NUL character or a lone surrogate")
+
+
+@api.exception_handler(UnicodeEncodeError)
+def on_unencodable_text(request, exc):
+    logger.warning("unencodable text in %s %s", request.method, request.path, exc_info=exc)
+    return _error(request, 422, "the request contains text that cannot be encoded as UTF-8 (a lone surrogate)")
+
+
+def not_found(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    """Any other path under /api/: the API's JSON 404 rather than Django's HTML page."""
+    return _error(request, 404, "no such API endpoint")

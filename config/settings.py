@@ -37,10 +37,56 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = env_bool("DEBUG", False)
-# The development default is deliberately unusable in production: set SECRET_KEY there.
-SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
+
+# Only ever used with DEBUG on (`manage.py up` turns it on); the test session
+# brings a key of its own. With DEBUG off the project refuses to start
+# without a SECRET_KEY of its own.
+DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _secret_key() -> str:
+    key = os.environ.get("SECRET_KEY", "")
+    if DEBUG:
+        return key or DEVELOPMENT_SECRET_KEY
+    if not key or key == DEVELOPMENT_SECRET_KEY:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set (or is the development key) and DEBUG is off: set SECRET_KEY to 50 or "
+            "more random characters, for example the output of "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))', or set DEBUG=1 for development."
+        )
+    return key
+
+
+def _proxy_ssl_header() -> tuple[str, str] | None:
+    """``X-Forwarded-Proto`` (or ``X-Forwarded-Proto=https``): the header a TLS-terminating proxy sets."""
+    value = os.environ.get("SECURE_PROXY_SSL_HEADER", "").strip()
+    if not value:
+        return None
+    name, _, expected = value.partition("=")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), expected.strip() or "https"
+
+
+SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+# HTTPS: on by default with DEBUG off, so that `manage.py check --deploy` is
+# clean with nothing but DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL;
+# each can be turned off (the test session serves plain HTTP). Behind a
+# proxy that terminates TLS, set SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto
+# (only if the proxy always sets or strips that header).
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# Load balancers probe the health check over plain HTTP, from inside.
+SECURE_REDIRECT_EXEMPT = [r"^api/health$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header()
+
+# The API's interactive docs (/api/docs) and its schema (/api/openapi.json); RUNS_API_DOCS=0 hides both.
+RUNS_API_DOCS = env_bool("RUNS_API_DOCS", True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

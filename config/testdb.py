@@ -13,4 +13,9 @@ os.environ.setdefault("AGENT_MODULES", "tests.agents,tests.agents_control,tests.
 # One test database per session, so that concurrent sessions on one server
 # (a developer's and CI's, or parallel checkouts) never collide.
 os.environ.setdefault("RUNS_TEST_DATABASE", f"test_agentruns_{os.getpid()}")
+# The tests run with DEBUG off, as production does, but over plain HTTP and
+# with a key of their own (without one, settings refuse to start).
+os.environ.setdefault("SECRET_KEY", "test-insecure-not-a-secret-7f3a9c1e5b2d8046aa91c3e7f05b6d24")
+for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS"):
+    os.environ.setdefault(name, "0")
 ensure_database_url()

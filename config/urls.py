@@ -1,10 +1,11 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
-from config.api import api
+from config.api import api, not_found
 
 urlpatterns = [
     path("api/", api.urls),
+    re_path(r"^api/", not_found),  # the rest of /api/ answers JSON too
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("runs.urls")),

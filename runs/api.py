@@ -6,7 +6,7 @@ from uuid import UUID
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
-from ninja import Header, Query, Router, Schema, Status
+from ninja import Header, Query, Router, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
@@ -16,7 +16,17 @@ from runs.exceptions import InvalidRunInput
 from runs.keys import authenticate_key
 from runs.models import ApiKey, RunStatus
 from runs.registry import all_kinds
-from runs.schemas import ErrorOut, HealthOut, KindOut, RunIn, RunOut, RunPage, StepOut
+from runs.schemas import (
+    ErrorOut,
+    HealthOut,
+    KindOut,
+    RunIn,
+    RunOut,
+    RunPage,
+    StepPage,
+    StorableIn,
+    SubmitHeaders,
+)
 
 
 class ApiKeyAuth(HttpBearer):
@@ -39,15 +49,15 @@ def submit_run(
     request: HttpRequest,
     response: HttpResponse,
     payload: RunIn,
-    idempotency_key_header: str | None = Header(default=None, alias="Idempotency-Key"),
+    headers: Header[SubmitHeaders],
 ):
     """Validate and queue a run; answers 202 at once (200 when an idempotency key matched)."""
     require_scope(request, ApiKey.Scope.WRITE)
     key = payload.idempotency_key
-    if idempotency_key_header is not None:
-        if key is not None and key != idempotency_key_header:
+    if headers.idempotency_key is not None:
+        if key is not None and key != headers.idempotency_key:
             raise InvalidRunInput("the Idempotency-Key header and the body's idempotency_key differ")
-        key = idempotency_key_header
+        key = headers.idempotency_key
     submitted = services.submit(
         tenant=request.auth.tenant,
         kind=payload.kind,
@@ -65,7 +75,7 @@ def submit_run(
     return Status(202 if submitted.created else 200, submitted.run)
 
 
-class RunFilters(Schema):
+class RunFilters(StorableIn):
     status: RunStatus | None = None
     kind: str | None = None
     queue: str | None = None
@@ -90,11 +100,18 @@ def get_run(request: HttpRequest, run_id: UUID):
     return run
 
 
-@router.get("/runs/{run_id}/steps", response={200: list[StepOut]} | ERRORS, summary="A run's audit trail")
-def list_steps(request: HttpRequest, run_id: UUID):
+class StepFilters(StorableIn):
+    limit: int = Field(default=100, ge=1, le=500)
+    cursor: str | None = None
+
+
+@router.get("/runs/{run_id}/steps", response={200: StepPage} | ERRORS, summary="A run's audit trail, in pages")
+def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
+    """Every step of every generation, oldest first: ``?limit=&cursor=`` pages like the run list."""
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
-    return selectors.list_steps(run=run)
+    page = selectors.list_steps(run=run, limit=filters.limit, cursor=filters.cursor)
+    return {"items": page.items, "next_cursor": page.next_cursor}
 
 
 @router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="Registered agent kinds")

@@ -2,8 +2,11 @@
 
 Roles (DESIGN.md §4): a viewer reads; an operator also submits, cancels,
 pauses, resumes, retries and messages; an approver also approves, rejects and
-resolves; staff may do everything in the tenants they belong to. Views check
-with ``require`` (403 otherwise); templates only hide what the server refuses.
+resolves. Being staff grants nothing by itself: a staff member may also take
+the actions whose operations-console permission they hold (the ones
+``runs/admin`` checks, ``Run.Meta.permissions``), and a superuser may do
+everything, always in the tenants they belong to. Views check with
+``require`` (403 otherwise); templates only hide what the server refuses.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from uuid import UUID
 
+from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
@@ -42,6 +46,14 @@ ROLE_ACTIONS = {
     Membership.Role.OPERATOR: OPERATOR_ACTIONS,
     Membership.Role.APPROVER: APPROVER_ACTIONS,
 }
+# What the operations console asks of staff for the same actions (runs/admin/run.py).
+ACTION_PERMISSIONS = {
+    Action.CANCEL: "runs.cancel_run",
+    Action.RETRY: "runs.retry_run",
+    Action.APPROVE: "runs.approve_run",
+    Action.REJECT: "runs.approve_run",
+    Action.RESOLVE: "runs.resolve_run",
+}
 
 
 @dataclass(frozen=True)
@@ -50,15 +62,19 @@ class Access:
 
     tenant: Tenant
     role: str
-    is_staff: bool
+    user: AbstractUser
     memberships: tuple[Membership, ...]
 
     def can(self, action: Action) -> bool:
-        return self.is_staff or action in ROLE_ACTIONS.get(self.role, frozenset())
+        if action in ROLE_ACTIONS.get(self.role, frozenset()) or self.user.is_superuser:
+            return True
+        # Only past the role: the permission lookup (two queries, then cached on the user) is for staff.
+        permission = ACTION_PERMISSIONS.get(action)
+        return permission is not None and self.user.is_staff and self.user.has_perm(permission)
 
     @property
-    def can_operate(self) -> bool:
-        return self.can(Action.CANCEL)
+    def can_submit(self) -> bool:
+        return self.can(Action.SUBMIT)
 
     @property
     def can_approve(self) -> bool:
@@ -66,7 +82,7 @@ class Access:
 
     @property
     def role_label(self) -> str:
-        return "staff" if self.is_staff else self.role
+        return "superuser" if self.user.is_superuser else self.role
 
     @property
     def can_switch(self) -> bool:
@@ -84,9 +100,7 @@ def current_access(request: HttpRequest) -> Access:
         raise Http404("you are not a member of any tenant: ask an administrator to add you to one")
     selected = request.session.get(SESSION_TENANT)
     chosen = next((m for m in memberships if str(m.tenant_id) == selected), memberships[0])
-    return Access(
-        tenant=chosen.tenant, role=chosen.role, is_staff=request.user.is_staff, memberships=memberships
-    )
+    return Access(tenant=chosen.tenant, role=chosen.role, user=request.user, memberships=memberships)
 
 
 def require(access: Access, action: Action) -> None:

@@ -1,4 +1,7 @@
-"""Reads of the dashboard that the API does not need: id search, the approvals count, the timeline."""
+"""Reads of the dashboard that the API does not need: the id search range, the approvals count, the timeline.
+
+The run list itself is ``runs.selectors.list_runs``, the API's.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from django.db.models import Q
-
 from runs.models import Artifact, Message, Run, RunStatus, Step, Tenant
-from runs.selectors import Page, decode_cursor, encode_cursor
 
 ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
 
@@ -24,30 +24,6 @@ def id_range(search: str) -> tuple[UUID, UUID] | None:
     if not ID_PREFIX.match(digits):
         return None
     return UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f"))
-
-
-def list_runs(
-    *, tenant: Tenant, limit: int = 50, cursor: str | None = None,
-    status: str | None = None, kind: str | None = None, id_search: tuple[UUID, UUID] | None = None,
-) -> Page:
-    """Newest first, keyset-paginated on (created_at, id) like ``selectors.list_runs``, plus an id search."""
-    runs = Run.objects.for_tenant(tenant).newest_first()
-    if status:
-        runs = runs.filter(status=status)
-    if kind:
-        runs = runs.filter(kind=kind)
-    if id_search:
-        runs = runs.filter(id__gte=id_search[0], id__lte=id_search[1])
-    if cursor:
-        created, run_id = decode_cursor(cursor)
-        # (created_at, id) < (created, run_id), spelled so that the first term bounds
-        # the index scan: with the OR alone PostgreSQL filters every newer row (a
-        # page in the middle of 100,000 runs took 100 ms instead of 1).
-        runs = runs.filter(Q(created_at__lte=created), Q(created_at__lt=created) | Q(id__lt=run_id))
-    # The list shows neither inputs nor results: leave the big JSON columns in the table.
-    items = list(runs.defer("input", "result", "error")[: limit + 1])
-    next_cursor = encode_cursor(items[limit - 1]) if len(items) > limit else None
-    return Page(items=items[:limit], next_cursor=next_cursor)
 
 
 def count_waiting_for_people(*, tenant: Tenant) -> int:

@@ -11,17 +11,57 @@ mapped back onto the fields by ``add_input_errors``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from django import forms
+from django.forms.fields import InvalidJSONInput
 
 from runs.dashboard_selectors import id_range
-from runs.models import RunStatus
+from runs.models import MONEY, RunStatus
 from runs.presenters import status_label
+from runs.text import MAX_DEPTH, find_unstorable
 
 # Strings longer than this get a text area instead of a one-line input.
 LONG_TEXT = 200
+
+
+class StorableJSONField(forms.JSONField):
+    """A JSON text box that refuses, as a form error, what PostgreSQL cannot store (see ``runs.text``).
+
+    Text fields need no such care: Django's ``CharField`` already refuses
+    NUL characters, and a form post cannot carry a lone surrogate (its
+    UTF-8 is decoded with replacement). Inside JSON text both arrive as
+    escapes, with NaN, Infinity and nesting as deep as the parser allows.
+    """
+
+    default_error_messages = {
+        "too_deep": f"This JSON nests too deeply: at most {MAX_DEPTH} levels of lists and objects.",
+    }
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            converted = super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
+        if problem := find_unstorable(converted, where=""):
+            raise forms.ValidationError(
+                "This JSON cannot be stored: %(problem)s.", code="unstorable",
+                params={"problem": problem.lstrip(".: ")},
+            )
+        return converted
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # Shown again as typed, escapes and all, when it cannot be parsed or stored
+        # (Django's own version would recurse too deep, or write a lone surrogate into the page).
+        if isinstance(data, str):
+            try:
+                if find_unstorable(json.loads(data)) is not None:
+                    return InvalidJSONInput(data)
+            except (ValueError, RecursionError):
+                return InvalidJSONInput(data)
+        return super().bound_data(data, initial)
 
 
 @dataclass(frozen=True)
@@ -81,7 +121,7 @@ def _field(prop: dict, required: bool, nullable: bool) -> tuple[forms.Field, str
         common["required"] = False  # an unticked box is False, not missing
         return forms.BooleanField(**common), "boolean"
     common["help_text"] = " ".join(filter(None, [common["help_text"], "JSON."]))
-    return forms.JSONField(widget=forms.Textarea(attrs={"rows": 3}), **common), "json"
+    return StorableJSONField(widget=forms.Textarea(attrs={"rows": 3}), **common), "json"
 
 
 def _plus(value: float | None, delta: int) -> float | None:
@@ -100,7 +140,7 @@ class KindInputForm(forms.Form):
         properties = schema.get("properties") or {}
         required = set(schema.get("required") or [])
         if not properties:
-            self.fields[self.WHOLE_INPUT] = forms.JSONField(
+            self.fields[self.WHOLE_INPUT] = StorableJSONField(
                 label="Input", initial={}, help_text="A JSON object.", widget=forms.Textarea(attrs={"rows": 6})
             )
             self.specs[self.WHOLE_INPUT] = FieldSpec("json", True, False)
@@ -164,7 +204,7 @@ class ResolveForm(forms.Form):
         ("fail", "Fail the run"),
     ]
     action = forms.ChoiceField(choices=ACTIONS)
-    output = forms.JSONField(
+    output = StorableJSONField(
         required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Step output (JSON)",
         help_text="Only for “it happened”: what the step would have returned.",
     )
@@ -178,7 +218,11 @@ class RetryForm(forms.Form):
     deadline_seconds = forms.IntegerField(
         min_value=1, max_value=30 * 24 * 3600, required=False, label="New deadline (seconds)"
     )
-    cost_ceiling_cents = forms.DecimalField(min_value=0, decimal_places=6, required=False, label="New cost ceiling (¢)")
+    # The column's precision: a larger ceiling is a form error, not a database error.
+    cost_ceiling_cents = forms.DecimalField(
+        min_value=0, max_digits=MONEY["max_digits"], decimal_places=MONEY["decimal_places"], required=False,
+        label="New cost ceiling (¢)",
+    )
 
 
 class RunFilterForm(forms.Form):

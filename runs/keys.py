@@ -38,7 +38,8 @@ def create_api_key(*, tenant: Tenant, name: str, scopes: list[str] | None = None
 
 def authenticate_key(raw: str) -> ApiKey | None:
     """The live key for this secret (with its tenant), or None; notes its use at most once a minute."""
-    if not raw or len(raw) > 200:
+    # Every key is ASCII: anything else (a lone surrogate cannot even be hashed) is no key of ours.
+    if not raw or len(raw) > 200 or not raw.isascii():
         return None
     api_key = ApiKey.objects.select_related("tenant").filter(secret_sha256=hash_key(raw), revoked_at__isnull=True).first()
     if api_key is None:

@@ -7,10 +7,36 @@ from typing import Any, Literal
 from uuid import UUID
 
 from ninja import Schema
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from runs.models import MONEY
+from runs.text import find_unstorable
+
+# NUMERIC(18,6) holds less than 10^12 (cents): a larger ceiling is a 422, not a database error.
+MAX_CENTS = 10 ** (MONEY["max_digits"] - MONEY["decimal_places"])
 
 
-class RunIn(Schema):
+class StorableIn(Schema):
+    """Base of every input schema: a value PostgreSQL cannot store is a 422 naming the field.
+
+    NUL characters and lone surrogates in any text or key, NaN and infinity,
+    nesting deeper than ``runs.text.MAX_DEPTH`` (see ``runs.text``). One
+    validator for all fields, so a field added later is covered too.
+    """
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        where = (field.alias if field else None) or info.field_name or "value"
+        if problem := find_unstorable(value, where=where):
+            # The problem names the field already; the API's handler shows it as it is.
+            raise PydanticCustomError("unstorable", "{problem}", {"problem": problem})
+        return value
+
+
+class RunIn(StorableIn):
     kind: str = Field(min_length=1, max_length=100)
     input: dict[str, Any] = Field(default_factory=dict)
     queue: str | None = Field(default=None, max_length=64)
@@ -18,9 +44,13 @@ class RunIn(Schema):
     priority: int | None = Field(default=None, ge=0, le=9, strict=True)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
     max_attempts: int | None = Field(default=None, ge=1, le=100, strict=True)
-    cost_ceiling_cents: float | None = Field(default=None, ge=0)
+    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=MAX_CENTS, allow_inf_nan=False)
     deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600, strict=True)
     callback_url: str | None = Field(default=None, max_length=2000)
+
+
+class SubmitHeaders(StorableIn):
+    idempotency_key: str | None = Field(default=None, alias="Idempotency-Key", min_length=1, max_length=255)
 
 
 class RunOut(Schema):
@@ -81,8 +111,14 @@ class StepOut(Schema):
     cost_cents: float
     executions: int
     error: str
+    text_replaced: bool
     started_at: datetime | None
     ended_at: datetime | None
+
+
+class StepPage(Schema):
+    items: list[StepOut]
+    next_cursor: str | None
 
 
 class KindOut(Schema):
@@ -101,21 +137,21 @@ class ErrorOut(Schema):
     detail: str
 
 
-class DecisionIn(Schema):
+class DecisionIn(StorableIn):
     comment: str = Field(default="", max_length=5000)
     step: int | None = Field(default=None, ge=1, description="the pending approval's step number; 409 if another is pending")
 
 
-class MessageIn(Schema):
+class MessageIn(StorableIn):
     text: str = Field(min_length=1, max_length=20000)
 
 
-class ResolveIn(Schema):
+class ResolveIn(StorableIn):
     action: Literal["done", "retry", "fail"]
     output: Any = None
 
 
-class RetryIn(Schema):
+class RetryIn(StorableIn):
     from_step: int | None = Field(default=None, ge=1)
     deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
-    cost_ceiling_cents: float | None = Field(default=None, ge=0)
+    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=MAX_CENTS, allow_inf_nan=False)

@@ -33,6 +33,7 @@ from runs.forms import (
 )
 from runs.models import Run
 from runs.registry import all_kinds, get_kind
+from runs.text import find_unstorable
 
 # htmx stops polling when a response has this status (a terminal run, a list with no live run).
 HTMX_STOP_POLLING = 286
@@ -70,10 +71,11 @@ def run_list(request: HttpRequest) -> HttpResponse:
     if filters.is_valid():
         wanted = filters.cleaned_data
         try:
-            page = dashboard_selectors.list_runs(
+            page = selectors.list_runs(
                 tenant=access.tenant, limit=PAGE_SIZE, cursor=wanted["cursor"] or None,
                 status=wanted["status"] or None, kind=wanted["kind"] or None,
                 id_search=dashboard_selectors.id_range(wanted["q"]) if wanted["q"] else None,
+                without_payloads=True,
             )
         except InvalidRunInput as exc:  # a mangled cursor
             error = str(exc)
@@ -228,8 +230,7 @@ def submit_form(request: HttpRequest) -> HttpResponse:
         context["unknown_kind"] = kind_name
         return render(request, "runs/submit.html", context, status=404 if kind_name else 200)
     form = KindInputForm(kind.input_json_schema(), request.POST if request.method == "POST" else None)
-    # One key per rendered form: a double click or a resent POST finds the run it created.
-    key = request.POST.get("idempotency_key") or uuid4().hex
+    key = _form_key(request)
     if request.method == "POST" and form.is_valid():
         try:
             submitted = services.submit(
@@ -249,6 +250,18 @@ def submit_form(request: HttpRequest) -> HttpResponse:
             return redirect("runs:detail", run_id=submitted.run.id)
     context.update(form=form, idempotency_key=key)
     return render(request, "runs/submit.html", context, status=422 if form.errors else 200)
+
+
+def _form_key(request: HttpRequest) -> str:
+    """One key per rendered form: a double click or a resent POST finds the run it created.
+
+    A key the server did not write (too long, or with characters PostgreSQL
+    cannot store) is replaced, like a missing one.
+    """
+    key = request.POST.get("idempotency_key", "")
+    if not key or len(key) > 255 or find_unstorable(key) is not None:
+        return uuid4().hex
+    return key
 
 
 # Tenants

@@ -83,12 +83,16 @@ def _decide(request: HttpRequest, run_id: UUID, *, approved: bool) -> HttpRespon
     if not form.is_valid():
         return _invalid(request, access, run, "decision", form)
     service = control.approve_run if approved else control.reject_run
-    return _apply(
-        request, run,
-        lambda: service(run=run, actor=actor_of(request), comment=form.cleaned_data["comment"],
-                        step=form.cleaned_data["step"]),
-        done="Approved: the run continues." if approved else "Rejected: the run continues without it.",
-    )
+    try:
+        return _apply(
+            request, run,
+            lambda: service(run=run, actor=actor_of(request), comment=form.cleaned_data["comment"],
+                            step=form.cleaned_data["step"]),
+            done="Approved: the run continues." if approved else "Rejected: the run continues without it.",
+        )
+    except InvalidRunInput as exc:
+        form.add_error("comment", str(exc))
+        return _invalid(request, access, run, "decision", form)
 
 
 @require_POST

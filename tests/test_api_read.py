@@ -12,6 +12,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from runs.control import retry_run
+from runs.events import Actor
 from runs.keys import create_api_key
 from runs.models import ApiKey, Queue, Run
 from runs.services import submit_run
@@ -339,7 +341,8 @@ def test_steps_trail_of_an_executed_run(api):
 
     steps = api.get(f"/api/runs/{run_id}/steps")
     assert steps.status_code == 200
-    trail = steps.json()
+    trail = steps.json()["items"]
+    assert steps.json()["next_cursor"] is None
     assert [(s["seq"], s["name"], s["status"]) for s in trail] == [
         (1, "step1", "done"),
         (2, "step2", "done"),
@@ -360,7 +363,7 @@ def test_a_failed_run_reports_its_error(api, tenant):
     assert body["status"] == "failed"
     assert body["error_kind"] == "fatal"
     assert "field 'email' is invalid" in body["error"]
-    (step,) = api.get(f"/api/runs/{run.id}/steps").json()
+    (step,) = api.get(f"/api/runs/{run.id}/steps").json()["items"]
     assert (step["name"], step["status"]) == ("validate", "failed")
     assert "field 'email' is invalid" in step["error"]
 
@@ -371,7 +374,32 @@ def test_steps_of_a_queued_run_is_an_empty_list(api, tenant):
     response = api.get(f"/api/runs/{run.id}/steps")
 
     assert response.status_code == 200
-    assert response.json() == []
+    assert response.json() == {"items": [], "next_cursor": None}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_audit_trail_comes_in_keyset_pages_across_generations(api, tenant):
+    run = submit_run(tenant=tenant, kind="steps", input={"steps": 5})
+    run_worker_until_idle()
+    # As if its last steps had failed: retried from step 4, generation 2 copies steps 1-3.
+    Run.objects.filter(pk=run.pk).update(status="failed", error_kind="fatal")
+    retry_run(run=run, actor=Actor(type="user", id="1"), from_step=4)
+    run_worker_until_idle()
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        body = api.get(f"/api/runs/{run.id}/steps", query).json()
+        pages += 1
+        assert len(body["items"]) <= 3
+        seen += [(s["generation"], s["seq"]) for s in body["items"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [(1, n) for n in range(1, 6)] + [(2, n) for n in range(1, 6)]
+    assert pages == 4
+    assert_error(api.get(f"/api/runs/{run.id}/steps", {"cursor": "not-a-cursor"}), 422)
+    assert_error(api.get(f"/api/runs/{run.id}/steps", {"limit": 501}), 422)
 
 
 # --- kinds, health, docs -----------------------------------------------------------
