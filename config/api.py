@@ -11,9 +11,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-import runs.api_artifacts  # noqa: F401  (registers the artifact endpoints on the runs router)
-import runs.api_control  # noqa: F401  (registers the control endpoints on the runs router)
-from runs.api import router as runs_router
+import runs.api.artifacts  # noqa: F401  (registers the artifact endpoints on the runs router)
+import runs.api.control  # noqa: F401  (registers the control endpoints on the runs router)
+from runs.api.endpoints import router as runs_router
 from runs.exceptions import (
     IdempotencyConflict,
     InvalidRunInput,
@@ -69,7 +69,7 @@ def on_validation_error(request, exc):
         loc = [str(part) for part in first["loc"] if part not in PARAMETER_SOURCES]
         where = ".".join(loc) or "request"
         if first["type"] == "unstorable":
-            # runs.schemas.StorableIn: the message names the field, and the place inside it.
+            # runs.api.schemas.StorableIn: the message names the field, and the place inside it.
             detail = f"invalid request: {first['msg']}"
         else:
             detail = f"invalid request: {where}: {first['msg']}"
@@ -112,7 +112,7 @@ def on_too_big(request, exc):
 
 # Input the schemas let through but PostgreSQL refuses (a number out of a
 # column's range, text it cannot encode). The schemas and runs.text are the
-# first line (runs.schemas.StorableIn); this keeps a gap in them a 422, and
+# first line (runs.api.schemas.StorableIn); this keeps a gap in them a 422, and
 # the warning shows where the gap is.
 @api.exception_handler(DataError)
 def on_data_error(request, exc):

@@ -8,5 +8,5 @@ urlpatterns = [
     re_path(r"^api/", not_found),  # the rest of /api/ answers JSON too
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("", include("runs.urls")),
+    path("", include("runs.dashboard.urls")),
 ]

@@ -1,4 +1,4 @@
-"""Domain errors; the API maps each to one HTTP answer (runs.api.errors)."""
+"""Domain errors; the API maps each to one HTTP answer (config/api.py)."""
 
 
 class RunsError(Exception):

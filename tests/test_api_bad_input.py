@@ -228,7 +228,7 @@ def test_a_value_the_schemas_let_through_but_postgresql_refuses_is_a_422_not_a_5
     def refused(**kwargs):
         raise error
 
-    monkeypatch.setattr("runs.api.services.submit", refused)
+    monkeypatch.setattr("runs.api.endpoints.services.submit", refused)
 
     response = post(api, "/api/runs", NOOP)
 

@@ -13,9 +13,9 @@ from django.test import Client
 from django.utils import timezone
 
 import tests.agents_dashboard  # noqa: F401  (registers support_reply in this process)
-from runs import presenters
-from runs.dashboard_access import SESSION_TENANT
-from runs.forms import KindInputForm
+from runs.dashboard import presenters
+from runs.dashboard.access import SESSION_TENANT
+from runs.dashboard.forms import KindInputForm
 from runs.models import Artifact, Event, Membership, Message, Run, Step
 from runs.services import submit_run
 from tests.conftest import fresh

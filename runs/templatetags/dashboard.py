@@ -1,11 +1,11 @@
-"""Formatting filters of the dashboard templates (presentation only; see runs.presenters)."""
+"""Formatting filters of the dashboard templates (presentation only; see runs.dashboard.presenters)."""
 
 from __future__ import annotations
 
 from django import template
 from django.utils import timezone
 
-from runs import presenters
+from runs.dashboard import presenters
 from runs.models import Step
 
 register = template.Library()

@@ -10,46 +10,14 @@ output at ``GET /api/runs/{id}/artifacts/{artifact_id}``.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from typing import Any
 from uuid import UUID
 
-from django.core.files.base import ContentFile
-
+from runs.artifacts import read_artifact, save_artifact
 from workers.llm import conf
 
-
-def save_artifact(*, run_id: UUID, name: str, data: bytes, content_type: str = "text/plain",
-                  summary: str = "") -> Any:
-    """Store ``data`` as an Artifact of the run and return it.
-
-    Idempotent per run, name and content: a step executed again after a
-    crash finds the artifact its first execution stored.
-    """
-    from runs.models import Artifact
-
-    digest = hashlib.sha256(data).hexdigest()
-    existing = Artifact.objects.filter(run_id=run_id, name=name, sha256=digest).order_by("id").first()
-    if existing is not None:
-        return existing
-    artifact = Artifact(
-        run_id=run_id, name=name[:200], content_type=content_type, size=len(data), sha256=digest,
-        summary=summary or summarize(data, content_type),
-    )
-    slug = re.sub(r"[^a-zA-Z0-9_-]+", "-", name).strip("-")[:60] or "output"
-    artifact.file.save(f"{run_id}-{digest[:12]}-{slug}.txt", ContentFile(data), save=True)
-    return artifact
-
-
-def read_artifact(*, run_id: UUID, artifact_id: int) -> bytes:
-    """The full content of one of the run's artifacts."""
-    from runs.models import Artifact
-
-    artifact = Artifact.objects.get(run_id=run_id, pk=artifact_id)
-    with artifact.file.open("rb") as fh:
-        return fh.read()
+__all__ = ["excerpt", "for_the_model", "read_artifact", "save_artifact", "summarize"]
 
 
 def summarize(data: bytes, content_type: str = "text/plain") -> str:
@@ -74,7 +42,7 @@ def for_the_model(*, run_id: UUID, name: str, content: str, content_type: str = 
     data = content.encode("utf-8")
     if len(data) <= conf.get("RUNS_ARTIFACT_THRESHOLD_BYTES"):
         return {"content": content}
-    artifact = save_artifact(run_id=run_id, name=name, data=data, content_type=content_type)
+    artifact = save_artifact(run_id=run_id, name=name, data=data, content_type=content_type, summarize=summarize)
     return {"content": excerpt(artifact, content), "artifact_id": artifact.pk}
 
 

@@ -18,9 +18,9 @@ from typing import Any
 from django import forms
 from django.forms.fields import InvalidJSONInput
 
-from runs.dashboard_selectors import id_range
+from runs.dashboard.presenters import status_label
+from runs.dashboard.selectors import id_range
 from runs.models import MONEY, RunStatus
-from runs.presenters import status_label
 from runs.text import MAX_DEPTH, find_unstorable
 
 # Strings longer than this get a text area instead of a one-line input.

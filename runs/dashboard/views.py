@@ -1,4 +1,4 @@
-"""The dashboard's pages: the run list, the run page, the submit form (POST actions: runs.views_actions).
+"""The dashboard's pages: the run list, the run page, the submit form (POST actions: runs.dashboard.actions).
 
 One view per screen. For htmx polls a view answers with a named partial of
 its template; at a terminal state it answers 286, which stops htmx polling.
@@ -20,10 +20,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from runs import dashboard_selectors, presenters, selectors, services
-from runs.dashboard_access import Access, Action, current_access, require, select_tenant
-from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
-from runs.forms import (
+from runs import selectors, services
+from runs.dashboard import presenters
+from runs.dashboard import selectors as dashboard_selectors
+from runs.dashboard.access import Access, Action, current_access, require, select_tenant
+from runs.dashboard.forms import (
     DecisionForm,
     KindInputForm,
     MessageForm,
@@ -31,6 +32,7 @@ from runs.forms import (
     RetryForm,
     RunFilterForm,
 )
+from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from runs.models import Run
 from runs.registry import all_kinds, get_kind
 from runs.text import find_unstorable

@@ -9,7 +9,7 @@ from django.http import FileResponse, Http404, HttpRequest
 from ninja import Schema
 
 from runs import selectors
-from runs.api import ERRORS, require_scope, router
+from runs.api.endpoints import ERRORS, require_scope, router
 from runs.models import ApiKey, Artifact, Step
 
 

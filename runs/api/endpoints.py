@@ -12,11 +12,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from runs import selectors, services
-from runs.exceptions import InvalidRunInput
-from runs.keys import authenticate_key
-from runs.models import ApiKey, RunStatus
-from runs.registry import all_kinds
-from runs.schemas import (
+from runs.api.schemas import (
     ErrorOut,
     HealthOut,
     KindOut,
@@ -27,6 +23,10 @@ from runs.schemas import (
     StorableIn,
     SubmitHeaders,
 )
+from runs.exceptions import InvalidRunInput
+from runs.keys import authenticate_key
+from runs.models import ApiKey, RunStatus
+from runs.registry import all_kinds
 
 
 class ApiKeyAuth(HttpBearer):

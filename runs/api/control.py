@@ -8,9 +8,9 @@ from django.http import HttpRequest
 from ninja import Status
 
 from runs import control, selectors
-from runs.api import ERRORS, require_scope, router
+from runs.api.endpoints import ERRORS, require_scope, router
+from runs.api.schemas import DecisionIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
-from runs.schemas import DecisionIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.services import Actor
 
 RESPONSES = {200: RunOut, 202: RunOut} | ERRORS

@@ -21,11 +21,11 @@ from django.views.decorators.http import require_POST
 
 from runs import control, selectors
 from runs.control import Outcome
-from runs.dashboard_access import Access, Action, current_access, require
+from runs.dashboard.access import Access, Action, current_access, require
+from runs.dashboard.forms import DecisionForm, MessageForm, ResolveForm, RetryForm
+from runs.dashboard.views import actor_of, render_run_page
 from runs.exceptions import InvalidRunInput, InvalidTransition
-from runs.forms import DecisionForm, MessageForm, ResolveForm, RetryForm
 from runs.models import Run
-from runs.views import actor_of, render_run_page
 
 
 def _target(request: HttpRequest, run_id: UUID, action: Action) -> tuple[Access, Run]:

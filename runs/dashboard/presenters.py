@@ -14,7 +14,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from runs.dashboard_access import Access, Action
+from runs.dashboard.access import Access, Action
 from runs.models import Run, RunStatus, Step
 
 CENT = Decimal("0.01")

@@ -1,0 +1,20 @@
+from django.urls import path
+
+from runs.dashboard import actions, views
+
+app_name = "runs"
+urlpatterns = [
+    path("", views.run_list, name="list"),
+    path("runs/new/", views.submit_form, name="submit"),
+    path("tenant/", views.switch_tenant, name="switch_tenant"),
+    path("runs/<uuid:run_id>/", views.run_detail, name="detail"),
+    path("runs/<uuid:run_id>/artifacts/<int:artifact_id>/", views.artifact_download, name="artifact"),
+    path("runs/<uuid:run_id>/cancel/", actions.cancel, name="cancel"),
+    path("runs/<uuid:run_id>/pause/", actions.pause, name="pause"),
+    path("runs/<uuid:run_id>/resume/", actions.resume, name="resume"),
+    path("runs/<uuid:run_id>/retry/", actions.retry, name="retry"),
+    path("runs/<uuid:run_id>/approve/", actions.approve, name="approve"),
+    path("runs/<uuid:run_id>/reject/", actions.reject, name="reject"),
+    path("runs/<uuid:run_id>/resolve/", actions.resolve, name="resolve"),
+    path("runs/<uuid:run_id>/messages/", actions.post_message, name="message"),
+]
