@@ -233,3 +233,25 @@ def test_a_call_to_a_tool_with_an_absurd_name_is_answered_and_the_step_name_stay
     step = Step.objects.get(run=run, kind="tool")
     assert step.name == "Rejecting a call to " + "x" * 80
     assert "there is no tool named" in tool_messages(fake_llm.bodies()[1])[0]["content"]
+
+
+def test_model_and_tool_text_a_database_refuses_is_kept_as_replacement_characters(tenant, fake_llm):
+    """NUL and lone surrogates in model answers, tool arguments and tool errors: each call is made once."""
+    fake_llm.enqueue(
+        say("Checking \u0000 now \ud800.", ("broken", {"reason": "disk \u0000 full \udfff"})),
+        say("All done \u0000."),
+    )
+    run = submit_run(tenant=tenant, kind="llm_agent", input={})
+    [run] = drive(run)
+
+    assert run.status == "done", run.error
+    assert fake_llm.count == 2  # no model call was repeated because its answer could not be stored
+    assert run.attempt == 1
+    assert run.result["answer"] == "All done \ufffd."
+    first, second = llm_steps(run)
+    assert first.output["content"] == "Checking \ufffd now \ufffd."
+    assert first.text_replaced and second.text_replaced
+    tool = Step.objects.get(run=run, kind="tool")
+    assert "disk \ufffd full \ufffd" in json.dumps(tool.output, ensure_ascii=False)
+    # The model saw the stored text on its second call, as a replay would.
+    assert "disk \ufffd full \ufffd" in json.dumps(tool_messages(fake_llm.bodies()[1]), ensure_ascii=False)
