@@ -151,7 +151,7 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(claimed_at=timezone.now() - timedelta(seconds=5))
-        assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='{"ok": 1}') == ("done", "default")
+        assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='{"ok": 1}')[:2] == ("done", "default")
         run = fresh(run)
         assert (run.status, run.result, run.lease_token, run.locked_by, run.locked_until) == ("done", {"ok": 1}, None, None, None)
         assert run.running_seconds >= 5
@@ -164,14 +164,14 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(**{flag: timezone.now()})
-        status, _ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="release")
+        status, *_ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="release")
         assert status == expected
         assert fresh(run).status == expected
 
     def test_retry_that_spends_the_last_attempt_fails_the_run(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, _ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="retry",
+        status, *_ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="retry",
                                         error="503", error_kind="retryable", add_failure=True)
         assert status == "failed"
         run = fresh(run)
@@ -180,7 +180,7 @@ class TestExit:
     def test_graceful_release_spends_no_attempt(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, _ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown")
+        status, *_ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown")
         assert status == "queued"
         assert fresh(run).failures == 0
 

@@ -171,6 +171,7 @@ class RunExecutor:
                 add_failure=add_failure,
                 delay_seconds=delay,
                 wake_on_message=wake_on_message,
+                give_slot=not self.worker.defers_slot_returns,
             ), what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.
@@ -181,7 +182,9 @@ class RunExecutor:
         if outcome is None:
             logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
             return None
-        status, run_queue = outcome
+        status, run_queue, left_at = outcome
+        if self.worker.defers_slot_returns:
+            self.worker.slot_returned(self.claimed.tenant_id, left_at)
         if status == "queued" and delay <= 0:
             self.worker.notify_released(run_queue)
         return status

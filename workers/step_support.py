@@ -67,6 +67,13 @@ class Host(Protocol):
     lease: float
     poll: float
     stopping: threading.Event
+    # True while the worker's claim loop runs: an exit then leaves the tenant
+    # slot to be given back by the next claim (slot_returned).
+    defers_slot_returns: bool
+
+    def slot_returned(self, tenant_id: UUID, left_at: datetime) -> None:
+        """A run of ``tenant_id`` left running at ``left_at`` keeping its slot: give it back with the next claim."""
+        ...
 
     def lease_is_fresh(self) -> bool:
         """False once heartbeats have failed for long enough that no new step may start."""

@@ -15,6 +15,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
 
@@ -89,6 +90,12 @@ class Worker:
         self._heartbeat_thread: threading.Thread | None = None
         self._stuck: list[tuple[threading.Thread, float]] = []
         self._claim_errors = 0
+        # Tenant slots of runs that left running, given back with the next
+        # claim (one tenant-row write per claim, not one per run), as
+        # (tenant, when the run left); only while the loop runs, so that
+        # something always gives them back.
+        self._returns: list[tuple[uuid.UUID, datetime]] = []
+        self.defers_slot_returns = False
         # Set when a step thread never returned: the process should be replaced.
         self.poisoned = False
 
@@ -111,6 +118,7 @@ class Worker:
             "worker %s started: queues=%s concurrency=%s kinds=%s",
             self.id, ",".join(self.options.queues), self.options.concurrency, ",".join(sorted(self.kinds)),
         )
+        self.defers_slot_returns = True
         try:
             self._loop()
         finally:
@@ -142,8 +150,15 @@ class Worker:
             self._wake.wait(min(self.poll, 1.0) if self._stuck else self.poll)
             self._wake.clear()
 
+    def slot_returned(self, tenant_id: uuid.UUID, left_at: datetime) -> None:
+        with self._lock:
+            self._returns.append((tenant_id, left_at))
+        self._wake.set()
+
     def _claim(self, n: int) -> int:
         tries = 0
+        with self._lock:
+            returned, self._returns = self._returns, []
 
         def claim_once() -> list[claims.ClaimedRun]:
             nonlocal tries
@@ -155,9 +170,12 @@ class Worker:
                 with self._lock:
                     held = [h.run_id for h in self._held.values()]
                 adopted = claims.claimed_but_not_held(worker_id=self.id, held=held)
+            # Slots go back on the first try only: a retry cannot know whether
+            # the first gave them back. Left counted, they are a leak the
+            # reaper's reconciliation ends, never a slot counted twice.
             return adopted + claims.claim(
                 worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n - len(adopted),
-                lease=self.lease, resumes=self.resumes,
+                lease=self.lease, resumes=self.resumes, returned=returned if tries == 1 else (),
             )
 
         try:
@@ -198,6 +216,9 @@ class Worker:
         # In-flight runs finish their current step and release themselves
         # (ctx.step raises ReleaseRun before starting another one).
         self._pool.shutdown(wait=True)
+        self.defers_slot_returns = False
+        if self._returns:
+            self._claim(0)  # gives the last slots back; claims nothing
         if self._listener is not None:
             self._listener.stop()
         try:

@@ -61,11 +61,24 @@ def _rows(cursor) -> list[ClaimedRun]:
 # order (so that concurrent multi-tenant claims cannot deadlock), re-checked
 # on its latest version under READ COMMITTED: concurrent claims never
 # overshoot max_running, and a tenant whose bump fails keeps its runs queued.
+#
+# The same update gives back the slots of runs this worker finished since
+# its last claim (``leave_running(give_slot=False)``): one write of a busy
+# tenant's row per claim instead of one per exit. A slot counts only if its
+# run left running after the reaper last set the counter to the truth
+# (``running_reconciled_at``, read under the row lock): the reaper's count
+# already left out a run that had finished before it.
 _CLAIM_SQL = """
-WITH tenants AS (
-    SELECT t.id, t.max_running - t.running AS free
-    FROM runs_tenant t
-    WHERE NOT t.paused AND t.running < t.max_running
+WITH returns AS (
+    SELECT * FROM unnest(%(ret_tenants)s::uuid[], %(ret_times)s::timestamptz[]) AS x(tenant_id, left_at)
+),
+returns_per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM returns GROUP BY tenant_id
+),
+tenants AS (
+    SELECT t.id, t.max_running - t.running + COALESCE(ret.n, 0) AS free
+    FROM runs_tenant t LEFT JOIN returns_per_tenant ret ON ret.tenant_id = t.id
+    WHERE NOT t.paused AND t.running - COALESCE(ret.n, 0) < t.max_running
       AND (t.daily_cost_cap_cents IS NULL OR t.daily_cost_cap_cents > COALESCE(
           (SELECT c.cost_cents FROM runs_tenantdailycost c
            WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
@@ -118,27 +131,42 @@ candidates AS (
     ) c
 ),
 picked AS (
-    SELECT * FROM candidates ORDER BY priority, fresh, run_after, id LIMIT %(n)s
+    SELECT c.*, row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.priority, c.fresh, c.run_after, c.id) AS rank
+    FROM (SELECT * FROM candidates ORDER BY priority, fresh, run_after, id LIMIT %(n)s) c
 ),
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
 ),
+changes AS (
+    SELECT tenant_id FROM per_tenant UNION SELECT tenant_id FROM returns_per_tenant
+),
 locked_tenants AS (
-    SELECT t.id, t.running, t.max_running FROM runs_tenant t
-    WHERE t.id IN (SELECT tenant_id FROM per_tenant)
+    SELECT t.id, t.running, t.max_running, t.running_reconciled_at FROM runs_tenant t
+    WHERE t.id IN (SELECT tenant_id FROM changes)
     ORDER BY t.id FOR NO KEY UPDATE
 ),
+given_back AS (
+    SELECT l.id AS tenant_id, count(*) AS n
+    FROM locked_tenants l JOIN returns x ON x.tenant_id = l.id
+    WHERE l.running_reconciled_at IS NULL OR x.left_at > l.running_reconciled_at
+    GROUP BY l.id
+),
+-- As many of each tenant's picked runs, best first, as its latest counter
+-- leaves room for: a concurrent claim or a slot that does not count makes
+-- it fewer, never more than max_running.
 decided AS (
-    SELECT p.tenant_id, p.n
-    FROM per_tenant p JOIN locked_tenants l ON l.id = p.tenant_id
-    WHERE l.running + p.n <= l.max_running
+    SELECT l.id AS tenant_id, COALESCE(g.n, 0) AS returned,
+           GREATEST(LEAST(COALESCE(p.n, 0), l.max_running - l.running + COALESCE(g.n, 0)), 0) AS n
+    FROM locked_tenants l
+    LEFT JOIN per_tenant p ON p.tenant_id = l.id
+    LEFT JOIN given_back g ON g.tenant_id = l.id
 ),
 bumped AS (
     -- queued may dip below 0 for a moment: a run can be claimed before the
     -- increment of its submit (sent after commit) lands; they cancel out.
-    UPDATE runs_tenant t SET running = t.running + d.n, queued = t.queued - d.n
+    UPDATE runs_tenant t SET running = GREATEST(t.running + d.n - d.returned, 0), queued = t.queued - d.n
     FROM decided d
-    WHERE t.id = d.tenant_id
+    WHERE t.id = d.tenant_id AND (d.n > 0 OR d.returned > 0)
 ),
 claimed AS (
     UPDATE runs_run r SET
@@ -155,8 +183,8 @@ claimed AS (
         {next_seq}
     FROM picked p
     JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
-    WHERE r.id = p.id AND r.status = {queued} AND v.kind = r.kind
-      AND p.tenant_id IN (SELECT tenant_id FROM decided)
+    JOIN decided d ON d.tenant_id = p.tenant_id
+    WHERE r.id = p.id AND r.status = {queued} AND v.kind = r.kind AND p.rank <= d.n
     RETURNING r.*
 ),
 {events}
@@ -177,13 +205,17 @@ def claim(
     n: int,
     lease: float,
     resumes: dict[str, Iterable[int]] | None = None,
+    returned: Iterable[tuple[UUID, datetime]] = (),
 ) -> list[ClaimedRun]:
     """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement.
 
     A run that already recorded a version is claimed only when its kind's
-    version here, or one of ``resumes[kind]``, is that version.
+    version here, or one of ``resumes[kind]``, is that version. ``returned``
+    gives back the tenant slots of runs that left running without giving
+    theirs back, as (tenant, ``Exited.at``) pairs, whatever is claimed.
     """
-    if n <= 0 or not kinds or not queues:
+    returned = list(returned)
+    if (n <= 0 and not returned) or not kinds or not queues:
         return []
     statement = sql(_CLAIM_SQL, columns=_CLAIM_COLUMNS, events=_EVENTS, next_seq=next_seq("r"))
     names = list(kinds)
@@ -194,8 +226,10 @@ def claim(
         "versions": [kinds[k] for k in names],
         "rkinds": [k for k, _ in pairs],
         "rversions": [v for _, v in pairs],
-        "n": n,
+        "n": max(n, 0),
         "worker": worker_id,
+        "ret_tenants": [tenant for tenant, _ in returned],
+        "ret_times": [at for _, at in returned],
         "lease": lease,
     }
     with connection.cursor() as cursor:

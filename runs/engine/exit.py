@@ -6,11 +6,19 @@ which clears the lease, gives the tenant slot back, adds the running time,
 writes the Event, and honours a cancel or pause request that landed
 meanwhile: a run being parked is cancelled or paused instead. A retry that
 would spend the last attempt fails the run.
+
+A worker may defer giving the slot back (``give_slot=False``) to its next
+claim, which gives back the slots of all the runs it finished since in one
+write of each tenant row, instead of one write per exit on a row every
+exit of a busy tenant would queue for. The exit's time, returned here, is
+what the claim checks against the tenant's last reconciliation, so that the
+reaper and the claim never both give back the same slot.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.conf import settings
@@ -18,6 +26,13 @@ from django.db import connection, transaction
 
 from runs.db import sql, storable_text
 from runs.events import event_ctes, next_seq
+
+
+class Exited(NamedTuple):
+    status: str  # the status reached
+    queue: str
+    at: datetime  # when (the database's clock)
+
 
 _EXIT_SQL = """
 WITH cur AS (
@@ -70,12 +85,12 @@ r AS (
               runs_run.error_kind, runs_run.queue
 ),
 t AS (
-    UPDATE runs_tenant SET running = GREATEST(running - 1, 0),
+    UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
                            queued = queued + (r.status = {queued})::int
-    FROM r WHERE runs_tenant.id = r.tenant_id
+    FROM r WHERE runs_tenant.id = r.tenant_id AND (%(give_slot)s OR r.status = {queued})
 ),
 {events}
-SELECT status, queue FROM r
+SELECT status, queue, statement_timestamp() FROM r
 """
 
 _EVENTS = event_ctes(
@@ -117,12 +132,15 @@ def leave_running(
     only_if_expired: bool = False,
     expires_seconds: float | None = None,
     wake_on_message: bool = False,
-) -> tuple[str, str] | None:
+    give_slot: bool = True,
+) -> Exited | None:
     """Move a run out of ``running`` towards ``target``; see the module's docstring.
 
-    Returns (the status actually reached, the run's queue), or None when the
-    guard did not match (the lease is not ``token``'s any more, or with
-    ``only_if_expired`` the lease has not expired): then nothing changed.
+    Returns the status actually reached, the run's queue and the exit's time,
+    or None when the guard did not match (the lease is not ``token``'s any
+    more, or with ``only_if_expired`` the lease has not expired): then
+    nothing changed. With ``give_slot=False`` the tenant slot stays counted
+    until the caller gives it back with ``claim(returned=...)``.
     ``result_json`` must already be storable (``runs.db.dumps_storable``);
     ``error`` is untrusted text and is made storable here.
     """
@@ -140,6 +158,7 @@ def leave_running(
         "reason": reason,
         "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
         "wake_on_message": wake_on_message,
+        "give_slot": give_slot,
     }
     statement = _STATEMENTS[only_if_expired]
     if not wake_on_message:
@@ -153,8 +172,8 @@ def leave_running(
         return _fetch(statement, params)
 
 
-def _fetch(statement: str, params: dict[str, Any]) -> tuple[str, str] | None:
+def _fetch(statement: str, params: dict[str, Any]) -> Exited | None:
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         row = cursor.fetchone()
-    return None if row is None else (row[0], row[1])
+    return None if row is None else Exited(*row)

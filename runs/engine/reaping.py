@@ -123,10 +123,17 @@ SELECT t.id FROM runs_tenant t LEFT JOIN c ON c.tenant_id = t.id
 WHERE t.running <> COALESCE(c.n, 0)
 """)
 
-# The queued counter is approximate (backpressure only): counted up to the
-# tenant's max_queued + 1 on the claim index, never past it.
+# The running counter is set to the count of running runs, and the time of
+# that count is kept: slots workers give back later count only for runs
+# that left running after it (runs.engine.claim), since the count already
+# left out those that had left before. clock_timestamp(), evaluated after
+# the statement took its snapshot, so that no run counted as gone left
+# after it. The queued counter is approximate (backpressure only): counted
+# up to the tenant's max_queued + 1 on the claim index, never past it.
 _FIX_SQL = sql("""
-UPDATE runs_tenant t SET running = c.running, queued = CASE WHEN %(queued)s THEN c.queued ELSE t.queued END
+UPDATE runs_tenant t SET running = c.running,
+    running_reconciled_at = CASE WHEN t.running <> c.running THEN clock_timestamp() ELSE t.running_reconciled_at END,
+    queued = CASE WHEN %(queued)s THEN c.queued ELSE t.queued END
 FROM (
     SELECT (SELECT count(*) FROM runs_run WHERE tenant_id = %(tenant)s AND status = {running}) AS running,
            (SELECT count(*) FROM (SELECT 1 FROM runs_run WHERE tenant_id = %(tenant)s AND status = {queued}

@@ -23,9 +23,15 @@ class Tenant(models.Model):
     default_cost_ceiling_cents = models.DecimalField(**MONEY, null=True, blank=True)
     daily_cost_cap_cents = models.DecimalField(**MONEY, null=True, blank=True)
     paused = models.BooleanField(default=False)
-    # Live count of the tenant's running runs: changed only by the claim's
-    # guarded update and the one exit from running; the reaper reconciles it.
+    # Live count of the tenant's running runs, plus the slots of runs that
+    # left running and whose worker gives them back with its next claim:
+    # changed only by the claim's guarded update and the one exit from
+    # running; the reaper sets it to the truth (see runs.engine.reaping).
     running = models.IntegerField(default=0, editable=False)
+    # When the reaper last set `running` to the truth (the database's clock,
+    # read after its count): a slot given back later counts only for a run
+    # that left running after this (runs.engine.claim).
+    running_reconciled_at = models.DateTimeField(null=True, blank=True, editable=False)
     # Approximate count of its queued runs, for backpressure (max_queued):
     # raised after a submit commits, lowered by the claim, raised by an exit
     # to queued; the reaper reconciles it. A count per submit would cost
