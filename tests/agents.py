@@ -332,3 +332,25 @@ def spender(ctx: RunContext, data: SpendIn) -> dict:
         return StepResult({"seq": seq}, tokens_in=100, tokens_out=10, cost_cents=data.cents)
 
     return {"calls": [ctx.step(f"call{seq}", call, seq) for seq in range(1, data.steps + 1)]}
+
+
+def _released(wrapper, within: float) -> bool:
+    # Runs on the step thread, looking at the run thread's connection.
+    deadline = time.monotonic() + within
+    while wrapper.connection is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+@agent("fast_then_slow")
+def fast_then_slow(ctx: RunContext, data: dict) -> dict:
+    """A no-op step, then a step that reports whether the run's thread handed its connection back."""
+    from django.db import connections
+
+    run_thread_connection = connections["default"]
+    ctx.step("fast", lambda: {"ok": True})
+    assert run_thread_connection.connection is not None  # the checkpoint's, kept for the next step
+    released = ctx.step("slow", _released, run_thread_connection, float(data.get("within", 1.0)))
+    return {"released": released}

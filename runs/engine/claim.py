@@ -79,6 +79,11 @@ tenants AS (
     SELECT t.id, t.max_running - t.running + COALESCE(ret.n, 0) AS free
     FROM runs_tenant t LEFT JOIN returns_per_tenant ret ON ret.tenant_id = t.id
     WHERE NOT t.paused AND t.running - COALESCE(ret.n, 0) < t.max_running
+      -- A tenant with nothing queued in these queues costs one index probe
+      -- (the loose scans below cost a descent per queue and kind present).
+      AND (SELECT true FROM runs_run r
+           WHERE r.tenant_id = t.id AND r.status = {queued} AND r.queue = ANY(%(queues)s::text[])
+           ORDER BY r.queue, r.kind LIMIT 1)
       AND (t.daily_cost_cap_cents IS NULL OR t.daily_cost_cap_cents > COALESCE(
           (SELECT c.cost_cents FROM runs_tenantdailycost c
            WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
