@@ -55,6 +55,23 @@ def release_connection() -> None:
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
+# SQLSTATEs of a connection that broke or a server going away, and of the
+# transient conflicts a retry resolves (deadlock, serialization failure).
+_TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "40P01", "40001")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A lost connection, a server shutting down or a deadlock: not the statement's fault.
+
+    A timeout or any other error the database raised for the statement
+    itself (it would raise it again) is not transient.
+    """
+    if not isinstance(exc, CONNECTION_ERRORS):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(_TRANSIENT_SQLSTATES)
+
+
 def with_retries(fn, *, attempts: int = 5, for_seconds: float | None = None, what: str = "statement"):
     """Call ``fn`` again after a lost or broken connection: ``attempts`` times, or for ``for_seconds``.
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db import DatabaseError
 
-from runs.db import CONNECTION_ERRORS, dumps_storable, release_connection, with_retries
+from runs.db import dumps_storable, is_transient, release_connection, with_retries
 from runs.engine.exit import leave_running
 from runs.engine.steplog import load_step_log
 from runs.registry import get_kind
@@ -104,7 +104,7 @@ class RunExecutor:
         except DatabaseError as exc:
             if ctx.last_failure is not None and ctx.last_failure.exc is exc:
                 return self._fail(exc, ctx, kind)  # raised by step code: classified like any error
-            if isinstance(exc, CONNECTION_ERRORS):
+            if is_transient(exc):
                 # The connection broke under an engine statement (a failover,
                 # a restart): not the run's fault and no failure of its own,
                 # so it goes back to the queue spending nothing. Whatever
@@ -112,8 +112,9 @@ class RunExecutor:
                 logger.warning("database connection lost (%s); releasing the run", exc, extra=self.log_extra)
                 return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
                                    delay=self.worker.poll)
-            # Any other database error of an engine statement would repeat
-            # itself: count it, so that the retry budget bounds it.
+            # Any other database error of an engine statement (a timeout, a
+            # value it refused) would repeat itself: count it, so that the
+            # retry budget bounds it.
             logger.warning("engine statement failed (%s); releasing the run", exc, extra=self.log_extra)
             return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
                                error_kind="retryable", add_failure=True, delay=self.worker.poll)
