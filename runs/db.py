@@ -110,7 +110,7 @@ def dumps_storable(value: Any) -> tuple[str, bool]:
     ``\\udXXX`` escapes, so most outputs are never walked.
     """
     try:
-        text = json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), allow_nan=False)
+        text = dumps(value)
     except ValueError:  # NaN or infinity
         text = None
     if text is not None and "\\u0000" not in text and "\\ud" not in text:

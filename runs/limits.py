@@ -10,9 +10,11 @@ import math
 from decimal import Decimal, InvalidOperation
 
 from runs.exceptions import InvalidRunInput
+from runs.models import MONEY
 
-# NUMERIC(18, 6): twelve digits before the point.
-MAX_CENTS = Decimal("999999999999.999999")
+# The money columns' NUMERIC(18, 6): amounts stay below 10^12 cents.
+CENTS_LIMIT = 10 ** (MONEY["max_digits"] - MONEY["decimal_places"])
+MAX_CENTS = Decimal(CENTS_LIMIT) - Decimal(1).scaleb(-MONEY["decimal_places"])
 # PositiveIntegerField is a 32-bit integer in PostgreSQL.
 MAX_INT = 2**31 - 1
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600

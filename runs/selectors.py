@@ -13,6 +13,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from runs.exceptions import InvalidRunInput
+from runs.limits import MAX_INT
 from runs.models import Run, RunStatus, Step, StepStatus, Tenant
 
 
@@ -30,18 +31,29 @@ class Page:
     next_cursor: str | None
 
 
+def _encode(value: list) -> str:
+    """A keyset page's position as an opaque cursor."""
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str, parse):
+    """``parse`` of the position a cursor holds; any damage is a 422."""
+    try:
+        return parse(json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
+    except Exception:
+        raise InvalidRunInput("invalid cursor: pass the next_cursor of a previous page unchanged") from None
+
+
 def encode_cursor(run: Run) -> str:
-    raw = json.dumps([run.created_at.isoformat(), str(run.id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return _encode([run.created_at.isoformat(), str(run.id)])
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, run_id = json.loads(raw)
+    def parse(position):
+        created, run_id = position
         return datetime.fromisoformat(created), UUID(run_id)
-    except Exception:
-        raise InvalidRunInput("invalid cursor: pass the next_cursor of a previous page unchanged") from None
+
+    return _decode(cursor, parse)
 
 
 def list_runs(
@@ -100,18 +112,14 @@ def list_steps(*, run: Run, limit: int = 100, cursor: str | None = None) -> Step
     return StepPage(items=items[:limit], next_cursor=next_cursor)
 
 
-def _encode(value: list) -> str:
-    return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
-
-
 def _decode_step_cursor(cursor: str) -> tuple[int, int]:
-    try:
-        generation, seq = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not all(isinstance(n, int) and 0 <= n < 2**31 for n in (generation, seq)):
-            raise ValueError(cursor)
+    def parse(position):
+        generation, seq = position
+        if not all(isinstance(n, int) and 0 <= n <= MAX_INT for n in (generation, seq)):
+            raise ValueError(position)
         return generation, seq
-    except Exception:
-        raise InvalidRunInput("invalid cursor: pass the next_cursor of a previous page unchanged") from None
+
+    return _decode(cursor, parse)
 
 
 def waiting_for(run: Run) -> dict | None:

@@ -20,6 +20,7 @@ from runs.models import Artifact, Event, Membership, Message, Run, Step
 from runs.services import submit_run
 from tests.conftest import fresh
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.run_states import force_status, waiting_for_resolution
 from workers.worker import Worker, WorkerOptions
 
 HTMX = {"HX-Request": "true"}
@@ -54,21 +55,6 @@ def detail_url(run) -> str:
     return f"/runs/{run.id}/"
 
 
-def force_status(run: Run, status: str, **fields) -> Run:
-    """Test setup only: put a run in a state without executing it."""
-    if status == "running":
-        fields.update(
-            lease_token=1,
-            locked_by=uuid.uuid4(),
-            locked_until=timezone.now() + timedelta(minutes=5),
-            started_at=fields.get("started_at", timezone.now()),
-        )
-    else:
-        fields.update(lease_token=None, locked_by=None, locked_until=None)
-    Run.objects.filter(pk=run.pk).update(status=status, **fields)
-    return fresh(run)
-
-
 def waiting_for_approval(tenant, proposal=None) -> Run:
     """Test setup only: a run whose second step waits for an approver, as ctx.approval leaves it."""
     run = submit_run(tenant=tenant, kind="approve_then_act", input={})
@@ -78,16 +64,6 @@ def waiting_for_approval(tenant, proposal=None) -> Run:
         input={"proposal": proposal if proposal is not None else {"fields": {"stage": "won"}}},
     )
     return force_status(run, "waiting_human", steps_done=1, current_step="update_crm", attempt=1)
-
-
-def waiting_for_resolution(tenant) -> Run:
-    """Test setup only: a run whose side effect may or may not have happened."""
-    run = submit_run(tenant=tenant, kind="effect", input={"log": "/dev/null"})
-    Step.objects.create(
-        run=run, seq=1, name="charge", kind="tool", status="waiting", input={"args": [42]},
-        error="the worker died while the charge was in flight",
-    )
-    return force_status(run, "waiting_human", current_step="charge", attempt=1)
 
 
 def flashes(response) -> list[str]:

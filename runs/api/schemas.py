@@ -10,11 +10,8 @@ from ninja import Schema
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from runs.models import MONEY
+from runs.limits import CENTS_LIMIT, MAX_DEADLINE_SECONDS
 from runs.text import find_unstorable
-
-# NUMERIC(18,6) holds less than 10^12 (cents): a larger ceiling is a 422, not a database error.
-MAX_CENTS = 10 ** (MONEY["max_digits"] - MONEY["decimal_places"])
 
 
 class StorableIn(Schema):
@@ -44,8 +41,8 @@ class RunIn(StorableIn):
     priority: int | None = Field(default=None, ge=0, le=9, strict=True)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
     max_attempts: int | None = Field(default=None, ge=1, le=100, strict=True)
-    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=MAX_CENTS, allow_inf_nan=False)
-    deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600, strict=True)
+    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False)
+    deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_DEADLINE_SECONDS, strict=True)
     callback_url: str | None = Field(default=None, max_length=2000)
 
 
@@ -153,5 +150,5 @@ class ResolveIn(StorableIn):
 
 class RetryIn(StorableIn):
     from_step: int | None = Field(default=None, ge=1)
-    deadline_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
-    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=MAX_CENTS, allow_inf_nan=False)
+    deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_DEADLINE_SECONDS)
+    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False)

@@ -20,6 +20,7 @@ from django.forms.fields import InvalidJSONInput
 
 from runs.dashboard.presenters import status_label
 from runs.dashboard.selectors import id_range
+from runs.limits import MAX_DEADLINE_SECONDS
 from runs.models import MONEY, RunStatus
 from runs.text import MAX_DEPTH, find_unstorable
 
@@ -216,7 +217,7 @@ class RetryForm(forms.Form):
         help_text="Run this step and the later ones again; empty: continue after the last finished step.",
     )
     deadline_seconds = forms.IntegerField(
-        min_value=1, max_value=30 * 24 * 3600, required=False, label="New deadline (seconds)"
+        min_value=1, max_value=MAX_DEADLINE_SECONDS, required=False, label="New deadline (seconds)"
     )
     # The column's precision: a larger ceiling is a form error, not a database error.
     cost_ceiling_cents = forms.DecimalField(
