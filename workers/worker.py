@@ -153,7 +153,6 @@ class Worker:
     def slot_returned(self, tenant_id: uuid.UUID, left_at: datetime) -> None:
         with self._lock:
             self._returns.append((tenant_id, left_at))
-        self._wake.set()
 
     def _claim(self, n: int) -> int:
         tries = 0
