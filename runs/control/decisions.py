@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
 
 from runs.control.transition import Outcome, locked, transition
-from runs.db import db_now
+from runs.db import db_now, dumps
 from runs.events import Actor
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.models import Run, RunStatus, Step, StepStatus
@@ -66,19 +65,19 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
         raise InvalidRunInput("action must be one of: done, retry, fail")
     if action == "done":
         try:
-            json.dumps(output, allow_nan=False)
+            dumps(output)
         except (TypeError, ValueError):
             raise InvalidRunInput("output must be JSON (no NaN or infinity)") from None
         if problem := find_unstorable(output, where="output"):
             raise InvalidRunInput(problem)
     run = locked(run)
-    if run.status != RunStatus.WAITING_HUMAN or _pending_step(run, approval=True) is not None:
+    pending = _pending_step(run, approval=False) if run.status == RunStatus.WAITING_HUMAN else None
+    # Without a waiting step, only a run parked as ambiguous between steps has
+    # something to resolve (a pending approval parks with no error_kind).
+    if pending is None and (run.status != RunStatus.WAITING_HUMAN or run.error_kind != "ambiguous"):
         raise InvalidTransition(f"the run has no step waiting to be resolved (it is {run.status})")
-    pending = _pending_step(run, approval=False)
     payload = {"step": pending.seq if pending else None, "name": pending.name if pending else None, "action": action}
     if pending is None:
-        if run.error_kind != "ambiguous":
-            raise InvalidTransition("the run has no step waiting to be resolved")
         if action == "done":
             return Outcome(transition(run, to=RunStatus.DONE, event="run.done", actor=actor, payload=payload,
                                       result=output, error="", error_kind=""))
