@@ -235,6 +235,25 @@ RUNS_STEP_GRACE_SECONDS = env_float("RUNS_STEP_GRACE_SECONDS", 30)
 RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
 RUNS_DEMO_DELAY_SCALE = env_float("RUNS_DEMO_DELAY_SCALE", 1.0)
 
+# Event streams (runs.streams): a comment line this often keeps proxies from
+# closing an idle stream; a stream token is good this long; each web process
+# re-reads its watched runs this often in case a wake-up was missed (and
+# much more often with RUNS_LISTEN=0, its only source then).
+RUNS_STREAM_KEEPALIVE_SECONDS = env_float("RUNS_STREAM_KEEPALIVE_SECONDS", 15)
+RUNS_STREAM_TOKEN_SECONDS = env_int("RUNS_STREAM_TOKEN_SECONDS", 60)
+RUNS_STREAM_BACKSTOP_SECONDS = env_float("RUNS_STREAM_BACKSTOP_SECONDS", 5)
+RUNS_STREAM_POLL_SECONDS = env_float("RUNS_STREAM_POLL_SECONDS", 1)
+RUNS_STREAM_DB_CONNECTIONS = env_int("RUNS_STREAM_DB_CONNECTIONS", 4)
+
+# Webhooks (runs.webhooks): RUNS_WEBHOOKS_ALLOW_PRIVATE=1 allows http and
+# loopback, private and link-local addresses, for development and tests only.
+RUNS_WEBHOOKS_ALLOW_PRIVATE = env_bool("RUNS_WEBHOOKS_ALLOW_PRIVATE", False)
+# Seconds between a failed attempt and the next one, then the last gap
+# again, until the delivery is 24 h old (RUNS_WEBHOOK_GIVE_UP_SECONDS).
+RUNS_WEBHOOK_RETRY_SCHEDULE = [float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")]
+RUNS_WEBHOOK_GIVE_UP_SECONDS = env_float("RUNS_WEBHOOK_GIVE_UP_SECONDS", 24 * 3600)
+RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)
+
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "")
 LLM_API_KEY = os.environ.get("LLM_API_KEY", "")
 LLM_MODEL = os.environ.get("LLM_MODEL", "")

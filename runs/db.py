@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection, connections
 
 from runs.states import TERMINAL_STATUSES, RunStatus, StepStatus
 from runs.text import scrub
@@ -39,6 +39,15 @@ _LITERALS = {member.name.lower(): f"'{member.value}'" for member in RunStatus} |
 def sql(template: str, **parts: str) -> str:
     """Fill a statement's status literals (and any other named ``parts``); ``%(param)s`` stay as they are."""
     return template.format(**_LITERALS, **parts)
+
+
+def connection_kwargs() -> dict:
+    """psycopg connect() arguments for the default database, for a connection of its own (LISTEN)."""
+    params = connections["default"].get_connection_params()
+    # Django's cursor class and adapters are for its own connections.
+    for key in ("cursor_factory", "context", "pool", "prepare_threshold"):
+        params.pop(key, None)
+    return params | {"autocommit": True}
 
 
 def release_connection() -> None:

@@ -18,6 +18,11 @@ class RunStatus(models.TextChoices):
 
 TERMINAL_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED})
 
+# The Events that end a run (an event stream closes after one) and those a
+# webhook tells about (DESIGN.md §8): a run ended, or waits for a person.
+TERMINAL_EVENT_TYPES = frozenset(f"run.{status.value}" for status in TERMINAL_STATUSES)
+WEBHOOK_EVENT_TYPES = ("run.done", "run.failed", "run.cancelled", "run.waiting_human")
+
 
 class ErrorKind(models.TextChoices):
     RETRYABLE = "retryable"  # retry budget spent on transient errors

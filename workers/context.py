@@ -24,6 +24,7 @@ from uuid import UUID
 from runs.db import dumps, release_connection
 from runs.engine import steps as checkpoint
 from runs.engine.steplog import RecordedStep, unconsumed_messages
+from runs.streams import ephemeral
 from workers.errors import (
     AwaitApproval,
     AwaitMessage,
@@ -115,13 +116,44 @@ class RunContext(StepMachinery):
         return self._timeout(requested)
 
     def progress(self, *, total: int | None = None, message: str | None = None) -> None:
-        """Announce the number of steps the run expects; written with the next step's record."""
+        """Report progress: ``total`` steps expected, and/or a ``message`` for people watching.
+
+        ``total`` is written with the next step's record. A ``message`` is
+        written now, as a ``progress`` Event that the run's event stream and
+        its page show (one statement: report milestones, not every item).
+        """
         if total is not None:
             if total < 0:
                 raise ValueError("total must be >= 0")
             self._steps_total = total
         if message:
-            logger.info("progress: %s", message, extra={"run_id": str(self.run_id)})
+            try:
+                held = checkpoint.record_progress(
+                    run_id=self.run_id, token=self._claimed.lease_token, message=str(message),
+                    steps_total=self._steps_total, worker_id=self._worker.id,
+                )
+            finally:
+                release_connection()
+            if not held:
+                self._control.lease_lost.set()
+                raise LeaseLost("lease lost while reporting progress")
+
+    def emit(self, type: str, data: Any = None) -> None:
+        """Push an ephemeral update (partial model text, a percentage) to the run's live event streams.
+
+        It is not stored and never replayed: a client connected now sees it
+        as an SSE event ``type`` without an ``id:``; one that connects later
+        does not. Best effort: a failure to send is logged, never raised.
+        Raises ValueError when ``type`` is not a short name (letters,
+        digits, ``. _ : -``) or ``data`` is not JSON or over 7000 bytes of it.
+        """
+        payload = ephemeral.encode(self.run_id, type, data)  # refuses bad input before any I/O
+        try:
+            ephemeral.send(self.run_id, payload)
+        except Exception:  # a stream update is never worth failing a step for
+            logger.debug("could not emit %s for run %s", type, self.run_id, exc_info=True)
+        finally:
+            release_connection()
 
     def step(
         self,

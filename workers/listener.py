@@ -11,20 +11,10 @@ import threading
 from collections.abc import Callable
 
 import psycopg
-from django.db import connections
 
-from runs.db import CONTROL_PAYLOAD, NOTIFY_CHANNEL
+from runs.db import CONTROL_PAYLOAD, NOTIFY_CHANNEL, connection_kwargs
 
 logger = logging.getLogger(__name__)
-
-
-def connection_kwargs() -> dict:
-    """psycopg connect() arguments for the default database, from Django's settings."""
-    params = connections["default"].get_connection_params()
-    # Django's cursor class and adapters are for its own connections.
-    for key in ("cursor_factory", "context", "pool", "prepare_threshold"):
-        params.pop(key, None)
-    return params | {"autocommit": True}
 
 
 class Listener:

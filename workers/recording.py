@@ -106,7 +106,7 @@ class StepMachinery:
         if not finished.wait(min(KEEP_CONNECTION_SECONDS, timeout)):
             release_connection()  # a run waiting on its step holds no connection
         if not finished.wait(max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))):
-            self._announce(record.name)
+            self._announce(record)
             if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
                 StepThread.abandon_this_thread()  # the next step gets a fresh thread
                 self._worker.watch_stuck_step(runner.thread, timeout)
@@ -115,10 +115,11 @@ class StepMachinery:
             raise box["error"]
         return box["value"]
 
-    def _announce(self, name: str) -> None:
+    def _announce(self, record: checkpoint.StepRecord) -> None:
         try:
             flags = checkpoint.announce_step(
-                run_id=self.run_id, token=self._claimed.lease_token, name=name, steps_total=self._steps_total
+                run_id=self.run_id, token=self._claimed.lease_token, seq=record.seq, name=record.name,
+                kind=record.kind, steps_total=self._steps_total, worker_id=self._worker.id,
             )
         finally:
             release_connection()
@@ -129,7 +130,7 @@ class StepMachinery:
 
     def _write_ahead(self, record: checkpoint.StepRecord) -> None:
         try:
-            written = checkpoint.begin_side_effect(record, steps_total=self._steps_total)
+            written = checkpoint.begin_side_effect(record, steps_total=self._steps_total, worker_id=self._worker.id)
         finally:
             release_connection()
         if not written:

@@ -1,4 +1,4 @@
-"""`manage.py up`: web server, one worker and the reaper as child processes, stopped together."""
+"""`manage.py up`: the web server, one worker, the reaper and the webhook delivery loop as child processes, stopped together."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class DevStack:
     def start(self) -> None:
         env = os.environ.copy()  # carries DATABASE_URL to every child
         commands = {
-            "web": [sys.executable, MANAGE, "runserver", "--noreload", self.addr],
+            "web": [sys.executable, MANAGE, "serve", self.addr],
             "worker": [sys.executable, MANAGE, "runworker", *self.worker_args],
             "reaper": [sys.executable, MANAGE, "reap"],
         }

@@ -79,8 +79,9 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     payload = {"step": pending.seq if pending else None, "name": pending.name if pending else None, "action": action}
     if pending is None:
         if action == "done":
-            return Outcome(transition(run, to=RunStatus.DONE, event="run.done", actor=actor, payload=payload,
-                                      result=output, error="", error_kind=""))
+            return Outcome(transition(run, to=RunStatus.DONE, event="run.done", actor=actor,
+                                      payload=payload | {"result": output}, result=output, error="",
+                                      error_kind=""))
     elif action == "done":
         Step.objects.filter(pk=pending.pk).update(status=StepStatus.DONE, output=output, ended_at=Now())
     else:

@@ -69,7 +69,9 @@ def post_message(*, run: Run, actor: Actor, text: str) -> Outcome:
     run = locked(run)
     if run.status in TERMINAL_STATUSES:
         raise refuse(run, "message")
-    Message.objects.create(run=run, author_type=actor.type, author_id=actor.id, text=text)
+    message = Message.objects.create(run=run, author_type=actor.type, author_id=actor.id, text=text)
+    append_event(run_id=run.pk, type="message.received", actor=actor,
+                 payload={"message": message.pk, "text": text[:500]})
     if run.status == RunStatus.WAITING and run.children_pending == 0:
         transition(run, to=RunStatus.QUEUED, event="run.queued", actor=actor, payload={"reason": "message"},
                    run_after=Now())

@@ -82,7 +82,8 @@ r AS (
     FROM cur
     WHERE runs_run.id = cur.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
-              runs_run.error_kind, runs_run.queue
+              runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
+              runs_run.cost_cents
 ),
 t AS (
     UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
@@ -95,9 +96,13 @@ SELECT status, queue, statement_timestamp() FROM r
 
 _EVENTS = event_ctes(
     "r", type="'run.' || r.status", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
+    # What a stream's client and a webhook's receiver need to show the end
+    # (or the wait) without asking again: the result, or the error and why.
     payload=(
         "jsonb_build_object('from', {running}, 'reason', %(reason)s::text,"
-        " 'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500))"
+        " 'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500),"
+        " 'steps_done', r.steps_done, 'steps_total', r.steps_total, 'cost_cents', r.cost_cents)"
+        " || CASE WHEN r.status = {done} THEN jsonb_build_object('result', %(result)s::jsonb) ELSE '{{}}' END"
     ),
 )
 

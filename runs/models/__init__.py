@@ -1,6 +1,13 @@
 """Data model of DESIGN.md §4, one module per part: tenancy, the run, what it records, the fleet."""
 
 from runs.models.fleet import Worker
+from runs.models.notifications import (
+    WEBHOOK_EVENT_TYPES,
+    DeliveryStatus,
+    StreamWatch,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from runs.models.records import Artifact, Event, Message, Step, StepAttempt
 from runs.models.run import Run, RunQuerySet, default_expires_at
 from runs.models.tenancy import (
@@ -19,4 +26,5 @@ __all__ = [
     "MONEY", "TERMINAL_STATUSES", "ApiKey", "Artifact", "ErrorKind", "Event", "KindState", "Membership",
     "Message", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
     "StepStatus", "Tenant", "TenantDailyCost", "Worker", "default_expires_at",
+    "WEBHOOK_EVENT_TYPES", "DeliveryStatus", "StreamWatch", "WebhookDelivery", "WebhookEndpoint",
 ]

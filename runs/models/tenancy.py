@@ -37,6 +37,12 @@ class Tenant(models.Model):
     # to queued; the reaper reconciles it. A count per submit would cost
     # O(max_queued).
     queued = models.IntegerField(default=0, editable=False)
+    # Standard Webhooks signing secrets (whsec_...), made on first use; after a
+    # rotation the previous one keeps signing too until previous_until
+    # (runs.webhooks.signing). Shown only by `manage.py webhooksecret`.
+    webhook_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
+    webhook_secret_previous = models.CharField(max_length=100, blank=True, default="", editable=False)
+    webhook_secret_previous_until = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

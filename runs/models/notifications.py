@@ -1,0 +1,123 @@
+"""Who is told about a run: webhook endpoints and deliveries (the outbox's consumers), and live streams' watches."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from runs.models.records import Event
+from runs.models.run import Run
+from runs.models.tenancy import Tenant
+from runs.states import WEBHOOK_EVENT_TYPES
+
+
+def all_webhook_event_types() -> list[str]:
+    return list(WEBHOOK_EVENT_TYPES)
+
+
+class WebhookEndpoint(models.Model):
+    """A URL a tenant's operator registered (in the admin) to be told about its runs."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="webhook_endpoints")
+    url = models.URLField(max_length=2000)
+    event_types = ArrayField(
+        models.CharField(max_length=64, choices=[(t, t) for t in WEBHOOK_EVENT_TYPES]),
+        default=all_webhook_event_types,
+        help_text="The events this endpoint receives.",
+    )
+    enabled = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant"], condition=Q(enabled=True), name="webhookendpoint_enabled_idx")]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for its next attempt (next_attempt_at)
+    SENDING = "sending"  # claimed by a delivery loop until next_attempt_at (its lease)
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    DEAD = "dead"  # given up: 24 h of failures, a refused address, or 410 Gone
+
+
+LIVE_DELIVERY_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.SENDING)
+
+
+class WebhookDelivery(models.Model):
+    """One Event to one URL, written in the same transaction as the Event; retried until delivered or dead.
+
+    Its body is built from the Event and the run's fixed fields, so every
+    attempt sends the same bytes under the same ``webhook_id``.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="webhook_deliveries", db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # NULL for the run's own callback_url.
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="deliveries"
+    )
+    url = models.TextField()
+    event_type = models.CharField(max_length=64)
+    # Standard Webhooks' webhook-id: the same for every attempt (and redelivery) of the Event.
+    webhook_id = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # When it may be claimed: the next attempt of a pending delivery, the
+    # end of the lease of one being sent (a delivery loop that died).
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    response_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.TextField(blank=True, default="")
+    # Why the last attempt did not deliver, in a sentence.
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="webhookdelivery_status_valid"),
+        ]
+        indexes = [
+            # The delivery loop's claim, and only it.
+            models.Index(
+                fields=["next_attempt_at"], condition=Q(status__in=LIVE_DELIVERY_STATUSES),
+                name="webhookdelivery_due_idx",
+            ),
+            # A run's deliveries (run page, admin inline, deletion with the run).
+            models.Index(fields=["run", "id"], name="webhookdelivery_run_idx"),
+        ]
+        ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.event_type} -> {self.url} ({self.status})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in LIVE_DELIVERY_STATUSES
+
+
+class StreamWatch(models.Model):
+    """A run some web process is streaming live (``runs.streams``); UNLOGGED, by migration.
+
+    An Event statement sends its NOTIFY only for a watched run: a NOTIFY
+    makes every committing transaction that sent one wait for the others
+    (a lock held through the commit), which cost a third of the commit rate
+    on ten connections (bench/notify_cost.py), a price every run would pay
+    for the few somebody watches.
+    """
+
+    pk = models.CompositePrimaryKey("run_id", "server")
+    run_id = models.UUIDField()
+    server = models.UUIDField()  # the web process (runs.streams.hub)
+    seen_at = models.DateTimeField(default=timezone.now)  # refreshed while it watches; old rows are swept
+
+    def __str__(self) -> str:
+        return f"{self.run_id} watched by {self.server}"

@@ -1,0 +1,95 @@
+"""The body of ``GET /api/runs/{id}/events``: Server-Sent Events from the process's hub.
+
+Each Event is written as ``id:`` (its seq), ``event:`` (its type) and one
+``data:`` line of JSON; an ephemeral update (``ctx.emit``) has no ``id:``,
+so a client's ``Last-Event-ID`` always names a stored Event. The stream
+ends after the run's terminal Event (a client that reconnects then gets 204,
+which tells ``EventSource`` to stop), and when the server stops (the client
+reconnects with its ``Last-Event-ID`` and loses nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+from django.conf import settings
+from django.http import StreamingHttpResponse
+
+from runs.states import TERMINAL_EVENT_TYPES
+from runs.streams import ephemeral
+from runs.streams.hub import StoredEvent, get_hub
+
+# How long a client waits before reconnecting, in ms (the SSE `retry:` field).
+RECONNECT_MS = 2000
+
+
+def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool) -> StreamingHttpResponse:
+    """The streaming response for a run whose Events past ``after`` the client wants.
+
+    ``last_seq`` and ``terminal`` are the run's as read when the stream was
+    opened: a finished run's stream ends once it has replayed up to there.
+    """
+    response = StreamingHttpResponse(
+        _events(run_id=run_id, after=after, close_at=last_seq if terminal else None),
+        content_type="text/event-stream; charset=utf-8",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    return response
+
+
+async def _events(*, run_id: UUID, after: int, close_at: int | None) -> AsyncIterator[str]:
+    hub = get_hub()
+    sub = await hub.subscribe(run_id, after)
+    try:
+        # Sent at once, so that the client (and any proxy) sees the stream open.
+        yield f"retry: {RECONNECT_MS}\n: run {run_id}, events after {after}\n\n"
+        if close_at is not None and after >= close_at:
+            return
+        keepalive = settings.RUNS_STREAM_KEEPALIVE_SECONDS
+        while True:
+            try:
+                item = await asyncio.wait_for(sub.get(hub), timeout=keepalive)
+            except TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            if item is None:  # the server is stopping
+                return
+            if isinstance(item, ephemeral.Ephemeral):
+                yield format_ephemeral(item)
+                continue
+            yield format_event(item)
+            if item.type in TERMINAL_EVENT_TYPES or (close_at is not None and item.seq >= close_at):
+                return
+    finally:
+        hub.unsubscribe(sub)
+
+
+def format_event(event: StoredEvent) -> str:
+    data = (
+        f'{{"run_id":"{event.run_id}","seq":{event.seq},"type":{json.dumps(event.type)},'
+        f'"at":"{event.created_at.isoformat()}",'
+        f'"actor":{{"type":{json.dumps(event.actor_type)},"id":{json.dumps(event.actor_id)}}},'
+        f'"data":{_one_line(event.payload_json)}}}'
+    )
+    return f"id: {event.seq}\nevent: {_field(event.type)}\ndata: {data}\n\n"
+
+
+def format_ephemeral(update: ephemeral.Ephemeral) -> str:
+    data = json.dumps({"run_id": str(update.run_id), "type": update.type, "data": update.data},
+                      separators=(",", ":"))
+    return f"event: {_field(update.type)}\ndata: {data}\n\n"
+
+
+def _field(value: str) -> str:
+    # A line break would end the field and let the rest forge another one.
+    return value.replace("\r", " ").replace("\n", " ")
+
+
+def _one_line(json_text: str) -> str:
+    # jsonb's text form has no raw line breaks (they are escaped in strings),
+    # but a data line must hold one line whatever it is given.
+    return json_text.replace("\r", "").replace("\n", "")

@@ -1,0 +1,1 @@
+"""Signed webhooks: where deliveries may go, and how they are signed."""
