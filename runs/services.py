@@ -28,6 +28,7 @@ from runs.models import Run, Tenant
 from runs.notify import count_and_notify_after_commit, uncounted_submits
 from runs.registry import all_kinds, get_kind
 from runs.text import find_unstorable
+from runs.webhooks import targets
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,11 @@ def submit(
         cost_ceiling_cents = checked_cents(cost_ceiling_cents, field="cost_ceiling_cents")
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
+    if callback_url:
+        try:
+            targets.check_url(callback_url)
+        except targets.Refused as exc:
+            raise InvalidRunInput(f"callback_url cannot be delivered to: {exc}") from None
 
     digest = request_hash(kind=kind, input=normalised, queue=queue, priority=priority)
     if idempotency_key is not None:

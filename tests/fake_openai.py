@@ -4,7 +4,9 @@ Not a mock of any SDK: the adapters talk to it over TCP exactly as they
 talk to a provider, and worker subprocesses reach it through
 ``LLM_BASE_URL``. Each test scripts it: queued replies are served first
 (failure injection: HTTP errors with headers, hangs, malformed tool calls),
-then a "brain" answers from the conversation in the request. Every request
+then a "brain" answers from the conversation in the request. A request
+with ``"stream": true`` is answered as server-sent chunks (the text a few
+words a chunk, tool call arguments in pieces), errors as JSON. Every request
 body is recorded, and every usage it reported is kept, so tests can count
 model calls and check what the model was sent and what it was charged.
 
@@ -16,6 +18,7 @@ after importing its helpers, so it asks not to be assertion-rewritten
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -153,8 +156,27 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             if reply.message.get("refusal"):
                 message["refusal"] = reply.message["refusal"]
             usage = fake.charge(reply, body, message)
+            if body.get("stream") and not anthropic:
+                return self._stream(_openai_chunks(body, message, usage), reply.headers)
             payload = _anthropic_answer(body, message, usage) if anthropic else _openai_answer(body, message, usage)
             self._send(200, payload, reply.headers)
+
+        def _stream(self, chunks: list[dict], headers: dict) -> None:
+            """Server-sent events, one HTTP chunk each, flushed as they go."""
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                for event in [*(json.dumps(chunk) for chunk in chunks), "[DONE]"]:
+                    data = f"data: {event}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def _send(self, status: int, payload: dict, headers: dict) -> None:
             data = json.dumps(payload).encode()
@@ -182,6 +204,38 @@ def _openai_answer(body: dict, message: dict, usage: tuple[int, int]) -> dict:
                      "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
         "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
     }
+
+
+def _openai_chunks(body: dict, message: dict, usage: tuple[int, int]) -> list[dict]:
+    """The answer as a stream's ``chat.completion.chunk`` objects: the text a few words a chunk, each tool
+    call's id and name first and then its arguments in pieces, the finish, and the usage if it was asked for."""
+    base = {"id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": body.get("model", MODEL)}
+    with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {**base, "choices": [choice], **({"usage": None} if with_usage else {})}
+
+    content = message.get("content")
+    chunks = [chunk({"role": "assistant", "content": "" if content is not None else None})]
+    words = re.split(r"(?<=\s)(?=\S)", content or "")
+    chunks += [chunk({"content": "".join(words[i:i + 2])}) for i in range(0, len(words), 2) if content]
+    if message.get("refusal"):
+        chunks.append(chunk({"refusal": message["refusal"]}))
+    for index, call in enumerate(message.get("tool_calls") or []):
+        first = {"index": index, "id": call["id"], "type": "function",
+                 "function": {"name": call["function"]["name"], "arguments": ""}}
+        chunks.append(chunk({"tool_calls": [first]}))
+        arguments = call["function"]["arguments"]
+        for start in range(0, len(arguments), 7):
+            piece = {"index": index, "function": {"arguments": arguments[start:start + 7]}}
+            chunks.append(chunk({"tool_calls": [piece]}))
+    chunks.append(chunk({}, "tool_calls" if message.get("tool_calls") else "stop"))
+    if with_usage:
+        chunks.append({**base, "choices": [],
+                       "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}})
+    return chunks
 
 
 def _anthropic_answer(body: dict, message: dict, usage: tuple[int, int]) -> dict:

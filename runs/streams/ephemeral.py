@@ -46,7 +46,7 @@ def encode(run_id: UUID, type: str, data: Any) -> str:
         raise ValueError(f"an emitted event's data must be JSON: {exc}") from None
     if len(data_json.encode()) > MAX_DATA_BYTES:
         raise ValueError(f"an emitted event's data is over {MAX_DATA_BYTES} bytes of JSON; send less, or store it")
-    return '{"run":"%s","type":%s,"data":%s}' % (run_id, json.dumps(type), data_json)
+    return f'{{"run":"{run_id}","type":{json.dumps(type)},"data":{data_json}}}'
 
 
 def send(run_id: UUID, payload: str) -> None:

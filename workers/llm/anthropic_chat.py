@@ -23,7 +23,8 @@ class AnthropicChat(ChatModel):
     """Claude through the official ``anthropic`` SDK, its retries off.
 
     ``model``, ``base_url`` and ``api_key`` default to ``LLM_MODEL``,
-    ``LLM_BASE_URL`` and ``LLM_API_KEY``.
+    ``LLM_BASE_URL`` and ``LLM_API_KEY``. The answer is not streamed:
+    ``on_text`` is called once, with the whole text, when it has come.
     """
 
     provider = "anthropic"
@@ -47,7 +48,7 @@ class AnthropicChat(ChatModel):
                 )
         return client
 
-    def complete(self, messages, *, tools, max_tokens, timeout) -> Completion:
+    def complete(self, messages, *, tools, max_tokens, timeout, on_text=None) -> Completion:
         system, turns = to_anthropic(messages)
         params: dict[str, Any] = {
             "model": self.model,
@@ -78,6 +79,8 @@ class AnthropicChat(ChatModel):
                 calls.append({"id": block.id, "type": "function",
                               "function": {"name": block.name, "arguments": json.dumps(block.input)}})
         message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
+        if on_text is not None and message["content"]:
+            on_text(message["content"])
         if calls:
             message["tool_calls"] = calls
         return Completion(message, tokens_in, tokens_out, cost, response.model or self.model, response.stop_reason or "")

@@ -10,6 +10,8 @@ the 9th on only.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,14 @@ if TYPE_CHECKING:
 # The SDK gives up this long after the step's timeout, so a hung request
 # ends its thread well before the worker counts the thread as stuck.
 SDK_TIMEOUT_MARGIN_SECONDS = 5.0
+# A model call's text is shown this often at most, its last characters
+# only, and small enough for ctx.emit (7000 bytes of JSON) with room for the
+# rest of the event.
+LIVE_TEXT_INTERVAL_SECONDS = 0.25
+LIVE_TEXT_CHARS = 2000
+LIVE_TEXT_JSON_BYTES = 6000
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,7 +87,8 @@ def run_agent_loop(
     answer fail the run (``step_limit``); the run's remaining budget caps
     each call's output tokens (with ``max_output_tokens``, default
     ``LLM_MAX_OUTPUT_TOKENS``). ``timeout`` overrides the step timeout of
-    model calls.
+    model calls. While a model call runs, its text so far is shown on the
+    run's live event streams (``model.text`` events, never stored).
     """
     toolbox: dict[str, Tool] = {}
     for item in tools:
@@ -107,10 +118,14 @@ def run_agent_loop(
 
         snapshot = list(conversation)
 
-        def think(request: dict, snapshot: list[dict] = snapshot) -> StepResult:
+        def think(request: dict, snapshot: list[dict] = snapshot, iteration: int = iteration) -> StepResult:
             limit = _output_limit(ctx, chat, snapshot, specs, cap)
-            done = chat.complete(snapshot, tools=specs, max_tokens=limit,
-                                 timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS)
+            live = LiveText(ctx, iteration=iteration)
+            try:
+                done = chat.complete(snapshot, tools=specs, max_tokens=limit,
+                                     timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS, on_text=live)
+            finally:
+                live.close()
             return StepResult(done.message, done.tokens_in, done.tokens_out, done.cost_cents)
 
         request = {"model": chat.model, "iteration": iteration, "messages": len(snapshot), "tools": list(toolbox)}
@@ -189,6 +204,54 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         side_effect=tool_.side_effect, idempotency_key=True if tool_.side_effect else None, timeout=tool_.timeout,
     )
     return outcome | answer
+
+
+class LiveText:
+    """The text of one model call as it comes, shown on the run's live streams as ``model.text`` events.
+
+    An event carries ``iteration``, ``text`` (the text so far, its last
+    ``LIVE_TEXT_CHARS`` characters) and ``done``; they go out at most every
+    ``LIVE_TEXT_INTERVAL_SECONDS``, and once more with ``done`` true when
+    the call ends, whichever way, if it had any text. Showing is best
+    effort: an emit that fails is logged, and the call goes on.
+    """
+
+    def __init__(self, ctx: RunContext, *, iteration: int, clock: Callable[[], float] = time.monotonic):
+        self.ctx = ctx
+        self.iteration = iteration
+        self.clock = clock
+        self.text = ""
+        self.shown_at: float | None = None
+
+    def __call__(self, delta: str) -> None:
+        self.text = (self.text + delta)[-LIVE_TEXT_CHARS:]
+        now = self.clock()
+        if self.shown_at is None or now - self.shown_at >= LIVE_TEXT_INTERVAL_SECONDS:
+            self.shown_at = now
+            self._emit(done=False)
+
+    def close(self) -> None:
+        if self.text:
+            self._emit(done=True)
+
+    def _emit(self, *, done: bool) -> None:
+        data = {"iteration": self.iteration, "text": _fitting(self.text), "done": done}
+        try:
+            self.ctx.emit("model.text", data)
+        except Exception:
+            logger.debug("could not show the text of model call %s", self.iteration, exc_info=True,
+                         extra={"run_id": str(self.ctx.run_id)})
+
+
+def _fitting(text: str) -> str:
+    """The end of ``text`` that stays within ``LIVE_TEXT_JSON_BYTES`` as JSON, however it is escaped."""
+    # ensure_ascii gives the longest encoding: 6 bytes a character, 12 beyond the BMP.
+    size = len(json.dumps(text))
+    while size > LIVE_TEXT_JSON_BYTES:
+        keep = len(text) * LIVE_TEXT_JSON_BYTES // size
+        text = text[len(text) - keep:]
+        size = len(json.dumps(text))
+    return text
 
 
 def _output_limit(ctx: RunContext, chat: ChatModel, messages: list[dict], specs: list[dict], cap: int) -> int:

@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
+# Called with each new piece of the assistant's text, in order, while a call runs.
+TextSink = Callable[[str], None]
+
 # A scripted model's brain: (conversation, tool specs) -> {"content": ..., "tool_calls": [{"name", "arguments"}]}.
 Script = Callable[[list[dict], list[dict]], dict]
 
@@ -33,8 +36,21 @@ class ChatModel:
     model = ""
 
     def complete(
-        self, messages: list[dict], *, tools: list[dict], max_tokens: int | None, timeout: float | None
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict],
+        max_tokens: int | None,
+        timeout: float | None,
+        on_text: TextSink | None = None,
     ) -> Completion:
+        """Answer the next assistant turn of ``messages``, which may call ``tools``.
+
+        With ``on_text``, each new piece of the assistant's text is passed to
+        it as it arrives (deltas, in order; their concatenation is the
+        message's content); the ``Completion`` returned is the same as
+        without it. An exception ``on_text`` raises fails the call.
+        """
         raise NotImplementedError
 
     def describe(self) -> dict:

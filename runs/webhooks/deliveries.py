@@ -1,0 +1,166 @@
+"""A webhook delivery's life: claimed under a lease, attempted, recorded; retried until delivered or dead.
+
+The delivery loop (``workers.webhooks``) claims due rows with ``FOR UPDATE
+SKIP LOCKED`` (any number of loops share the table), marks them
+``sending`` until ``next_attempt_at`` (the lease: a loop that dies leaves
+rows that become due again), sends, and records the outcome fenced by the
+attempt it claimed, so a loop that outlived its lease records nothing.
+
+A failed attempt is retried after ``RUNS_WEBHOOK_RETRY_SCHEDULE`` (5 s,
+5 min, 30 min, 2 h, 5 h, 10 h, then 10 h again), with one last attempt when
+the delivery is ``RUNS_WEBHOOK_GIVE_UP_SECONDS`` (24 h) old; then it is
+``dead``. A refused address and 410 Gone are dead at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from runs.db import storable_text
+from runs.events import Actor
+from runs.exceptions import InvalidTransition
+from runs.models import DeliveryStatus, WebhookDelivery
+from runs.webhooks.signing import current_secret
+
+
+@dataclass(frozen=True)
+class DeliveryJob:
+    """A claimed delivery, with everything an attempt sends."""
+
+    id: int
+    attempt: int
+    url: str
+    webhook_id: str
+    event_type: str
+    tenant_id: UUID
+    body: str  # the same bytes on every attempt: built from the Event and the run's fixed fields
+    secrets: list[str]  # every secret that signs now (two during a rotation)
+
+
+_CLAIM_SQL = """
+WITH due AS (
+    SELECT id FROM runs_webhookdelivery
+    WHERE status IN ('pending', 'sending') AND next_attempt_at <= statement_timestamp()
+    ORDER BY next_attempt_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE runs_webhookdelivery d SET
+        status = 'sending', attempts = d.attempts + 1, last_attempt_at = statement_timestamp(),
+        next_attempt_at = statement_timestamp() + make_interval(secs => %(lease)s)
+    FROM due WHERE d.id = due.id
+    RETURNING d.id, d.attempts, d.url, d.webhook_id, d.event_type, d.event_id, d.run_id, d.tenant_id
+)
+SELECT c.id, c.attempts, c.url, c.webhook_id, c.event_type, c.tenant_id,
+       e.seq, e.created_at, e.actor_type, e.actor_id, e.payload::text,
+       r.kind, r.queue, t.slug, t.webhook_secret,
+       CASE WHEN t.webhook_secret_previous <> '' AND t.webhook_secret_previous_until > statement_timestamp()
+            THEN t.webhook_secret_previous END
+FROM claimed c
+JOIN runs_event e ON e.id = c.event_id
+JOIN runs_run r ON r.id = c.run_id
+JOIN runs_tenant t ON t.id = c.tenant_id
+ORDER BY c.id
+"""
+
+
+def claim(*, batch: int, lease_seconds: float) -> list[DeliveryJob]:
+    """Up to ``batch`` due deliveries, each now ``sending`` for ``lease_seconds``."""
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, {"batch": batch, "lease": lease_seconds})
+        rows = cursor.fetchall()
+    jobs = []
+    for (delivery_id, attempt, url, webhook_id, event_type, tenant_id, seq, at, actor_type, actor_id,
+         payload, kind, queue, slug, secret, previous) in rows:
+        if not secret:
+            secret = current_secret(tenant_id)
+        jobs.append(DeliveryJob(
+            id=delivery_id, attempt=attempt, url=url, webhook_id=webhook_id, event_type=event_type,
+            tenant_id=tenant_id,
+            body=body_for(event_type=event_type, seq=seq, at=at, actor_type=actor_type, actor_id=actor_id,
+                          payload=json.loads(payload), run_id=_run_id(webhook_id), kind=kind, queue=queue,
+                          tenant=slug),
+            secrets=[secret] + ([previous] if previous else []),
+        ))
+    return jobs
+
+
+def _run_id(webhook_id: str) -> str:
+    # msg_<run id without dashes>_<seq> (runs.events)
+    return str(UUID(webhook_id[4:36]))
+
+
+def body_for(*, event_type: str, seq: int, at: datetime, actor_type: str, actor_id: str, payload: dict[str, Any],
+             run_id: str, kind: str, queue: str, tenant: str) -> str:
+    """The Standard Webhooks envelope ``{"type", "timestamp", "data"}`` of one Event."""
+    data: dict[str, Any] = {
+        "run_id": run_id, "tenant": tenant, "kind": kind, "queue": queue,
+        "status": event_type.removeprefix("run."), "event_seq": seq,
+        "actor": {"type": actor_type, "id": actor_id},
+    }
+    for key in ("result", "error", "error_kind", "reason", "steps_done", "steps_total", "cost_cents"):
+        if key in payload:
+            data[key] = payload[key]
+    return json.dumps({"type": event_type, "timestamp": at.isoformat(), "data": data},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+_RECORD_SQL = """
+UPDATE runs_webhookdelivery SET
+    status = CASE
+        WHEN %(delivered)s THEN 'delivered'
+        WHEN %(permanent)s OR statement_timestamp() >= created_at + make_interval(secs => %(give_up)s) THEN 'dead'
+        ELSE 'pending' END,
+    next_attempt_at = LEAST(statement_timestamp() + make_interval(secs => %(gap)s),
+                            created_at + make_interval(secs => %(give_up)s)),
+    delivered_at = CASE WHEN %(delivered)s THEN statement_timestamp() END,
+    response_code = %(code)s,
+    response_body = %(body)s,
+    last_error = %(error)s
+WHERE id = %(id)s AND status = 'sending' AND attempts = %(attempt)s
+RETURNING status
+"""
+
+
+def retry_gap(attempt: int) -> float:
+    """Seconds before the attempt after ``attempt`` (1 = the first)."""
+    schedule = settings.RUNS_WEBHOOK_RETRY_SCHEDULE or [5.0]
+    return schedule[min(attempt - 1, len(schedule) - 1)]
+
+
+def record(job: DeliveryJob, *, delivered: bool, permanent: bool, code: int | None, body: str,
+           error: str) -> str | None:
+    """Record an attempt's outcome; returns the delivery's status, or None when the claim was lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RECORD_SQL, {
+            "id": job.id, "attempt": job.attempt, "delivered": delivered, "permanent": permanent,
+            "code": code, "body": _storable(body)[:4096], "error": _storable(error)[:1000],
+            "gap": retry_gap(job.attempt), "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS,
+        })
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def _storable(text: str) -> str:
+    return storable_text(text or "") or ""
+
+
+@transaction.atomic
+def redeliver(*, delivery: WebhookDelivery, actor: Actor) -> WebhookDelivery:
+    """Send a delivered or dead delivery's Event again, as a new delivery with the same ``webhook-id``."""
+    delivery = WebhookDelivery.objects.select_for_update().get(pk=delivery.pk)
+    if delivery.is_live:
+        raise InvalidTransition("this delivery is still being attempted; wait for it to be delivered or dead")
+    return WebhookDelivery.objects.create(
+        event_id=delivery.event_id, run_id=delivery.run_id, tenant_id=delivery.tenant_id,
+        endpoint_id=delivery.endpoint_id, url=delivery.url, event_type=delivery.event_type,
+        webhook_id=delivery.webhook_id, status=DeliveryStatus.PENDING,
+    )

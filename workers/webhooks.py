@@ -1,0 +1,94 @@
+"""The webhook delivery loop: claims due deliveries, signs and sends each on a thread, records the outcome.
+
+Run it as its own process (``manage.py deliverwebhooks``), one or more:
+deliveries are claimed with SKIP LOCKED, so loops never send the same
+attempt twice, and a loop that dies leaves its claims to come due again
+after their lease. A send holds no database connection: the claim and the
+record are one statement each, before and after.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
+
+from django.conf import settings
+
+from runs.db import release_connection, with_retries
+from runs.webhooks import deliveries
+from runs.webhooks.deliveries import DeliveryJob
+from runs.webhooks.signing import signature
+from workers import webhook_http
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT = "agentruns-webhooks/1"
+
+
+class DeliveryLoop:
+    def __init__(self, *, concurrency: int = 8, poll: float = 0.5, lease: float | None = None):
+        self.concurrency = max(1, concurrency)
+        self.poll = poll
+        timeout = settings.RUNS_WEBHOOK_TIMEOUT_SECONDS
+        # Longer than any send can take (resolution, connect, the capped read), or a slow
+        # send would be claimed again while it is still going.
+        self.lease = lease or max(60.0, 4 * timeout)
+        self.stopping = threading.Event()
+
+    def run(self, *, once: bool = False) -> int:
+        """Until stopped (``once``: until nothing is due). Returns how many attempts were made."""
+        attempts = 0
+        in_flight: set[Future] = set()
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="webhook") as pool:
+            while not self.stopping.is_set():
+                free = self.concurrency - len(in_flight)
+                jobs = self._claim(free) if free else []
+                for job in jobs:
+                    in_flight.add(pool.submit(self.deliver, job))
+                attempts += len(jobs)
+                if once and not jobs and not in_flight:
+                    break
+                if in_flight:
+                    done, in_flight = wait(in_flight, timeout=self.poll if not jobs else 0, return_when=FIRST_COMPLETED)
+                    in_flight = set(in_flight)
+                elif not jobs:
+                    self.stopping.wait(self.poll)
+            wait(in_flight)  # a stop lets the sends under way finish and be recorded
+        return attempts
+
+    def _claim(self, free: int) -> list[DeliveryJob]:
+        try:
+            return with_retries(lambda: deliveries.claim(batch=free, lease_seconds=self.lease), what="claim deliveries")
+        except Exception:
+            logger.exception("claiming webhook deliveries failed")
+            self.stopping.wait(self.poll)
+            return []
+        finally:
+            release_connection()
+
+    def deliver(self, job: DeliveryJob) -> str | None:
+        """One attempt of one delivery; returns the status recorded (None if the claim was lost meanwhile)."""
+        timestamp = datetime.now(UTC)
+        headers = {
+            "content-type": "application/json",
+            "user-agent": USER_AGENT,
+            "webhook-id": job.webhook_id,
+            "webhook-timestamp": str(int(timestamp.timestamp())),
+            "webhook-signature": signature(secrets_=job.secrets, webhook_id=job.webhook_id,
+                                           timestamp=timestamp, body=job.body),
+        }
+        sent = webhook_http.send(job.url, body=job.body.encode(), headers=headers,
+                                 timeout=settings.RUNS_WEBHOOK_TIMEOUT_SECONDS)
+        try:
+            status = with_retries(lambda: deliveries.record(
+                job, delivered=sent.delivered, permanent=sent.permanent, code=sent.status, body=sent.body,
+                error=sent.error,
+            ), what="record a delivery")
+        finally:
+            release_connection()
+        level = logging.INFO if sent.delivered else logging.WARNING
+        logger.log(level, "webhook %s %s to %s (attempt %s): %s", job.event_type, job.webhook_id, job.url,
+                   job.attempt, status if sent.delivered else f"{status}: {sent.error}")
+        return status
