@@ -27,12 +27,13 @@ class DevStack:
             "web": [sys.executable, MANAGE, "serve", self.addr],
             "worker": [sys.executable, MANAGE, "runworker", *self.worker_args],
             "reaper": [sys.executable, MANAGE, "reap"],
+            "webhooks": [sys.executable, MANAGE, "deliverwebhooks"],
         }
         for name, argv in commands.items():
             self.children.append((name, subprocess.Popen(argv, env=env)))
 
     def wait(self) -> int:
-        """Until Ctrl-C/SIGTERM or a child dies; then stop all three."""
+        """Until Ctrl-C/SIGTERM or a child dies; then stop them all."""
         stop = False
 
         def on_signal(signum, frame):
