@@ -147,7 +147,8 @@ class RunContext(StepMachinery):
         Raises ValueError when ``type`` is not a short name (letters,
         digits, ``. _ : -``) or ``data`` is not JSON or over 7000 bytes of it.
         """
-        payload = ephemeral.encode(self.run_id, type, data)  # refuses bad input before any I/O
+        # Refuses bad input before any I/O; names the step in progress (or the last one).
+        payload = ephemeral.encode(self.run_id, type, data, step=self._seq or None)
         try:
             ephemeral.send(self.run_id, payload)
         except Exception:  # a stream update is never worth failing a step for

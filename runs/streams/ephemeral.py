@@ -34,9 +34,10 @@ class Ephemeral:
     run_id: UUID
     type: str
     data: Any
+    step: int | None = None  # the seq of the step that sent it
 
 
-def encode(run_id: UUID, type: str, data: Any) -> str:
+def encode(run_id: UUID, type: str, data: Any, *, step: int | None = None) -> str:
     """The NOTIFY payload of an update; ValueError for a bad type or data that is not JSON or too big."""
     if not isinstance(type, str) or not TYPE_PATTERN.match(type):
         raise ValueError("an emitted event's type is a name of letters, digits and . _ : - (at most 64)")
@@ -46,7 +47,8 @@ def encode(run_id: UUID, type: str, data: Any) -> str:
         raise ValueError(f"an emitted event's data must be JSON: {exc}") from None
     if len(data_json.encode()) > MAX_DATA_BYTES:
         raise ValueError(f"an emitted event's data is over {MAX_DATA_BYTES} bytes of JSON; send less, or store it")
-    return f'{{"run":"{run_id}","type":{json.dumps(type)},"data":{data_json}}}'
+    step_json = "null" if step is None else str(int(step))
+    return f'{{"run":"{run_id}","type":{json.dumps(type)},"step":{step_json},"data":{data_json}}}'
 
 
 def send(run_id: UUID, payload: str) -> None:
@@ -62,6 +64,8 @@ def decode(payload: str) -> tuple[UUID, Ephemeral | None] | None:
             return UUID(payload), None
         message = json.loads(payload)
         run_id = UUID(message["run"])
-        return run_id, Ephemeral(run_id=run_id, type=str(message["type"]), data=message.get("data"))
+        step = message.get("step")
+        return run_id, Ephemeral(run_id=run_id, type=str(message["type"]), data=message.get("data"),
+                                 step=step if isinstance(step, int) else None)
     except (ValueError, KeyError, TypeError):
         return None

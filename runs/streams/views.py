@@ -79,7 +79,7 @@ def format_event(event: StoredEvent) -> str:
 
 
 def format_ephemeral(update: ephemeral.Ephemeral) -> str:
-    data = json.dumps({"run_id": str(update.run_id), "type": update.type, "data": update.data},
+    data = json.dumps({"run_id": str(update.run_id), "type": update.type, "step": update.step, "data": update.data},
                       separators=(",", ":"))
     return f"event: {_field(update.type)}\ndata: {data}\n\n"
 

@@ -9,6 +9,7 @@ the 9th on only.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -121,9 +122,11 @@ def run_agent_loop(
         def think(request: dict, snapshot: list[dict] = snapshot, iteration: int = iteration) -> StepResult:
             limit = _output_limit(ctx, chat, snapshot, specs, cap)
             live = LiveText(ctx, iteration=iteration)
+            # A ChatModel written before on_text existed still works, without live text.
+            extra = {"on_text": live} if _accepts_on_text(chat) else {}
             try:
                 done = chat.complete(snapshot, tools=specs, max_tokens=limit,
-                                     timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS, on_text=live)
+                                     timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS, **extra)
             finally:
                 live.close()
             return StepResult(done.message, done.tokens_in, done.tokens_out, done.cost_cents)
@@ -241,6 +244,14 @@ class LiveText:
         except Exception:
             logger.debug("could not show the text of model call %s", self.iteration, exc_info=True,
                          extra={"run_id": str(self.ctx.run_id)})
+
+
+def _accepts_on_text(chat: ChatModel) -> bool:
+    try:
+        parameters = inspect.signature(chat.complete).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "on_text" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _fitting(text: str) -> str:
