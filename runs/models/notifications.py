@@ -109,9 +109,9 @@ class StreamWatch(models.Model):
 
     An Event statement sends its NOTIFY only for a watched run: a NOTIFY
     makes every committing transaction that sent one wait for the others
-    (a lock held through the commit), which cost a third of the commit rate
-    on ten connections (bench/notify_cost.py), a price every run would pay
-    for the few somebody watches.
+    (a lock held through the commit), which cut the commit rate of ten
+    connections by half or more (bench/notify_cost.py): a price every run
+    would pay for the few somebody watches.
     """
 
     pk = models.CompositePrimaryKey("run_id", "server")
