@@ -114,6 +114,7 @@ class EventHub:
         self._pool: AsyncConnectionPool | None = None
         self._tasks: list[asyncio.Task] = []
         self._start_lock = asyncio.Lock()
+        self._watch_lock = asyncio.Lock()
         self._closed = False
 
     # Streams' side.
@@ -122,8 +123,9 @@ class EventHub:
         sub = Subscription(run_id, after)
         if run_id not in self._subs:
             self._subs[run_id] = set()
-            await self._execute(_WATCH_SQL, {"runs": [run_id], "server": self.server})
-        self._subs[run_id].add(sub)
+            async with self._watch_lock:
+                await self._execute(_WATCH_SQL, {"runs": [run_id], "server": self.server})
+        self._subs.setdefault(run_id, set()).add(sub)
         self.wake(run_id)
         return sub
 
@@ -135,7 +137,15 @@ class EventHub:
         if not subs:
             del self._subs[sub.run_id]
             if not self._closed:
-                self._spawn(self._execute(_UNWATCH_SQL, {"runs": [sub.run_id], "server": self.server}))
+                self._spawn(self._unwatch(sub.run_id))
+
+    async def _unwatch(self, run_id: UUID) -> None:
+        # Watch writes go one at a time, and this one only if nobody
+        # subscribed again meanwhile: a delete landing after a new stream's
+        # insert would leave that stream on the backstop alone.
+        async with self._watch_lock:
+            if run_id not in self._subs:
+                await self._execute(_UNWATCH_SQL, {"runs": [run_id], "server": self.server})
 
     def wake(self, run_id: UUID) -> None:
         if run_id in self._subs:
@@ -237,8 +247,9 @@ class EventHub:
             await self._execute(_SWEEP_SQL, {"stale": WATCH_STALE_SECONDS})
 
     async def _refresh_watches(self) -> None:
-        if self._subs:
-            await self._execute(_WATCH_SQL, {"runs": list(self._subs), "server": self.server})
+        async with self._watch_lock:
+            if self._subs:
+                await self._execute(_WATCH_SQL, {"runs": list(self._subs), "server": self.server})
 
     def _wake_all(self) -> None:
         for run_id in self._subs:
