@@ -2,7 +2,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from config.server import serve
+from runs.server import serve
 
 
 class Command(BaseCommand):
