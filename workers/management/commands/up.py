@@ -6,7 +6,7 @@ from workers.supervisor import DevStack
 
 
 class Command(BaseCommand):
-    help = "Development in one command: migrate, seed a demo tenant, then web + worker + reaper (Ctrl-C stops all)."
+    help = "Development in one command: migrate, seed a demo tenant, then web (uvicorn) + worker + reaper + webhook delivery (Ctrl-C stops all)."
 
     def add_arguments(self, parser):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
