@@ -14,7 +14,7 @@ from django.core.management import call_command
 from runs import control
 from runs.events import Actor
 from runs.exceptions import InvalidRunInput, InvalidTransition
-from runs.models import DeliveryStatus, Tenant, WebhookDelivery, WebhookEndpoint
+from runs.models import DeliveryStatus, Event, Tenant, WebhookDelivery, WebhookEndpoint
 from runs.services import submit_run
 from runs.webhooks import deliveries, signing
 from tests.conftest import fresh, wait_for
@@ -158,6 +158,8 @@ def test_a_delivery_that_keeps_failing_is_dead_after_the_give_up_time_and_can_be
     receiver.default = 200
     again = deliveries.redeliver(delivery=dead, actor=PERSON)
     assert again.webhook_id == dead.webhook_id and again.status == "pending"
+    audit = Event.objects.filter(run=run).order_by("-seq").first()
+    assert (audit.type, audit.actor_type, audit.actor_id) == ("webhook.redelivered", "user", "7")
     with pytest.raises(InvalidTransition):
         deliveries.redeliver(delivery=again, actor=PERSON)  # still live
     loop.run(once=True)

@@ -1,4 +1,4 @@
-"""The run page's POST actions: thin calls into ``runs.control``.
+"""The run page's POST actions: thin calls into ``runs.control`` (and ``runs.webhooks`` for a redelivery).
 
 Each action finds the run in the user's tenant (404), checks the role (403),
 then calls the service. The answer is a redirect to the run page with a
@@ -15,17 +15,19 @@ from uuid import UUID
 from django import forms as django_forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from runs import control, selectors
 from runs.control import Outcome
+from runs.dashboard import selectors as dashboard_selectors
 from runs.dashboard.access import Access, Action, current_access, require
 from runs.dashboard.forms import DecisionForm, MessageForm, ResolveForm, RetryForm
 from runs.dashboard.views import actor_of, render_run_page
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.models import Run
+from runs.webhooks import deliveries
 
 
 def _target(request: HttpRequest, run_id: UUID, action: Action) -> tuple[Access, Run]:
@@ -163,3 +165,19 @@ def retry(request: HttpRequest, run_id: UUID) -> HttpResponse:
     except InvalidRunInput as exc:
         form.add_error("from_step", str(exc))
         return _invalid(request, access, run, "retry", form)
+
+
+@require_POST
+@login_required
+def redeliver(request: HttpRequest, run_id: UUID, delivery_id: int) -> HttpResponse:
+    """Send a delivered or dead webhook delivery's Event again; whoever may retry a run may do this."""
+    _, run = _target(request, run_id, Action.RETRY)
+    delivery = dashboard_selectors.get_delivery(run=run, delivery_id=delivery_id)
+    if delivery is None:
+        raise Http404("webhook delivery not found")
+
+    def send_again() -> Outcome:
+        deliveries.redeliver(delivery=delivery, actor=actor_of(request))
+        return Outcome(run=run)  # the run itself does not change
+
+    return _apply(request, run, send_again, done=f"The {delivery.event_type} webhook will be sent again.")

@@ -1,4 +1,5 @@
-"""How the dashboard words a run: labels, advice, the buttons its state allows, what a poll must refresh.
+"""How the dashboard words a run: labels, advice, the buttons its state allows, what a poll must refresh,
+its webhook deliveries.
 
 Plain functions of a run, so templates only print and tests can call them.
 """
@@ -11,11 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.utils import timezone
 
 from runs.dashboard.access import Access, Action
-from runs.models import Run, RunStatus, Step
+from runs.models import WEBHOOK_EVENT_TYPES, DeliveryStatus, Run, RunStatus, Step, WebhookDelivery
 
 CENT = Decimal("0.01")
 
@@ -95,6 +97,20 @@ def error_parts(error: str) -> tuple[str, str]:
     """A step error as (the sentence, the traceback after it): people read the first, developers open the second."""
     summary, _, details = (error or "").partition("\n\n")
     return summary, details.strip()
+
+
+def until(moment: datetime | None, now: datetime | None = None) -> str:
+    """"now", "in 12 s", "in 5 min", "in 3 h": the other way from ``ago``."""
+    if moment is None:
+        return "—"
+    seconds = int((moment - (now or timezone.now())).total_seconds())
+    if seconds <= 0:
+        return "now"
+    if seconds < 60:
+        return f"in {seconds} s"
+    if seconds < 3600:
+        return f"in {seconds // 60} min"
+    return f"in {seconds // 3600} h"
 
 
 def elapsed_seconds(run: Run, now: datetime | None = None) -> float | None:
@@ -217,3 +233,52 @@ def timeline_version(run: Run) -> str:
     # Every finished step writes an event; a step that starts changes current_step.
     raw = f"{run.generation}.{run.last_event_seq}.{run.status}.{run.current_step}"
     return hashlib.blake2s(raw.encode(), digest_size=6).hexdigest()
+
+
+# Webhook deliveries. Only an Event a webhook tells about writes delivery
+# rows, and the run is then in that Event's state: a poll that finds the
+# run in another state has no new delivery to show.
+NOTIFIED_STATUSES = frozenset(event_type.removeprefix("run.") for event_type in WEBHOOK_EVENT_TYPES)
+
+
+def deliveries_may_have_changed(run: Run) -> bool:
+    return run.status in NOTIFIED_STATUSES
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    delivery: WebhookDelivery
+    target: str  # where it goes, without credentials or query string
+    when: str  # what happened last, or what happens next
+    redeliver: bool  # the button: finished (delivered or dead), and the user may retry runs
+
+
+def delivery_rows(deliveries: list[WebhookDelivery], access: Access) -> list[DeliveryRow]:
+    may_retry = access.can(Action.RETRY)
+    return [
+        DeliveryRow(delivery=d, target=delivery_target(d.url), when=_delivery_when(d),
+                    redeliver=may_retry and not d.is_live)
+        for d in deliveries
+    ]
+
+
+def delivery_target(url: str) -> str:
+    """A webhook URL as the run page shows it: a receiver's token often rides in the query string."""
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is not a number: stored before the checks, or by hand
+        parts, port = None, ""
+    if parts is None or not parts.hostname:
+        return url.partition("?")[0][:200]
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path}" + ("?…" if parts.query else "")
+
+
+def _delivery_when(delivery: WebhookDelivery) -> str:
+    if delivery.status == DeliveryStatus.DELIVERED:
+        return f"delivered {ago(delivery.delivered_at)}"
+    if delivery.status == DeliveryStatus.DEAD:
+        return f"gave up {ago(delivery.last_attempt_at or delivery.created_at)}"
+    if delivery.status == DeliveryStatus.SENDING:
+        return "being sent"
+    return f"next attempt {until(delivery.next_attempt_at)}"

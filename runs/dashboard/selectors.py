@@ -1,4 +1,4 @@
-"""Reads of the dashboard that the API does not need: the id search range, the approvals count, the timeline.
+"""Reads of the dashboard that the API does not need: id search, approvals count, timeline, webhook deliveries.
 
 The run list itself is ``runs.selectors.list_runs``, the API's.
 """
@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from runs.models import Artifact, Message, Run, RunStatus, Step, Tenant
+from runs.models import Artifact, Message, Run, RunStatus, Step, Tenant, WebhookDelivery
 
 ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
 
@@ -55,3 +55,19 @@ def recent_messages(*, run: Run, limit: int = 20) -> list[Message]:
 
 def get_artifact(*, run: Run, artifact_id: int) -> Artifact | None:
     return Artifact.objects.filter(run=run, pk=artifact_id).first()
+
+
+# What the run page shows of a delivery; the receiver's answer body stays in the admin.
+DELIVERY_FIELDS = (
+    "id", "run_id", "url", "event_type", "status", "attempts", "response_code", "last_error",
+    "next_attempt_at", "last_attempt_at", "delivered_at", "created_at",
+)
+
+
+def recent_deliveries(*, run: Run, limit: int = 20) -> list[WebhookDelivery]:
+    """The run's latest webhook deliveries, newest first (one query, on the (run, id) index)."""
+    return list(WebhookDelivery.objects.filter(run=run).only(*DELIVERY_FIELDS).order_by("-id")[:limit])
+
+
+def get_delivery(*, run: Run, delivery_id: int) -> WebhookDelivery | None:
+    return WebhookDelivery.objects.filter(run=run, pk=delivery_id).first()

@@ -17,4 +17,5 @@ urlpatterns = [
     path("runs/<uuid:run_id>/reject/", actions.reject, name="reject"),
     path("runs/<uuid:run_id>/resolve/", actions.resolve, name="resolve"),
     path("runs/<uuid:run_id>/messages/", actions.post_message, name="message"),
+    path("runs/<uuid:run_id>/deliveries/<int:delivery_id>/redeliver/", actions.redeliver, name="redeliver"),
 ]

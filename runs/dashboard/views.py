@@ -14,6 +14,7 @@ from uuid import UUID, uuid4
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -127,15 +128,32 @@ def render_run_page(
     request: HttpRequest, access: Access, run: Run, *, forms: dict[str, Any] | None = None, status: int = 200
 ) -> HttpResponse:
     """The whole run page; ``forms`` replaces blank forms with bound ones that carry errors (422)."""
-    context = run_context(access, run, controls=True, work=True, forms=forms)
+    context = run_context(access, run, controls=True, work=True, deliveries=True, forms=forms)
+    if not run.is_terminal and isinstance(request, ASGIRequest):
+        # Under WSGI an event stream is not sent until it ends (Django buffers
+        # an async body there), so only an ASGI server's page follows one.
+        context["stream_url"] = _stream_url(run)
+        context["status_labels"] = presenters.STATUS_LABELS
     return render(request, "runs/detail.html", context, status=status)
 
 
+def _stream_url(run: Run) -> str:
+    """The run's event stream after the Events the page already shows (the session authenticates it)."""
+    return reverse("api:events", kwargs={"run_id": run.id}) + "?" + urlencode({"last_event_id": run.last_event_seq})
+
+
 def _poll(request: HttpRequest, access: Access, run: Run) -> HttpResponse:
-    """The progress section, plus the controls and the timeline when they changed since the page's versions."""
+    """The progress section, plus the controls, the timeline and the webhook deliveries when they changed.
+
+    The page's run stream asks for the same answer after an Event (``via=stream``
+    in its URL, only to tell its requests from polls in logs).
+    """
     controls_changed = request.GET.get("state") != presenters.controls_version(run)
     work_changed = request.GET.get("seen") != presenters.timeline_version(run)
-    context = run_context(access, run, controls=controls_changed, work=work_changed)
+    context = run_context(
+        access, run, controls=controls_changed, work=work_changed,
+        deliveries=work_changed and presenters.deliveries_may_have_changed(run),
+    )
     context["oob"] = True
     response = render(request, "runs/detail.html#poll", context)
     if run.is_terminal:
@@ -144,9 +162,10 @@ def _poll(request: HttpRequest, access: Access, run: Run) -> HttpResponse:
 
 
 def run_context(
-    access: Access, run: Run, *, controls: bool, work: bool, forms: dict[str, Any] | None = None
+    access: Access, run: Run, *, controls: bool, work: bool, deliveries: bool = False,
+    forms: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What the run page's three parts show; ``controls`` and ``work`` say which parts to load."""
+    """What the run page's parts show; ``controls``, ``work`` and ``deliveries`` say which parts to load."""
     state, seen = presenters.controls_version(run), presenters.timeline_version(run)
     context: dict[str, Any] = {
         "access": access,
@@ -160,6 +179,7 @@ def run_context(
         "poll_url": reverse("runs:detail", args=[run.id]) + "?" + urlencode({"state": state, "seen": seen}),
         "controls_changed": controls,
         "work_changed": work,
+        "deliveries_changed": deliveries,
     }
     if controls:
         waiting = selectors.waiting_for(run)
@@ -184,6 +204,9 @@ def run_context(
             next_seq=(steps[-1].step.seq if steps else 0) + 1,
             result_json=None if run.result is None else presenters.pretty_json(run.result),
         )
+    if deliveries:
+        context["deliveries"] = presenters.delivery_rows(dashboard_selectors.recent_deliveries(run=run), access)
+        context["may_redeliver"] = access.can(Action.RETRY)
     return context
 
 

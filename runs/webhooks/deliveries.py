@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.db import storable_text
-from runs.events import Actor
+from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
 from runs.models import DeliveryStatus, WebhookDelivery
 from runs.webhooks.signing import current_secret
@@ -159,8 +159,13 @@ def redeliver(*, delivery: WebhookDelivery, actor: Actor) -> WebhookDelivery:
     delivery = WebhookDelivery.objects.select_for_update().get(pk=delivery.pk)
     if delivery.is_live:
         raise InvalidTransition("this delivery is still being attempted; wait for it to be delivered or dead")
-    return WebhookDelivery.objects.create(
+    again = WebhookDelivery.objects.create(
         event_id=delivery.event_id, run_id=delivery.run_id, tenant_id=delivery.tenant_id,
         endpoint_id=delivery.endpoint_id, url=delivery.url, event_type=delivery.event_type,
         webhook_id=delivery.webhook_id, status=DeliveryStatus.PENDING,
     )
+    # Who asked, in the run's audit trail (not a webhook type: it sends nothing itself).
+    append_event(run_id=delivery.run_id, type="webhook.redelivered", actor=actor,
+                 payload={"delivery": again.pk, "of": delivery.pk, "event_type": delivery.event_type,
+                          "webhook_id": delivery.webhook_id})
+    return again
