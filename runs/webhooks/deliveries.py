@@ -59,7 +59,7 @@ claimed AS (
     FROM due WHERE d.id = due.id
     RETURNING d.id, d.attempts, d.url, d.webhook_id, d.event_type, d.event_id, d.run_id, d.tenant_id
 )
-SELECT c.id, c.attempts, c.url, c.webhook_id, c.event_type, c.tenant_id,
+SELECT c.id, c.attempts, c.url, c.webhook_id, c.event_type, c.tenant_id, c.run_id,
        e.seq, e.created_at, e.actor_type, e.actor_id, e.payload::text,
        r.kind, r.queue, t.slug, t.webhook_secret,
        CASE WHEN t.webhook_secret_previous <> '' AND t.webhook_secret_previous_until > statement_timestamp()
@@ -78,7 +78,7 @@ def claim(*, batch: int, lease_seconds: float) -> list[DeliveryJob]:
         cursor.execute(_CLAIM_SQL, {"batch": batch, "lease": lease_seconds})
         rows = cursor.fetchall()
     jobs = []
-    for (delivery_id, attempt, url, webhook_id, event_type, tenant_id, seq, at, actor_type, actor_id,
+    for (delivery_id, attempt, url, webhook_id, event_type, tenant_id, run_id, seq, at, actor_type, actor_id,
          payload, kind, queue, slug, secret, previous) in rows:
         if not secret:
             secret = current_secret(tenant_id)
@@ -86,16 +86,11 @@ def claim(*, batch: int, lease_seconds: float) -> list[DeliveryJob]:
             id=delivery_id, attempt=attempt, url=url, webhook_id=webhook_id, event_type=event_type,
             tenant_id=tenant_id,
             body=body_for(event_type=event_type, seq=seq, at=at, actor_type=actor_type, actor_id=actor_id,
-                          payload=json.loads(payload), run_id=_run_id(webhook_id), kind=kind, queue=queue,
+                          payload=json.loads(payload), run_id=str(run_id), kind=kind, queue=queue,
                           tenant=slug),
             secrets=[secret] + ([previous] if previous else []),
         ))
     return jobs
-
-
-def _run_id(webhook_id: str) -> str:
-    # msg_<run id without dashes>_<seq> (runs.events)
-    return str(UUID(webhook_id[4:36]))
 
 
 def body_for(*, event_type: str, seq: int, at: datetime, actor_type: str, actor_id: str, payload: dict[str, Any],
