@@ -120,8 +120,8 @@ def _open(request: HttpRequest, run_id: UUID, token: str | None) -> _Opened:
             run = _find(run_id, tenant_id=tenant_id)
         elif request.user.is_authenticated:
             run = _find(run_id, tenant_id=None)
-            if not (request.user.is_superuser
-                    or Membership.objects.filter(user=request.user, tenant_id=run.tenant_id).exists()):
+            # Like the dashboard: a member of the run's tenant, whatever the role (superusers too).
+            if not Membership.objects.filter(user=request.user, tenant_id=run.tenant_id).exists():
                 raise Http404("run not found")
         else:
             raise HttpError(401, "send 'Authorization: Bearer <key>', a stream token (?token=), or log in")
