@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from django.db import connection
+from django.test import Client
 
 from runs import control
 from runs.events import Actor
@@ -23,7 +24,7 @@ from runs.keys import create_api_key
 from runs.models import ApiKey, Event, StreamWatch
 from runs.services import submit_run
 from tests.conftest import fresh, wait_for
-from tests.factories import TenantFactory
+from tests.factories import MembershipFactory, TenantFactory
 from tests.fake_openai import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -210,6 +211,18 @@ def test_stream_credentials(tenant, api_key, web):
     write_only = create_api_key(tenant=tenant, name="w", scopes=[ApiKey.Scope.WRITE]).secret
     assert get(run_a, headers=bearer(write_only))[0] == 403
     assert get(run_a, headers=bearer(api_key) | {"Last-Event-ID": "-3"})[0] == 422
+    # The dashboard's session: a member of the run's tenant, whatever the role; nobody else.
+    assert get(run_a, headers=session_of(MembershipFactory(tenant=tenant, role="viewer").user))[0] == 200
+    outsider = MembershipFactory(role="approver").user  # of another tenant
+    outsider.is_superuser = True
+    outsider.save()
+    assert get(run_a, headers=session_of(outsider))[0] == 404
+
+
+def session_of(user) -> dict:
+    client = Client()
+    client.force_login(user)
+    return {"Cookie": f"sessionid={client.cookies['sessionid'].value}"}
 
 
 def test_a_stream_token_expires(tenant, api_key, processes):
