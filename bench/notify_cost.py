@@ -3,7 +3,8 @@
     .venv/bin/python bench/notify_cost.py            # 10 clients, 5 s per mode, 3 rounds
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/notify_cost.py
 
-N clients each update their own row in autocommit, in three modes: plain;
+N clients each update their own row in autocommit, in four modes: plain;
+the same update in the CTE shape the other two use;
 with a pg_notify in the statement (as if every Event woke the streams);
 and with a pg_notify only when the row is in a watch table, which it is not
 (what runs.events does for a run nobody streams). PostgreSQL takes a lock
@@ -32,6 +33,10 @@ from bench.common import with_database  # noqa: E402
 
 MODES = {
     "plain": "UPDATE notify_bench SET v = v + 1 WHERE id = %s",
+    "same shape, no notify": (
+        "WITH u AS (UPDATE notify_bench SET v = v + 1 WHERE id = %s RETURNING id)"
+        " SELECT id FROM u"
+    ),
     "notify every commit": (
         "WITH u AS (UPDATE notify_bench SET v = v + 1 WHERE id = %s RETURNING id)"
         " SELECT pg_notify('notify_bench', id::text) FROM u"
