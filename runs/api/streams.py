@@ -70,8 +70,8 @@ async def events(request: HttpRequest, run_id: UUID, query: Query[StreamQuery]):
     A comment line every 15 s keeps proxies from closing an idle stream.
     204 when the run is finished and the client has seen all its events.
     """
-    after = _last_event_id(request, query)
     opened = await sync_to_async(_open, thread_sensitive=False)(request, run_id, query.token)
+    after = _last_event_id(request, query)  # after the credentials: 401 and 404 come first
     if opened.terminal and after >= opened.last_seq:
         return HttpResponse(status=204)
     return stream_response(run_id=run_id, after=after, last_seq=opened.last_seq, terminal=opened.terminal)
