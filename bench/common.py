@@ -93,3 +93,14 @@ def drop_database(base_url: str, name: str) -> None:
 
     with psycopg.connect(base_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat (zeros elsewhere)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [float(x) for x in fh.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)

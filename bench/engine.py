@@ -52,7 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import BENCH_SECRET_KEY, drop_database  # noqa: E402
+from bench.common import BENCH_SECRET_KEY, cpu_times, drop_database  # noqa: E402
 
 PY = sys.executable
 MANAGE = str(ROOT / "manage.py")
@@ -123,17 +123,6 @@ class Children:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-
-
-def cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat (zeros elsewhere)."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [float(x) for x in fh.readline().split()[1:]]
-    except OSError:
-        return 0.0, 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    return sum(fields) - idle, sum(fields)
 
 
 def tree_cpu_seconds(root: int) -> float:

@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import Database, pct, say  # noqa: E402
+from bench.common import Database, cpu_times, pct, say  # noqa: E402
 from bench.inflight import cpu_seconds, proc_status  # noqa: E402
 
 KIND = "bench_noop"  # queue bench_accept: nobody executes it
@@ -391,17 +391,6 @@ def _postgres_cpu(pid: int) -> float | None:
     return cpu_seconds(pid)
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [float(x) for x in fh.readline().split()[1:]]
-    except OSError:
-        return 0.0, 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    return sum(fields) - idle, sum(fields)
-
-
 class Meter:
     """CPU used between start() and stop(): the serve process, its backends, the client, the machine."""
 
@@ -414,12 +403,12 @@ class Meter:
         self.serve0 = cpu_seconds(self.sampler.pid) or 0.0
         self.backends0 = dict(self.sampler.backend_cpu)
         self.client0 = _self_cpu()
-        self.machine0 = machine_busy()
+        self.machine0 = cpu_times()
         return self
 
     def stop(self) -> dict:
         self.sampler.sample()
-        busy, total = machine_busy()
+        busy, total = cpu_times()
         backends = sum(used - self.backends0.get(pid, 0.0) for pid, used in self.sampler.backend_cpu.items())
         share = (busy - self.machine0[0]) / max(total - self.machine0[1], 1e-9)
         return {"wall": time.time() - self.t0, "serve": (cpu_seconds(self.sampler.pid) or 0.0) - self.serve0,
