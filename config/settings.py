@@ -233,6 +233,7 @@ RUNS_BACKOFF_CAP_SECONDS = env_float("RUNS_BACKOFF_CAP_SECONDS", 300)
 RUNS_STEP_TIMEOUT_SECONDS = env_float("RUNS_STEP_TIMEOUT_SECONDS", 600)
 RUNS_STEP_GRACE_SECONDS = env_float("RUNS_STEP_GRACE_SECONDS", 30)
 RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
+RUNS_TIMER_INTERVAL_SECONDS = env_float("RUNS_TIMER_INTERVAL_SECONDS", 1)  # how often the reaper wakes waiting runs whose timer is due
 RUNS_DEMO_DELAY_SCALE = env_float("RUNS_DEMO_DELAY_SCALE", 1.0)
 
 # Event streams (runs.streams): a comment line this often keeps proxies from

@@ -9,7 +9,7 @@ import os
 
 from config.dbserver import ensure_database_url
 
-os.environ.setdefault("AGENT_MODULES", "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams")
+os.environ.setdefault("AGENT_MODULES", "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams,tests.agents_workflows")
 # One test database per session, so that concurrent sessions on one server
 # (a developer's and CI's, or parallel checkouts) never collide.
 os.environ.setdefault("RUNS_TEST_DATABASE", f"test_agentruns_{os.getpid()}")

@@ -33,6 +33,7 @@ _LITERALS = {member.name.lower(): f"'{member.value}'" for member in RunStatus} |
 } | {
     "terminal": "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES)) + ")",
     "parked": "(" + ", ".join(f"'{s.value}'" for s in PARKED_STATUSES) + ")",
+    "live": "(" + ", ".join(f"'{s.value}'" for s in RunStatus if s not in TERMINAL_STATUSES) + ")",
 }
 
 

@@ -18,6 +18,9 @@ from runs.exceptions import InvalidAgentInput
 
 _registry: dict[str, AgentKind] = {}
 
+# The errors a run can fail on for good while a worker holds it, and so roll back on.
+COMPENSABLE_ERRORS = frozenset({"fatal", "retryable", "budget", "deadline", "step_limit", "nondeterministic"})
+
 
 @dataclass(frozen=True)
 class AgentKind:
@@ -35,6 +38,7 @@ class AgentKind:
     max_model_iterations: int = 25
     backoff_base: float | None = None
     backoff_cap: float | None = None
+    compensate_on: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
 
     def validate_input(self, data: Any) -> Any:
@@ -87,6 +91,7 @@ def agent(
     max_model_iterations: int = 25,
     backoff_base: float | None = None,
     backoff_cap: float | None = None,
+    compensate_on: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function ``fn(ctx, input)`` as the agent kind ``name``.
 
@@ -100,7 +105,15 @@ def agent(
     otherwise; ``max_steps`` and ``max_model_iterations`` (steps of kind
     ``llm``) bound a run (``step_limit``); ``backoff_base`` and
     ``backoff_cap`` override RUNS_BACKOFF_BASE_SECONDS / _CAP_SECONDS.
+    ``compensate_on`` lists the errors on which a run that fails for good
+    rolls back its finished steps that have a ``compensate=`` (a saga):
+    ``fatal``, ``retryable`` (its retry budget spent), ``budget``,
+    ``deadline``, ``step_limit``, ``nondeterministic``. Without it a failed
+    run keeps its completed work.
     """
+    unknown = set(compensate_on) - COMPENSABLE_ERRORS
+    if unknown:
+        raise ValueError(f"compensate_on: unknown error kinds {sorted(unknown)}; use {sorted(COMPENSABLE_ERRORS)}")
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         existing = _registry.get(name)
@@ -121,6 +134,7 @@ def agent(
             max_model_iterations=max_model_iterations,
             backoff_base=backoff_base,
             backoff_cap=backoff_cap,
+            compensate_on=frozenset(compensate_on),
             description=inspect.cleandoc(func.__doc__ or ""),
         )
         return func

@@ -88,8 +88,12 @@ def submit(
     deadline_seconds: int | None = None,
     callback_url: str = "",
     actor: Actor = SYSTEM,
+    parent: Run | None = None,
 ) -> Submitted:
-    """``submit_run`` that also tells whether the run was created or found by its idempotency key."""
+    """``submit_run`` that also tells whether the run was created or found by its idempotency key.
+
+    ``parent`` makes the run a child of that run (``spawn_child``).
+    """
     _check_text(kind=kind, queue=queue, idempotency_key=idempotency_key, callback_url=callback_url, input=input)
     agent_kind = get_kind(kind)
     if agent_kind is None:
@@ -152,6 +156,7 @@ def submit(
         idempotency_key=idempotency_key,
         request_hash=digest,
         callback_url=callback_url,
+        parent=parent,
         created_at=now,
         updated_at=now,
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
@@ -163,7 +168,8 @@ def submit(
         with transaction.atomic():
             run.save(force_insert=True)
             append_event(run_id=run.pk, type="run.queued", actor=actor, first=True,
-                         payload={"kind": kind, "queue": queue, "priority": priority})
+                         payload={"kind": kind, "queue": queue, "priority": priority}
+                         | ({"parent": str(parent.pk)} if parent is not None else {}))
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -176,6 +182,34 @@ def submit(
 
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
+
+
+def spawn_child(
+    *, parent_id: Any, kind: str, input: Any, key: str, budget_left_cents: Decimal | None,
+    queue: str | None = None, priority: int | None = None,
+) -> Submitted:
+    """Create (or find again, by ``key``) a child run of ``parent_id``: its tenant, inside its budget.
+
+    The child's idempotency key is derived from the parent and ``key``, so
+    that a spawn step executed again after a crash finds the child it made.
+    Its cost ceiling is its own (kind or tenant default), cut to what the
+    parent has left; its cost counts toward the parent's ceiling when it
+    finishes (``runs.engine.family``).
+    """
+    parent = Run.objects.select_related("tenant").get(pk=parent_id)
+    agent_kind = get_kind(kind)
+    ceiling = None
+    if agent_kind is not None:
+        ceiling = agent_kind.cost_ceiling_cents
+    if ceiling is None:
+        ceiling = parent.tenant.default_cost_ceiling_cents
+    if budget_left_cents is not None:
+        ceiling = budget_left_cents if ceiling is None else min(Decimal(str(ceiling)), budget_left_cents)
+    return submit(
+        tenant=parent.tenant, kind=kind, input=input, queue=queue, priority=priority,
+        idempotency_key=f"child:{parent.pk}:{key}"[:255], cost_ceiling_cents=ceiling,
+        actor=Actor(type="system", id=f"parent:{parent.pk}"), parent=parent,
+    )
 
 
 def _check_text(**fields: Any) -> None:

@@ -24,6 +24,20 @@ TERMINAL_EVENT_TYPES = frozenset(f"run.{status.value}" for status in TERMINAL_ST
 WEBHOOK_EVENT_TYPES = ("run.done", "run.failed", "run.cancelled", "run.waiting_human")
 
 
+# A run that is live for the purpose of its parent and children: not terminal.
+LIVE_STATUSES = frozenset(RunStatus) - TERMINAL_STATUSES
+
+
+class Compensation(models.TextChoices):
+    """Where a run's rollback (saga) stands; blank when it never began one."""
+
+    NONE = "", "none"  # no rollback
+    REQUESTED = "requested"  # cancelled with compensate: the next worker to claim it begins the rollback
+    RUNNING = "running"  # compensations are running (or queued to run) in reverse order
+    DONE = "done"  # every completed step with a compensation was undone
+    PARTIAL = "partial"  # ended with some steps not undone (a person skipped them, or cancelled)
+
+
 class ErrorKind(models.TextChoices):
     RETRYABLE = "retryable"  # retry budget spent on transient errors
     FATAL = "fatal"  # an error that retrying cannot fix

@@ -27,7 +27,6 @@ from runs.engine.steplog import RecordedStep, unconsumed_messages
 from runs.streams import ephemeral
 from workers.errors import (
     AwaitApproval,
-    AwaitMessage,
     Fatal,
     LeaseLost,
     NonDeterministic,
@@ -42,6 +41,7 @@ from workers.step_support import (
     StepFailure,
     StepResult,
 )
+from workers.workflow import Workflow
 
 if TYPE_CHECKING:
     from runs.engine.claim import ClaimedRun
@@ -49,7 +49,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-class RunContext(StepMachinery):
+# Steps written as `waiting` while the run sleeps or waits (not ahead of a side effect).
+WAITING_KINDS = frozenset({"sleep", "message", "child"})
+
+class RunContext(Workflow, StepMachinery):
     """The API an agent function uses: steps, progress, and what it may know of its run."""
 
     def __init__(
@@ -65,9 +68,12 @@ class RunContext(StepMachinery):
         self._model_steps = 0
         self._steps_total: int | None = None
         self._idempotency_key: str | None = None
-        self._cost = Decimal(claimed.cost_cents)
+        # What the run spent, with what its finished children spent: its ceiling bounds both.
+        self._cost = Decimal(claimed.cost_cents) + Decimal(claimed.children_cost_cents)
         self._claimed_clock = time.monotonic()
         self.last_failure: StepFailure | None = None
+        self._rollback = None
+        self._compensations = {}
         self.progressed = False  # a step completed during this attempt
         if claimed.cancel_requested:
             control.cancel_requested.set()
@@ -185,12 +191,19 @@ class RunContext(StepMachinery):
         ``timeout`` (seconds) overrides the kind's step timeout. ``kind`` is
         ``llm`` for a model call (counted against the model-iteration limit),
         ``tool``, or ``custom``.
+
+        ``compensate=fn`` makes the step part of a saga: when the run fails
+        for good on an error its kind lists in ``compensate_on``, or is
+        cancelled with ``compensate``, ``fn(output)`` undoes it, in reverse
+        order of the steps, as a recorded ``compensation`` step with its own
+        idempotency key (``ctx.idempotency_key`` inside ``fn``).
         """
         return self._run_step(name, fn, args, kwargs, side_effect=side_effect, idempotency_key=idempotency_key,
-                              timeout=timeout, kind=kind)
+                              timeout=timeout, kind=kind, compensate=compensate)
 
     def _run_step(self, name, fn, args, kwargs, *, side_effect=False, idempotency_key=None, timeout=None,
-                  kind="custom", consumes_messages=False) -> Any:
+                  kind="custom", consumes_messages=False, started_at=None, compensate=None, input=None,
+                  compensates=None) -> Any:
         seq = self._seq = self._seq + 1
         if kind == "llm":
             self._model_steps += 1
@@ -202,13 +215,15 @@ class RunContext(StepMachinery):
                     f"step {seq} was recorded as {recorded.name!r} but the code now runs {name!r}: "
                     "agent code must take the same steps in the same order on replay"
                 )
-            if recorded.status == "done":
+            if recorded.status in ("done", "compensated"):
+                self._remember_compensation(seq, name, compensate, recorded.output, recorded.idempotency_key)
                 return recorded.output
-            if recorded.status in ("running", "waiting"):
-                # Written ahead of a side effect whose outcome nobody recorded.
-                if not recorded.idempotency_key:
-                    self._park_unknown_outcome(seq, name, kind, args, kwargs)
-                key = recorded.idempotency_key
+        self._replay_ends_here()
+        if recorded is not None and recorded.status in ("running", "waiting") and recorded.kind not in WAITING_KINDS:
+            # Written ahead of a side effect whose outcome nobody recorded.
+            if not recorded.idempotency_key:
+                self._park_unknown_outcome(seq, name, kind, args, kwargs)
+            key = recorded.idempotency_key
         self._before_step(seq, kind)
 
         record = checkpoint.StepRecord(
@@ -218,9 +233,10 @@ class RunContext(StepMachinery):
             seq=seq,
             name=name,
             kind=kind,
-            input=describe_args(args, kwargs),
-            started_at=datetime.now(UTC),
+            input=describe_args(args, kwargs) if input is None else input,
+            started_at=started_at or datetime.now(UTC),
             idempotency_key=key or "",
+            compensates=compensates,
         )
         if side_effect:
             self._write_ahead(record)
@@ -269,7 +285,9 @@ class RunContext(StepMachinery):
         self.progressed = True  # the checkpoint reset the run's failures to 0
         self._note_flags(cancel, pause)
         result = json.loads(output_json)
-        self._recorded[seq] = RecordedStep(seq=seq, name=name, status="done", output=result)
+        self._recorded[seq] = RecordedStep(seq=seq, name=name, status="done", output=result, kind=kind,
+                                           idempotency_key=key or "")
+        self._remember_compensation(seq, name, compensate, result, key or "")
         self._check_budget()
         return result
 
@@ -327,15 +345,3 @@ class RunContext(StepMachinery):
         """
         return self._run_step("messages", unconsumed_messages, (self.run_id,), {}, kind="message",
                               consumes_messages=True)
-
-    def wait_for_message(self) -> list[dict]:
-        """Return new messages; with none, park the run in ``waiting`` (no worker held) until one arrives."""
-        if self._recorded.get(self._seq + 1) is None:
-            self._before_step(self._seq + 1, "message")
-            try:
-                pending = unconsumed_messages(self.run_id, limit=1)
-            finally:
-                release_connection()
-            if not pending:
-                raise AwaitMessage("waiting for a message")
-        return self.messages()

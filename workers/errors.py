@@ -85,7 +85,31 @@ class AwaitApproval(Suspend):
 
 
 class AwaitMessage(Suspend):
-    """The run waits in `waiting` until a message arrives."""
+    """The run waits in `waiting` until a message arrives (or its timer, ``wake_at``, is due)."""
+
+    def __init__(self, message: str = "", *, wake_at=None):
+        super().__init__(message)
+        self.wake_at = wake_at
+
+
+class AwaitChildren(Suspend):
+    """The run waits in `waiting` until enough of the children it gathers finished (or ``wake_at``)."""
+
+    def __init__(self, message: str = "", *, wake_at=None):
+        super().__init__(message)
+        self.wake_at = wake_at
+
+
+class Sleep(Suspend):
+    """The run goes back to `queued` until ``until`` (a durable sleep)."""
+
+    def __init__(self, message: str = "", *, until):
+        super().__init__(message)
+        self.until = until
+
+
+class ReplayEnded(Suspend):
+    """Replaying a run to roll it back reached a step that never finished (workers.saga)."""
 
 
 class StepTimeout(TimeoutError):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db import DatabaseError
 
+from runs.control import cancel_children
 from runs.db import dumps_storable, is_transient, release_connection, with_retries
 from runs.engine.exit import leave_running
 from runs.engine.steplog import load_step_log
@@ -21,13 +22,16 @@ from workers.classify import classify
 from workers.context import RunContext, RunControl
 from workers.errors import (
     AwaitApproval,
+    AwaitChildren,
     AwaitMessage,
     LeaseLost,
     ParkForHuman,
     ReleaseRun,
+    Sleep,
     StopRun,
     Suspend,
 )
+from workers.saga import Rollback, recorded_plan
 from workers.step_support import Host
 
 if TYPE_CHECKING:
@@ -74,12 +78,15 @@ class RunExecutor:
             logger.warning("cannot resume %s version %s here; releasing", claimed.kind, claimed.kind_version, extra=self.log_extra)
             return self._leave("queued", reason="version", delay=self.worker.poll)
         # A first claim has no step log yet: skip the read.
-        recorded = load_step_log(run_id=claimed.id, generation=claimed.generation) if claimed.attempt > 1 else {}
+        recorded = (load_step_log(run_id=claimed.id, generation=claimed.generation)
+                    if claimed.attempt > 1 or claimed.compensation else {})
         ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind)
         try:
             agent_input = kind.agent_input(claimed.input)
         except Exception as exc:  # the stored input no longer validates
             return self._leave("failed", reason="invalid_input", error=f"input does not validate: {exc}", error_kind="fatal")
+        if claimed.compensation in ("requested", "running"):
+            return self._resume_rollback(ctx, kind, agent_input)
 
         try:
             result = kind.func(ctx, agent_input)
@@ -92,13 +99,21 @@ class RunExecutor:
             return self._leave("queued", reason=str(exc) or "released")
         except StopRun as exc:
             logger.info("run stopped (%s): %s", exc.error_kind, exc, extra=self.log_extra)
+            if self._rolls_back(ctx, kind, exc.error_kind):
+                return self._roll_back(ctx, kind, reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
             return self._leave("failed", reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
         except ParkForHuman as exc:
             return self._leave("waiting_human", reason="ambiguous", error=str(exc), error_kind="ambiguous")
         except AwaitApproval:
             return self._leave("waiting_human", reason="approval", error="", error_kind="")
-        except AwaitMessage:
-            return self._leave("waiting", reason="message", error="", error_kind="", wake_on_message=True)
+        except AwaitMessage as exc:
+            return self._leave("waiting", reason="message", error="", error_kind="", wake_on_message=True,
+                               wake_at=exc.wake_at)
+        except AwaitChildren as exc:
+            return self._leave("waiting", reason="children", error="", error_kind="", wake_on_children=True,
+                               wake_at=exc.wake_at)
+        except Sleep as exc:
+            return self._leave("queued", reason="sleep", wake_at=exc.until)
         except Suspend:
             raise
         except DatabaseError as exc:
@@ -144,20 +159,88 @@ class RunExecutor:
             # Consecutive failures as the database now counts them: a step
             # completed in this attempt started the count again.
             failures = 0 if ctx.progressed else self.claimed.failures
-            delay = backoff_seconds(
-                failures + 1,
-                base=kind.backoff_base if kind.backoff_base is not None else settings.RUNS_BACKOFF_BASE_SECONDS,
-                cap=kind.backoff_cap if kind.backoff_cap is not None else settings.RUNS_BACKOFF_CAP_SECONDS,
-                retry_after=retry_after,
-            )
+            if failures + 1 >= self.claimed.max_attempts and self._rolls_back(ctx, kind, "retryable"):
+                return self._roll_back(ctx, kind, reason="retry_budget", error=message, error_kind="retryable")
+            delay = self._backoff(kind, failures + 1, retry_after)
             logger.info("retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra)
             return self._leave("queued", reason="retry", error=message, error_kind="retryable", add_failure=True, delay=delay)
         logger.info("run failed (%s): %s", error_kind, message, extra=self.log_extra)
+        if self._rolls_back(ctx, kind, error_kind):
+            return self._roll_back(ctx, kind, reason="error", error=message, error_kind=error_kind)
         return self._leave("failed", reason="error", error=message, error_kind=error_kind)
+
+    def _backoff(self, kind: AgentKind, failures: int, retry_after: float | None) -> float:
+        return backoff_seconds(
+            failures,
+            base=kind.backoff_base if kind.backoff_base is not None else settings.RUNS_BACKOFF_BASE_SECONDS,
+            cap=kind.backoff_cap if kind.backoff_cap is not None else settings.RUNS_BACKOFF_CAP_SECONDS,
+            retry_after=retry_after,
+        )
+
+    # Sagas (workers.saga).
+    def _rolls_back(self, ctx: RunContext, kind: AgentKind, error_kind: str) -> bool:
+        """A run that fails for good on an error its kind opts into rolls back what it did, if anything."""
+        return error_kind in kind.compensate_on and bool(ctx._compensations)
+
+    def _roll_back(self, ctx: RunContext, kind: AgentKind, *, reason: str, error: str, error_kind: str,
+                   target: str = "failed") -> str | None:
+        logger.info("rolling back (%s): %s", reason, error, extra=self.log_extra)
+        rollback = Rollback(ctx)
+        try:
+            plan = rollback.begin(target=target, reason=reason, error=error, error_kind=error_kind)
+        except LeaseLost:
+            return None
+        return self._compensate(rollback, plan, kind)
+
+    def _resume_rollback(self, ctx: RunContext, kind: AgentKind, agent_input) -> str | None:
+        """Replay the run, no step allowed to run, to learn its compensations; then carry the rollback on."""
+        ctx._rollback = "replay"
+        try:
+            kind.func(ctx, agent_input)
+        except LeaseLost:
+            return None
+        except (Suspend, Exception):  # noqa: BLE001 - any way out ends the replay
+            pass
+        ctx._rollback = None
+        plan = recorded_plan(ctx._recorded)
+        if plan is None:  # a person cancelled the run with compensate: nothing recorded yet
+            if not ctx._compensations:
+                return self._leave("cancelled", reason="cancelled", compensation="done")
+            return self._roll_back(ctx, kind, reason="cancel", error="", error_kind="", target="cancelled")
+        return self._compensate(Rollback(ctx), plan, kind)
+
+    def _compensate(self, rollback: Rollback, plan, kind: AgentKind) -> str | None:
+        ctx = rollback.ctx
+        try:
+            done = rollback.run(plan)
+        except LeaseLost:
+            return None
+        except ReleaseRun:
+            return self._leave("queued", reason="released")  # the next claim carries the rollback on
+        except (ParkForHuman, StopRun) as exc:
+            return self._leave("waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous")
+        except Exception as exc:
+            failure = ctx.last_failure
+            where = f"step {failure.seq} ({failure.name})" if failure is not None and failure.exc is exc else "a step"
+            message = f"the compensation of {where} failed: {type(exc).__name__}: {exc}"
+            if failure is not None and failure.error_kind == "retryable":
+                # Retried with backoff; once the retry budget is spent the run
+                # waits for a person instead (the exit decides, runs.engine.exit).
+                delay = self._backoff(kind, (0 if ctx.progressed else self.claimed.failures) + 1, failure.retry_after)
+                logger.info("%s; retrying in %.1fs", message, delay, extra=self.log_extra)
+                return self._leave("queued", reason="compensation_retry", error=message, error_kind="retryable",
+                                   add_failure=True, delay=delay)
+            logger.warning("%s; a person decides", message, extra=self.log_extra)
+            return self._leave("waiting_human", reason="compensation", error=message,
+                               error_kind=failure.error_kind if failure is not None else "fatal")
+        logger.info("rolled back: %s", done.error(), extra=self.log_extra)
+        return self._leave(plan.target, reason="compensated", error=done.error(),
+                           error_kind=plan.error_kind or None, compensation=done.compensation)
 
     def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
                error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0,
-               wake_on_message: bool = False) -> str | None:
+               wake_on_message: bool = False, wake_on_children: bool = False, wake_at=None,
+               compensation: str | None = None) -> str | None:
         self.control.leaving.set()
         try:
             outcome = with_retries(lambda: leave_running(
@@ -172,6 +255,10 @@ class RunExecutor:
                 add_failure=add_failure,
                 delay_seconds=delay,
                 wake_on_message=wake_on_message,
+                wake_on_children=wake_on_children,
+                wake_at=wake_at,
+                compensation=compensation,
+                parent_id=self.claimed.parent_id,
                 give_slot=not self.worker.defers_slot_returns,
             ), what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
         except DatabaseError:
@@ -183,9 +270,20 @@ class RunExecutor:
         if outcome is None:
             logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
             return None
-        status, run_queue, left_at = outcome
+        status, run_queue, left_at = outcome.status, outcome.queue, outcome.at
         if self.worker.defers_slot_returns:
             self.worker.slot_returned(self.claimed.tenant_id, left_at)
-        if status == "queued" and delay <= 0:
+        if status == "queued" and delay <= 0 and (target != "queued" or wake_at is None):
             self.worker.notify_released(run_queue)
+        if outcome.woke_parent:
+            self.worker.notify_released(outcome.woke_parent)
+        if outcome.orphans:
+            # Its own exit is committed; its live children are cancelled now
+            # (the reaper finishes the job if this process dies first).
+            try:
+                cancel_children(self.claimed.id)
+            except DatabaseError:
+                logger.exception("could not cancel the children of the run", extra=self.log_extra)
+            finally:
+                release_connection()
         return status

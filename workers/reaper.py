@@ -10,8 +10,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from runs.control import cancel_runs
 from runs.db import notify_queues, release_connection
-from runs.engine import reaping
+from runs.engine import family, reaping, timers
 from runs.engine.reaping import StaleLease
 
 logger = logging.getLogger(__name__)
@@ -28,11 +29,12 @@ class ReapReport:
     deadline: int = 0
     expired: int = 0
     tenants_fixed: int = 0
+    orphans: int = 0
 
     def __str__(self) -> str:
         return (
             f"rescued={self.rescued} failed={self.failed} deadline={self.deadline} "
-            f"expired={self.expired} tenants_fixed={self.tenants_fixed}"
+            f"expired={self.expired} tenants_fixed={self.tenants_fixed} orphans={self.orphans}"
         )
 
 
@@ -71,6 +73,10 @@ class Reaper:
                 if reaping.stop_past_deadline(stale):
                     report.deadline += 1
             report.expired = reaping.expire_waiting(batch=self.batch)
+            # Children of runs that failed or were cancelled, when the cascade
+            # of their parent's exit did not happen (its worker died, the
+            # reaper failed it): cancelled now.
+            report.orphans = cancel_runs(family.orphaned_children(batch=self.batch))
             report.tenants_fixed = reaping.reconcile_tenants(queued=check_queued)
             if check_queued:
                 self._queued_checked_at = time.monotonic()
@@ -78,14 +84,29 @@ class Reaper:
                 notify_queues(requeued_queues)
         finally:
             release_connection()
-        if report.rescued or report.failed or report.deadline or report.expired or report.tenants_fixed:
+        if report.rescued or report.failed or report.deadline or report.expired or report.tenants_fixed or report.orphans:
             logger.info("reaped: %s", report)
         return report
 
-    def run(self, *, interval: float) -> None:
+    def wake_timers(self) -> int:
+        """Queue the waiting runs whose timer is due (``wait_for_message`` and ``gather`` timeouts)."""
+        try:
+            return timers.wake_due(batch=self.batch)
+        finally:
+            release_connection()
+
+    def run(self, *, interval: float, timer_interval: float = 1.0) -> None:
+        """A full pass every ``interval`` seconds, and due timers every ``timer_interval``."""
+        next_pass = 0.0
         while not self.stopping.is_set():
+            if time.monotonic() >= next_pass:
+                try:
+                    self.reap_once()
+                except Exception:
+                    logger.exception("reap pass failed")
+                next_pass = time.monotonic() + interval
             try:
-                self.reap_once()
+                self.wake_timers()
             except Exception:
-                logger.exception("reap pass failed")
-            self.stopping.wait(interval)
+                logger.exception("waking due timers failed")
+            self.stopping.wait(max(0.0, min(timer_interval, next_pass - time.monotonic())))

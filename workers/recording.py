@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from django.conf import settings
 from runs.db import dumps, release_connection
 from runs.engine import steps as checkpoint
 from workers.classify import classify
-from workers.errors import LeaseLost, ParkForHuman, ReleaseRun, StepTimeout, StopRun
+from workers.errors import LeaseLost, ParkForHuman, ReleaseRun, ReplayEnded, StepTimeout, StopRun
 from workers.step_support import Host, RunControl, StepFailure, StepThread
 
 if TYPE_CHECKING:
@@ -38,6 +40,17 @@ ANNOUNCE_AFTER_SECONDS = 0.2
 KEEP_CONNECTION_SECONDS = 0.002
 
 
+@dataclass(frozen=True)
+class Compensator:
+    """A finished step's compensation, learnt when the step ran or was replayed."""
+
+    seq: int
+    name: str
+    fn: Callable[..., Any]
+    output: Any
+    key: str  # the step's idempotency key, if it had one
+
+
 class StepMachinery:
     """State and checks shared by every step of one execution of a run (see ``RunContext``)."""
 
@@ -53,10 +66,24 @@ class StepMachinery:
 
     run_id: Any  # RunContext's properties
     generation: int
+    # A saga's rollback (workers.saga): None, "replay" (replaying to learn the
+    # compensations: no step may run) or "compensate" (running them).
+    _rollback: str | None = None
+    _compensations: dict[int, Compensator]
+
+    def _remember_compensation(self, seq: int, name: str, fn, output: Any, key: str) -> None:
+        if fn is not None:
+            self._compensations[seq] = Compensator(seq=seq, name=name, fn=fn, output=output, key=key)
+
+    def _replay_ends_here(self) -> None:
+        """While replaying to roll back, the first step that did not finish ends the replay."""
+        if self._rollback == "replay":
+            raise ReplayEnded("the replay reached a step that did not finish")
 
     # Bounds and signals.
     def _before_step(self, seq: int, kind: str) -> None:
         """A new step starts only while the run is still ours, wanted, and within its bounds."""
+        self._replay_ends_here()
         if self._control.lease_lost.is_set():
             raise LeaseLost("lease lost")
         if not self._worker.lease_is_fresh():
@@ -64,6 +91,12 @@ class StepMachinery:
             # worker may own the run soon, so start nothing new.
             self._control.lease_lost.set()
             raise LeaseLost("heartbeats failing; not starting a new step")
+        if self._rollback == "compensate":
+            # A rollback runs to its end: not stopped by the cancel or the
+            # bound that started it, only released by a shutdown.
+            if self._worker.stopping.is_set():
+                raise ReleaseRun("worker shutting down")
+            return
         if self._control.cancel_requested.is_set() or self._control.pause_requested.is_set():
             raise ReleaseRun("cancel or pause requested")
         if self._worker.stopping.is_set():
@@ -79,6 +112,8 @@ class StepMachinery:
         self._check_budget()
 
     def _check_budget(self) -> None:
+        if self._rollback:
+            return  # compensations run even when the money ran out
         ceiling = self._claimed.cost_ceiling_cents
         if ceiling is not None and self._cost > ceiling:
             raise StopRun("budget", f"the run cost {self._cost:.6f}¢, over its ceiling of {ceiling}¢")

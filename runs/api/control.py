@@ -9,7 +9,7 @@ from ninja import Status
 
 from runs import control, selectors
 from runs.api.endpoints import ERRORS, require_scope, router
-from runs.api.schemas import DecisionIn, MessageIn, ResolveIn, RetryIn, RunOut
+from runs.api.schemas import CancelIn, DecisionIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
 from runs.services import Actor
 
@@ -28,9 +28,10 @@ def _answer(outcome: control.Outcome):
 
 
 @router.post("/runs/{run_id}/cancel", response=RESPONSES, summary="Cancel a run (202: at its next step boundary)")
-def cancel(request: HttpRequest, run_id: UUID):
+def cancel(request: HttpRequest, run_id: UUID, payload: CancelIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
-    return _answer(control.cancel_run(run=run, actor=actor))
+    payload = payload or CancelIn()
+    return _answer(control.cancel_run(run=run, actor=actor, compensate=payload.compensate))
 
 
 @router.post("/runs/{run_id}/pause", response=RESPONSES, summary="Pause a run (202: at its next step boundary)")

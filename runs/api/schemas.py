@@ -69,6 +69,14 @@ class RunOut(Schema):
     waiting_for: Any = None
     cancel_requested: bool
     pause_requested: bool
+    parent_id: UUID | None
+    children_pending: int
+    children_cost_cents: float
+    origin_id: UUID | None
+    origin_step: int | None
+    compensation: str = Field(description="'' (no rollback), requested, running, done or partial")
+    compensated: bool = Field(description="true when a rollback undid every finished step it had to")
+    run_after: datetime
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -87,6 +95,10 @@ class RunOut(Schema):
     @staticmethod
     def resolve_pause_requested(run) -> bool:
         return run.pause_requested_at is not None
+
+    @staticmethod
+    def resolve_compensated(run) -> bool:
+        return run.compensation == "done"
 
 
 class RunPage(Schema):
@@ -143,8 +155,16 @@ class MessageIn(StorableIn):
     text: str = Field(min_length=1, max_length=20000)
 
 
+class CancelIn(StorableIn):
+    compensate: bool = Field(default=False, strict=True, description="roll back the finished steps first (a saga)")
+
+
+class ForkIn(StorableIn):
+    from_step: int = Field(ge=1, le=1_000_000, strict=True, description="steps before it are copied as done")
+
+
 class ResolveIn(StorableIn):
-    action: Literal["done", "retry", "fail"]
+    action: Literal["done", "retry", "fail", "skip"]
     output: Any = None
 
 

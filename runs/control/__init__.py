@@ -13,12 +13,14 @@ at its next step boundary (answered 202).
 from runs.control.decisions import approve_run, decide_approval, reject_run, resolve_run
 from runs.control.lifecycle import cancel_run, pause_run, post_message, resume_run
 from runs.control.retry import retry_run
-from runs.control.transition import Outcome
+from runs.control.transition import Outcome, cancel_children, cancel_runs
 
 __all__ = [
     "Outcome",
     "approve_run",
+    "cancel_children",
     "cancel_run",
+    "cancel_runs",
     "decide_approval",
     "pause_run",
     "post_message",

@@ -11,14 +11,22 @@ from runs.control.transition import Outcome, locked, transition
 from runs.db import db_now, dumps
 from runs.events import Actor
 from runs.exceptions import InvalidRunInput, InvalidTransition
-from runs.models import Run, RunStatus, Step, StepStatus
+from runs.models import Compensation, Run, RunStatus, Step, StepStatus
 from runs.text import find_unstorable
 
 
 def _pending_step(run: Run, *, approval: bool) -> Step | None:
-    steps = Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING)
-    steps = steps.filter(kind="approval") if approval else steps.exclude(kind="approval")
-    return steps.order_by("-seq").first()
+    steps = Step.objects.filter(run=run, generation=run.generation)
+    if approval:
+        return steps.filter(status=StepStatus.WAITING, kind="approval").order_by("-seq").first()
+    if run.compensation == Compensation.RUNNING:
+        # A rollback parked on a compensation that failed (or was interrupted).
+        return (steps.filter(kind="compensation", status__in=[StepStatus.WAITING, StepStatus.FAILED,
+                                                                StepStatus.RUNNING])
+                .order_by("-seq").first())
+    # Steps that wait for time, messages or children are not a person's to resolve.
+    return (steps.filter(status=StepStatus.WAITING).exclude(kind__in=["approval", "sleep", "message", "child"])
+            .order_by("-seq").first())
 
 
 @transaction.atomic
@@ -50,7 +58,7 @@ def reject_run(*, run: Run, actor: Actor, comment: str = "", step: int | None = 
     return decide_approval(run=run, actor=actor, approved=False, comment=comment, step=step)
 
 
-RESOLVE_ACTIONS = ("done", "retry", "fail")
+RESOLVE_ACTIONS = ("done", "retry", "fail", "skip")
 
 
 @transaction.atomic
@@ -60,9 +68,14 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     A run whose agent code raised ``Ambiguous`` between steps has no step to
     decide on: ``done`` then finishes the run with ``output`` as its result,
     ``retry`` runs its code again from the step log, ``fail`` fails it.
+
+    A rollback parked on a compensation that kept failing is decided the
+    same way: ``retry`` the compensation, ``done`` (it was undone by hand),
+    ``skip`` it (the step stays done, and the run says it was not undone),
+    or ``fail`` the run there.
     """
     if action not in RESOLVE_ACTIONS:
-        raise InvalidRunInput("action must be one of: done, retry, fail")
+        raise InvalidRunInput("action must be one of: done, retry, fail, skip")
     if action == "done":
         try:
             dumps(output)
@@ -76,7 +89,12 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     # something to resolve (a pending approval parks with no error_kind).
     if pending is None and (run.status != RunStatus.WAITING_HUMAN or run.error_kind != "ambiguous"):
         raise InvalidTransition(f"the run has no step waiting to be resolved (it is {run.status})")
+    rolling_back = run.compensation == Compensation.RUNNING
+    if action == "skip" and (pending is None or not rolling_back):
+        raise InvalidTransition("only a compensation can be skipped")
     payload = {"step": pending.seq if pending else None, "name": pending.name if pending else None, "action": action}
+    if rolling_back and pending is not None:
+        return _resolve_compensation(run, pending, actor=actor, action=action, output=output, payload=payload)
     if pending is None:
         if action == "done":
             return Outcome(transition(run, to=RunStatus.DONE, event="run.done", actor=actor,
@@ -93,3 +111,18 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     # Terminal events keep their type (webhooks listen for run.failed).
     return Outcome(transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
                               error_kind="ambiguous"))
+
+
+def _resolve_compensation(run: Run, pending: Step, *, actor: Actor, action: str, output: Any, payload: dict) -> Outcome:
+    if action == "fail":
+        return Outcome(transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
+                                  compensation=Compensation.PARTIAL))
+    if action in ("done", "skip"):
+        recorded = output if action == "done" else {"skipped": True, "by": f"{actor.type}:{actor.id}"}
+        Step.objects.filter(pk=pending.pk).update(status=StepStatus.DONE, output=recorded, error="", ended_at=Now())
+        undoes = (pending.input or {}).get("compensates") if isinstance(pending.input, dict) else None
+        if action == "done" and undoes is not None:
+            Step.objects.filter(run=run, generation=run.generation, seq=undoes, status=StepStatus.DONE).update(
+                status=StepStatus.COMPENSATED)
+    return Outcome(transition(run, to=RunStatus.QUEUED, event="run.resolved", actor=actor, payload=payload,
+                              run_after=Now(), failures=0))

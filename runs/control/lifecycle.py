@@ -9,20 +9,40 @@ from runs.control.transition import Outcome, expires_from_now, locked, refuse, r
 from runs.db import notify_control
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidRunInput
-from runs.models import TERMINAL_STATUSES, Message, Run, RunStatus
+from runs.models import TERMINAL_STATUSES, Compensation, Message, Run, RunStatus, Step, StepStatus
 from runs.text import find_unstorable
 
 
 @transaction.atomic
-def cancel_run(*, run: Run, actor: Actor) -> Outcome:
-    """Cancel at once, or (running) at the run's next step boundary."""
+def cancel_run(*, run: Run, actor: Actor, compensate: bool = False) -> Outcome:
+    """Cancel at once, or (running) at the run's next step boundary.
+
+    With ``compensate`` the run first rolls back its finished steps that
+    have a compensation (a saga), on a worker, and then ends ``cancelled``;
+    a run with no finished step is cancelled at once.
+    """
     run = locked(run)
-    if run.status == RunStatus.RUNNING:
-        return Outcome(request(run, field="cancel_requested_at", event="run.cancel_requested", actor=actor), later=True)
     if run.status in TERMINAL_STATUSES:
         raise refuse(run, "cancel")
+    rolls_back = compensate and run.compensation == "" and _has_finished_steps(run)
+    if run.status == RunStatus.RUNNING:
+        if rolls_back:
+            Run.objects.filter(pk=run.pk).update(compensation=Compensation.REQUESTED)
+        return Outcome(request(run, field="cancel_requested_at", event="run.cancel_requested", actor=actor,
+                               payload={"compensate": True} if rolls_back else None), later=True)
+    if rolls_back:
+        # A worker replays the run to learn its compensations, runs them, and cancels it.
+        return Outcome(transition(run, to=RunStatus.QUEUED, event="run.cancel_requested", actor=actor,
+                                  payload={"compensate": True}, cancel_requested_at=Now(), run_after=Now(),
+                                  compensation=Compensation.REQUESTED), later=True)
+    # A run parked in the middle of its rollback stops there: not everything was undone.
+    partial = {"compensation": Compensation.PARTIAL} if run.compensation == Compensation.RUNNING else {}
     return Outcome(transition(run, to=RunStatus.CANCELLED, event="run.cancelled", actor=actor,
-                                 cancel_requested_at=Now()))
+                              cancel_requested_at=Now(), **partial))
+
+
+def _has_finished_steps(run: Run) -> bool:
+    return Step.objects.filter(run=run, generation=run.generation, status=StepStatus.DONE).exists()
 
 
 @transaction.atomic

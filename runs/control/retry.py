@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from runs.control.transition import Outcome, expires_from_now, locked, refuse, transition
@@ -43,6 +44,11 @@ def retry_run(
         fields["cost_ceiling_cents"] = checked_cents(cost_ceiling_cents, field="cost_ceiling_cents")
     if run.status == RunStatus.FAILED and run.error_kind in BOUND_KINDS:
         _require_new_bound(run, fields, from_step)
+    if run.compensation:
+        # A rolled-back run starts again from its first undone step: what a
+        # compensation undid is done again, the rollback stays in the old generation.
+        from_step = _before_rollback(run, from_step)
+        fields["compensation"] = ""
     if from_step is not None:
         fields.update(_archive_from(run, from_step))
     return Outcome(transition(
@@ -50,6 +56,17 @@ def retry_run(
         failures=0, error="", error_kind="", finished_at=None, run_after=Now(), cancel_requested_at=None,
         pause_requested_at=None, expires_at=expires_from_now(), **fields,
     ))
+
+
+def _before_rollback(run: Run, from_step: int | None) -> int | None:
+    steps = Step.objects.filter(run=run, generation=run.generation)
+    first = (steps.filter(Q(status=StepStatus.COMPENSATED) | Q(kind="compensation"))
+             .order_by("seq").values_list("seq", flat=True).first())
+    if first is None:
+        return from_step
+    if from_step is not None and from_step > first:
+        raise InvalidTransition(f"step {first} and later were rolled back: retry from step {first} or earlier")
+    return first if from_step is None else from_step
 
 
 def _require_new_bound(run: Run, fields: dict, from_step: int | None) -> None:

@@ -12,7 +12,8 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from runs.db import notify_control
-from runs.events import Actor, append_event
+from runs.engine import family
+from runs.events import SYSTEM, Actor, append_event
 from runs.exceptions import InvalidTransition
 from runs.models import TERMINAL_STATUSES, Run, RunStatus, Tenant
 from runs.notify import count_and_notify_after_commit
@@ -47,6 +48,8 @@ def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | N
     values = {"status": to, "updated_at": Now(), **fields}
     if to in TERMINAL_STATUSES:
         values.setdefault("finished_at", Now())
+    if run.status == RunStatus.WAITING:
+        values.setdefault("wake_at", None)  # its timer, if any, is over
     updated = Run.objects.filter(pk=run.pk, status=run.status).update(**values)
     if updated != 1:  # cannot happen under the row lock; never overwrite silently
         raise InvalidTransition(f"the run changed state while {event} was being applied")
@@ -57,14 +60,46 @@ def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | N
         count_and_notify_after_commit(tenant_id=run.tenant_id, queue=run.queue)
     if previous == RunStatus.QUEUED:
         Tenant.objects.filter(pk=run.tenant_id).update(queued=F("queued") - 1)
+    if to in TERMINAL_STATUSES:
+        _family_after(run, to)
     return run
 
 
-def request(run: Run, *, field: str, event: str, actor: Actor) -> Run:
+def _family_after(run: Run, to: str) -> None:
+    """A finished child tells its parent (this transaction); a failed or cancelled parent cancels its children."""
+    if run.parent_id is not None:
+        family.wake_after_commit(family.child_finished(
+            child_id=run.pk, parent_id=run.parent_id, succeeded=to == RunStatus.DONE))
+    if to in (RunStatus.FAILED, RunStatus.CANCELLED):
+        run_id = run.pk
+        transaction.on_commit(lambda: cancel_children(run_id))
+
+
+def cancel_runs(run_ids, *, actor: Actor = SYSTEM) -> int:
+    """Cancel each of these runs that is still live, each in its own transaction; returns how many."""
+    from runs.control.lifecycle import cancel_run
+
+    cancelled = 0
+    for run_id in run_ids:
+        try:
+            with transaction.atomic():
+                cancel_run(run=Run(pk=run_id), actor=actor)
+            cancelled += 1
+        except (Run.DoesNotExist, InvalidTransition):
+            pass  # finished meanwhile
+    return cancelled
+
+
+def cancel_children(run_id) -> int:
+    """Cancel the live children of a run that failed or was cancelled (a running one at its next step)."""
+    return cancel_runs(family.live_children(run_id), actor=Actor(type="system", id=f"parent:{run_id}"))
+
+
+def request(run: Run, *, field: str, event: str, actor: Actor, payload: dict | None = None) -> Run:
     """Ask the worker holding a running run to act at its next step boundary."""
     if getattr(run, field) is None:
         Run.objects.filter(pk=run.pk).update(**{field: Now(), "updated_at": Now()})
-        append_event(run_id=run.pk, type=event, actor=actor)
+        append_event(run_id=run.pk, type=event, actor=actor, payload=payload)
         run.refresh_from_db()
     # Wake the worker's heartbeat so a long step sees ctx.cancelled soon.
     transaction.on_commit(notify_control)

@@ -36,13 +36,17 @@ class ClaimedRun:
     cancel_requested: bool
     pause_requested: bool
     queue: str
-    claimed_at: datetime
+    claimed_at: datetime  # the database's clock: timers (sleeps, timeouts) compare with it
+    parent_id: UUID | None = None
+    children_cost_cents: Decimal = Decimal(0)
+    compensation: str = ""  # "running" while its saga rolls back (runs.engine.saga)
 
 
 _CLAIM_COLUMNS = (
     "id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation, "
     "deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents, "
-    "cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL, queue, claimed_at"
+    "cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL, queue, claimed_at, parent_id, "
+    "children_cost_cents, compensation"
 )
 
 

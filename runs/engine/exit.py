@@ -17,6 +17,7 @@ reaper and the claim never both give back the same slot.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -25,29 +26,48 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.db import sql, storable_text
+from runs.engine.family import child_finished
 from runs.events import event_ctes, next_seq
+from runs.states import TERMINAL_STATUSES
+
+logger = logging.getLogger(__name__)
 
 
 class Exited(NamedTuple):
     status: str  # the status reached
     queue: str
     at: datetime  # when (the database's clock)
+    parent_id: UUID | None = None
+    orphans: bool = False  # it failed or was cancelled with live children: cancel them (runs.control)
+    woke_parent: str | None = None  # the queue of a parent this exit woke: wake its workers
 
 
 _EXIT_SQL = """
 WITH cur AS (
     SELECT id, tenant_id, claimed_at, heartbeat_at,
         CASE
+            -- A rollback in progress is not stopped by a cancel: the run ends
+            -- cancelled once its compensations ran (runs.engine.saga).
             WHEN %(target)s::text NOT IN {terminal} AND cancel_requested_at IS NOT NULL
+                 AND compensation = 'requested'
+                THEN {queued}
+            WHEN %(target)s::text NOT IN {terminal} AND cancel_requested_at IS NOT NULL
+                 AND compensation <> 'running'
                 THEN {cancelled}
             WHEN %(target)s::text = {queued} AND failures + %(add_failure)s >= max_attempts
-                THEN {failed}
+                THEN CASE WHEN compensation = 'running' THEN {waiting_human} ELSE {failed} END
             WHEN %(target)s::text = {queued} AND pause_requested_at IS NOT NULL
                 THEN {paused}
-            -- Parking to wait for a message re-checks for one under the row
-            -- lock: a message that arrived meanwhile is not missed.
+            -- Parking to wait for a message, or for children, re-checks under
+            -- the row lock: a message that arrived meanwhile, or a child that
+            -- finished, is not missed (runs.engine.family).
             WHEN %(target)s::text = {waiting} AND %(wake_on_message)s AND EXISTS (
                 SELECT 1 FROM runs_message m WHERE m.run_id = runs_run.id AND m.consumed_by_step_id IS NULL)
+                THEN {queued}
+            WHEN %(target)s::text = {waiting} AND %(wake_on_children)s AND (
+                children_pending = 0
+                OR (children_needed IS NOT NULL AND (children_needed = 0 OR children_pending < children_needed))
+                OR (cost_ceiling_cents IS NOT NULL AND cost_cents + children_cost_cents > cost_ceiling_cents))
                 THEN {queued}
             ELSE %(target)s::text
         END AS new_status
@@ -63,8 +83,14 @@ r AS (
         running_seconds = running_seconds + GREATEST(0, EXTRACT(EPOCH FROM
             ({running_until}) - cur.claimed_at)),
         failures = runs_run.failures + %(add_failure)s,
-        run_after = CASE WHEN cur.new_status = {queued}
+        run_after = CASE WHEN cur.new_status = {queued} AND %(target)s::text = {queued} AND %(wake_at)s IS NOT NULL
+                         THEN %(wake_at)s::timestamptz
+                         WHEN cur.new_status = {queued}
                          THEN statement_timestamp() + make_interval(secs => %(delay)s) ELSE runs_run.run_after END,
+        wake_at = CASE WHEN cur.new_status = {waiting} THEN %(wake_at)s::timestamptz END,
+        compensation = COALESCE(%(compensation)s, CASE
+            WHEN cur.new_status IN {terminal} AND runs_run.compensation = 'requested' THEN ''
+            ELSE runs_run.compensation END),
         result = CASE WHEN cur.new_status = {done} THEN %(result)s::jsonb ELSE runs_run.result END,
         error = CASE WHEN %(error)s::text IS NOT NULL THEN %(error)s::text ELSE runs_run.error END,
         error_kind = CASE
@@ -83,7 +109,10 @@ r AS (
     WHERE runs_run.id = cur.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
-              runs_run.cost_cents
+              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation,
+              -- A run that failed or was cancelled cancels its live children (runs.control.family).
+              runs_run.status IN ({failed}, {cancelled}) AND EXISTS (
+                  SELECT 1 FROM runs_run c WHERE c.parent_id = runs_run.id AND c.status IN {live}) AS orphans
 ),
 t AS (
     UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
@@ -91,7 +120,7 @@ t AS (
     FROM r WHERE runs_tenant.id = r.tenant_id AND (%(give_slot)s OR r.status = {queued})
 ),
 {events}
-SELECT status, queue, statement_timestamp() FROM r
+SELECT status, queue, statement_timestamp(), parent_id, orphans FROM r
 """
 
 _EVENTS = event_ctes(
@@ -103,6 +132,9 @@ _EVENTS = event_ctes(
         " 'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500),"
         " 'steps_done', r.steps_done, 'steps_total', r.steps_total, 'cost_cents', r.cost_cents)"
         " || CASE WHEN r.status = {done} THEN jsonb_build_object('result', %(result)s::jsonb) ELSE '{{}}' END"
+        " || CASE WHEN %(wake_at)s IS NOT NULL AND r.status IN ({queued}, {waiting})"
+        " THEN jsonb_build_object('wake_at', %(wake_at)s::timestamptz) ELSE '{{}}' END"
+        " || CASE WHEN r.compensation <> '' THEN jsonb_build_object('compensation', r.compensation) ELSE '{{}}' END"
     ),
 )
 
@@ -134,9 +166,13 @@ def leave_running(
     error_kind: str | None = None,
     add_failure: bool = False,
     delay_seconds: float = 0.0,
+    wake_at: datetime | None = None,
     only_if_expired: bool = False,
     expires_seconds: float | None = None,
     wake_on_message: bool = False,
+    wake_on_children: bool = False,
+    compensation: str | None = None,
+    parent_id: UUID | None = None,
     give_slot: bool = True,
 ) -> Exited | None:
     """Move a run out of ``running`` towards ``target``; see the module's docstring.
@@ -148,6 +184,12 @@ def leave_running(
     until the caller gives it back with ``claim(returned=...)``.
     ``result_json`` must already be storable (``runs.db.dumps_storable``);
     ``error`` is untrusted text and is made storable here.
+
+    ``wake_at`` is when a run going to ``queued`` (a sleep) becomes
+    claimable, or the timer of a run going to ``waiting``. ``parent_id``
+    (the run's parent, for a child run) puts the exit and the parent's
+    wake-up in one transaction (``runs.engine.family``). ``compensation``
+    sets the run's rollback state with the exit.
     """
     params = {
         "run": run_id,
@@ -155,6 +197,7 @@ def leave_running(
         "target": target,
         "add_failure": 1 if add_failure else 0,
         "delay": delay_seconds,
+        "wake_at": wake_at,
         "result": result_json,
         "error": storable_text(error),
         "error_kind": error_kind,
@@ -163,18 +206,35 @@ def leave_running(
         "reason": reason,
         "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
         "wake_on_message": wake_on_message,
+        "wake_on_children": wake_on_children,
+        "compensation": compensation,
         "give_slot": give_slot,
     }
     statement = _STATEMENTS[only_if_expired]
-    if not wake_on_message:
-        return _fetch(statement, params)
-    # The message check must see a message committed while we waited for the
-    # row (post_message holds it): take the lock first, then decide in a
-    # statement with a fresh snapshot.
+    recheck = wake_on_message or wake_on_children
+    if not recheck and parent_id is None:
+        exited = _fetch(statement, params)
+        if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
+            # Not expected (a child's exit names its parent): tell the parent now, late but not lost.
+            logger.warning("run %s left running without naming its parent %s", run_id, exited.parent_id)
+            with transaction.atomic():
+                return exited._replace(woke_parent=_tell_parent(exited, run_id))
+        return exited
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
-        return _fetch(statement, params)
+        if recheck:
+            # The checks must see a message or a child's finish committed while
+            # we waited for the row (post_message and child_finished hold it):
+            # take the lock first, then decide in a statement with a fresh snapshot.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
+        exited = _fetch(statement, params)
+        if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
+            exited = exited._replace(woke_parent=_tell_parent(exited, run_id))
+        return exited
+
+
+def _tell_parent(exited: Exited, run_id: UUID) -> str | None:
+    return child_finished(child_id=run_id, parent_id=exited.parent_id, succeeded=exited.status == "done")
 
 
 def _fetch(statement: str, params: dict[str, Any]) -> Exited | None:

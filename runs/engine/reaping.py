@@ -16,6 +16,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from runs.db import sql
+from runs.engine import family
 from runs.engine.exit import leave_running
 from runs.events import event_ctes, next_seq
 
@@ -25,10 +26,11 @@ class StaleLease:
     run_id: UUID
     token: int
     queue: str
+    parent_id: UUID | None = None
 
 
 _EXPIRED_LEASES_SQL = sql(
-    "SELECT id, lease_token, queue FROM runs_run"
+    "SELECT id, lease_token, queue, parent_id FROM runs_run"
     " WHERE status = {running} AND locked_until < statement_timestamp() ORDER BY locked_until LIMIT %s"
 )
 
@@ -50,13 +52,14 @@ def rescue(stale: StaleLease, *, actor_type: str = "system", actor_id: str = "re
     """
     outcome = leave_running(
         run_id=stale.run_id, token=stale.token, target="queued", reason=reason, actor_type=actor_type,
-        actor_id=actor_id, error=error, add_failure=True, only_if_expired=True,
+        actor_id=actor_id, error=error, add_failure=True, only_if_expired=True, parent_id=stale.parent_id,
     )
     return None if outcome is None else outcome[0]
 
 
 _PAST_DEADLINE_SQL = sql(
-    "SELECT id, lease_token, queue FROM runs_run WHERE status = {running}"
+    "SELECT id, lease_token, queue, parent_id FROM runs_run WHERE status = {running}"
+    " AND compensation <> 'running'"  # a rollback runs to its end (runs.engine.saga)
     " AND running_seconds + EXTRACT(EPOCH FROM statement_timestamp() - claimed_at) > deadline_seconds"
     " LIMIT %s"
 )
@@ -74,7 +77,7 @@ def stop_past_deadline(stale: StaleLease) -> bool:
     outcome = leave_running(
         run_id=stale.run_id, token=stale.token, target="failed", reason="deadline", actor_type="system",
         actor_id="reaper", error="the run used up its running time (deadline); stopped by the reaper",
-        error_kind="deadline",
+        error_kind="deadline", parent_id=stale.parent_id,
     )
     return outcome is not None
 
@@ -91,6 +94,8 @@ WITH r AS (
     WHERE id IN (
         SELECT id FROM runs_run
         WHERE status IN {parked} AND expires_at < statement_timestamp()
+          -- Child runs one at a time (expire_waiting), each with its parent's wake-up.
+          AND (CASE WHEN %(only)s::uuid IS NULL THEN parent_id IS NULL ELSE id = %(only)s::uuid END)
         LIMIT %(batch)s FOR UPDATE SKIP LOCKED
     )
     AND status IN {parked} AND expires_at < statement_timestamp()
@@ -107,11 +112,31 @@ SELECT count(*) FROM r
 )
 
 
+_EXPIRED_CHILDREN_SQL = sql(
+    "SELECT id, parent_id FROM runs_run WHERE status IN {parked} AND expires_at < statement_timestamp()"
+    " AND parent_id IS NOT NULL LIMIT %s"
+)
+
+
 def expire_waiting(*, batch: int) -> int:
-    """Fail up to ``batch`` runs that waited for people past their ``expires_at``; returns how many."""
+    """Fail up to ``batch`` runs that waited for people past their ``expires_at``; returns how many.
+
+    Their children are cancelled by the reaper's sweep of orphans
+    (``family.orphaned_children``); an expired child wakes its parent.
+    """
     with connection.cursor() as cursor:
-        cursor.execute(_EXPIRE_SQL, {"batch": batch})
-        return cursor.fetchone()[0]
+        cursor.execute(_EXPIRE_SQL, {"batch": batch, "only": None})
+        expired = cursor.fetchone()[0]
+        cursor.execute(_EXPIRED_CHILDREN_SQL, [batch])
+        children = cursor.fetchall()
+    for child_id, parent_id in children:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_EXPIRE_SQL, {"batch": 1, "only": child_id})
+            if cursor.fetchone()[0]:
+                expired += 1
+                family.wake_after_commit(family.child_finished(child_id=child_id, parent_id=parent_id,
+                                                               succeeded=False))
+    return expired
 
 
 # Tenants whose running counter disagrees with their running runs: the

@@ -22,20 +22,21 @@ class RecordedStep:
     status: str
     output: Any
     idempotency_key: str = ""
+    kind: str = "custom"
 
 
 def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
     """The run's recorded steps in its current generation, read once per claim."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT seq, name, status, output, idempotency_key FROM runs_step"
+            "SELECT seq, name, status, output, idempotency_key, kind FROM runs_step"
             " WHERE run_id = %s AND generation = %s ORDER BY seq",
             [run_id, generation],
         )
         rows = cursor.fetchall()
     return {
-        seq: RecordedStep(seq=seq, name=name, status=status, output=loads(output), idempotency_key=key)
-        for seq, name, status, output, key in rows
+        seq: RecordedStep(seq=seq, name=name, status=status, output=loads(output), idempotency_key=key, kind=kind)
+        for seq, name, status, output, key, kind in rows
     }
 
 

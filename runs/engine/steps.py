@@ -40,6 +40,8 @@ class StepRecord:
     # Set when the step's name, input or output held characters that cannot
     # be stored (NUL, lone surrogates) and were replaced by U+FFFD.
     text_replaced: bool = False
+    # A compensation names the step it undoes: its checkpoint marks that one compensated.
+    compensates: int | None = None
 
     def params(self) -> dict[str, Any]:
         """The step's columns as named parameters of the statements below."""
@@ -60,6 +62,7 @@ class StepRecord:
             "cost": self.cost_cents,
             "started_at": self.started_at,
             "text_replaced": self.text_replaced,
+            "compensates": self.compensates,
         }
 
 
@@ -100,7 +103,8 @@ WITH r AS (
         {next_seq}
     WHERE {guard}
     RETURNING id, tenant_id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
-              pause_requested_at IS NOT NULL AS pause, cost_cents, steps_done, steps_total
+              pause_requested_at IS NOT NULL AS pause, cost_cents + children_cost_cents AS spent,
+              steps_done, steps_total
 ),
 s AS (
     INSERT INTO runs_step ({columns}, ended_at)
@@ -113,8 +117,9 @@ s AS (
         tokens_in = runs_step.tokens_in + EXCLUDED.tokens_in,
         tokens_out = runs_step.tokens_out + EXCLUDED.tokens_out,
         cost_cents = runs_step.cost_cents + EXCLUDED.cost_cents,
-        -- A write-ahead row already counted this execution when it began.
-        executions = runs_step.executions + (runs_step.status <> {step_running})::int,
+        -- A write-ahead row already counted this execution when it began; a
+        -- sleep, timed wait or gather that ends was one execution all along.
+        executions = runs_step.executions + (runs_step.status NOT IN ({step_running}, {step_waiting}))::int,
         text_replaced = runs_step.text_replaced OR EXCLUDED.text_replaced,
         started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at
     WHERE runs_step.status <> {step_done}
@@ -122,6 +127,12 @@ s AS (
 ),
 -- Messages a `message` step read are consumed with its checkpoint (ack
 -- after persist): a crash before this statement delivers them again.
+-- A compensation's checkpoint marks the step it undid (runs.engine.saga).
+undone AS (
+    UPDATE runs_step SET status = {step_compensated}
+    WHERE %(compensates)s::int IS NOT NULL AND run_id = %(run)s AND generation = %(generation)s
+      AND seq = %(compensates)s::int AND status = {step_done} AND EXISTS (SELECT 1 FROM s)
+),
 m AS (
     UPDATE runs_message SET consumed_by_step_id = s.id
     FROM s
@@ -130,7 +141,7 @@ m AS (
 ),
 {events},
 {daily_cost}
-SELECT cancel, pause, cost_cents FROM r
+SELECT cancel, pause, spent FROM r
 """, next_seq=next_seq(), guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS, daily_cost=_DAILY_COST_CTE,
     events=event_ctes(
         "r", type="'step.done'", actor_type="'worker'", actor_id="%(worker)s::text",
@@ -156,7 +167,7 @@ def checkpoint(
     ``output`` is made storable first (raises TypeError when it is not
     JSON). Returns (cancel requested, pause requested, run cost, the output
     as stored, in JSON) or None when the lease is lost, in which case nothing
-    at all was written.
+    at all was written. The run's cost includes what its finished children spent.
     """
     output_json, replaced = dumps_storable(output)
     step.text_replaced = step.text_replaced or replaced
@@ -184,7 +195,7 @@ WITH r AS (
         updated_at = statement_timestamp(),
         {next_seq}
     WHERE {guard}
-    RETURNING id, tenant_id, last_event_seq, attempt, cost_cents
+    RETURNING id, tenant_id, last_event_seq, attempt, cost_cents + children_cost_cents AS spent
 ),
 s AS (
     INSERT INTO runs_step ({columns}, ended_at)
@@ -212,7 +223,7 @@ a AS (
 ),
 {events},
 {daily_cost}
-SELECT cost_cents FROM r
+SELECT spent FROM r
 """, next_seq=next_seq(), guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS, daily_cost=_DAILY_COST_CTE,
     events=event_ctes(
         "r", type="'step.failed'", actor_type="'worker'", actor_id="%(worker)s::text",

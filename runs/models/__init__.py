@@ -20,10 +20,18 @@ from runs.models.tenancy import (
     Tenant,
     TenantDailyCost,
 )
-from runs.states import TERMINAL_STATUSES, ErrorKind, RunStatus, StepKind, StepStatus
+from runs.states import (
+    LIVE_STATUSES,
+    TERMINAL_STATUSES,
+    Compensation,
+    ErrorKind,
+    RunStatus,
+    StepKind,
+    StepStatus,
+)
 
 __all__ = [
-    "MONEY", "TERMINAL_STATUSES", "ApiKey", "Artifact", "ErrorKind", "Event", "KindState", "Membership",
+    "LIVE_STATUSES", "MONEY", "TERMINAL_STATUSES", "ApiKey", "Compensation", "Artifact", "ErrorKind", "Event", "KindState", "Membership",
     "Message", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
     "StepStatus", "Tenant", "TenantDailyCost", "Worker", "default_expires_at",
     "WEBHOOK_EVENT_TYPES", "DeliveryStatus", "StreamWatch", "WebhookDelivery", "WebhookEndpoint",

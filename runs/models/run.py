@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.models.tenancy import MONEY, Tenant
-from runs.states import TERMINAL_STATUSES, ErrorKind, RunStatus
+from runs.states import TERMINAL_STATUSES, Compensation, ErrorKind, RunStatus
 
 
 class RunQuerySet(models.QuerySet):
@@ -73,6 +73,9 @@ class Run(models.Model):
     # The database's clock, like the claim's now(): app-server clock skew
     # never delays a run.
     run_after = models.DateTimeField(db_default=Now())
+    # A waiting run's timer (wait_for_message or gather timeout): the reaper
+    # queues it again at this time. NULL: it waits for its event only.
+    wake_at = models.DateTimeField(null=True, blank=True)
     deadline_seconds = models.PositiveIntegerField(default=3600)
     running_seconds = models.FloatField(default=0)
     expires_at = models.DateTimeField(default=default_expires_at)
@@ -93,7 +96,18 @@ class Run(models.Model):
     parent = models.ForeignKey(
         "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children", db_index=False
     )
+    # While it waits in ctx.gather(): its awaited children not yet finished,
+    # and (with min_success) how many more must succeed; NULL: all of them.
     children_pending = models.PositiveIntegerField(default=0)
+    children_needed = models.PositiveIntegerField(null=True, blank=True)
+    # What its finished children spent: counted against its cost ceiling.
+    children_cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
+    # A fork (POST /api/runs/{id}/fork) knows the run and the step it branched from.
+    origin = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks", db_index=False
+    )
+    origin_step = models.PositiveIntegerField(null=True, blank=True)
+    compensation = models.CharField(max_length=10, choices=Compensation.choices, blank=True, default="")
     generation = models.PositiveIntegerField(default=1)
     callback_url = models.URLField(max_length=2000, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
@@ -121,6 +135,10 @@ class Run(models.Model):
                 name="run_cost_ceiling_non_negative",
             ),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="run_max_attempts_positive"),
+            models.CheckConstraint(
+                condition=Q(compensation__in=Compensation.values), name="run_compensation_valid"
+            ),
+            models.CheckConstraint(condition=Q(children_cost_cents__gte=0), name="run_children_cost_non_negative"),
             models.UniqueConstraint(
                 fields=["tenant", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
@@ -147,6 +165,18 @@ class Run(models.Model):
             # The dashboard and GET /api/runs (keyset pages).
             models.Index(F("tenant"), F("created_at").desc(), F("id").desc(), name="run_tenant_recent_idx"),
             models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="run_parent_idx"),
+            # Timers of waiting runs (wait_for_message and gather timeouts): the reaper wakes those due.
+            models.Index(
+                fields=["wake_at"], condition=Q(status=RunStatus.WAITING, wake_at__isnull=False),
+                name="run_waiting_timer_idx",
+            ),
+            models.Index(fields=["origin"], condition=Q(origin__isnull=False), name="run_origin_idx"),
+            # Live children of a run (a failed or cancelled parent cancels them).
+            models.Index(
+                fields=["parent"],
+                condition=Q(parent__isnull=False, status__in=["queued", "running", "waiting_human", "waiting", "paused"]),
+                name="run_live_children_idx",
+            ),
             # The operations console (bench/admin_million.py: each one turned a full scan of a
             # million runs into an index scan). Columns and predicates that only transitions
             # write, so heartbeats and checkpoints stay HOT: the admin run list, newest first...

@@ -15,10 +15,12 @@ class Command(BaseCommand):
         reaper = Reaper()
         if options["once"]:
             report = reaper.reap_once()
-            self.stdout.write(f"reaped: {report}")
+            woken = reaper.wake_timers()
+            self.stdout.write(f"reaped: {report} timers={woken}")
             return
         import signal
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: reaper.stopping.set())
-        reaper.run(interval=options["interval"] or settings.RUNS_REAP_INTERVAL_SECONDS)
+        reaper.run(interval=options["interval"] or settings.RUNS_REAP_INTERVAL_SECONDS,
+                   timer_interval=min(settings.RUNS_TIMER_INTERVAL_SECONDS, options["interval"] or float("inf")))

@@ -1,0 +1,93 @@
+"""A saga's rollback (DESIGN.md §6, Saga): the recorded decision to roll back, and what it left undone.
+
+A rollback begins with one fenced statement that records its plan as a
+``compensation`` step named ``rollback`` after the run's last step (the
+steps to undo, newest first; why; and how the run ends: ``failed`` or
+``cancelled``) and sets the run's ``compensation`` to ``running``. Each
+compensation is then a recorded step after it, written ahead of its effect
+with an idempotency key derived from the step it undoes; its checkpoint
+marks that step ``compensated`` (``runs.engine.steps``). A worker that
+claims a run whose compensation is ``running`` replays the run to learn the
+compensations and carries the plan on from the first one not recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+from runs.db import dumps, sql
+from runs.events import event_ctes, next_seq
+
+ROLLBACK_STEP = "rollback"
+
+_RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
+
+
+@dataclass(frozen=True)
+class RollbackPlan:
+    seq: int  # the plan's own step; compensation i (from 1) is step seq + i
+    plan: list[dict[str, Any]]  # {"seq", "name"} of each step to undo, newest first
+    target: str  # failed | cancelled
+    reason: str
+    error: str
+    error_kind: str
+
+    def as_output(self) -> dict[str, Any]:
+        return {"plan": self.plan, "target": self.target, "reason": self.reason, "error": self.error,
+                "error_kind": self.error_kind}
+
+    @classmethod
+    def from_step(cls, seq: int, output: dict[str, Any]) -> RollbackPlan:
+        return cls(seq=seq, plan=list(output["plan"]), target=output["target"], reason=output.get("reason", ""),
+                   error=output.get("error", ""), error_kind=output.get("error_kind", ""))
+
+
+_BEGIN_SQL = sql("""
+WITH r AS (
+    UPDATE runs_run SET compensation = 'running', error = %(error)s, error_kind = %(error_kind)s,
+        current_step = %(name)s, updated_at = statement_timestamp(), {next_seq}
+    WHERE {guard}
+    RETURNING id, last_event_seq
+),
+s AS (
+    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key, tokens_in,
+                           tokens_out, cost_cents, status, executions, error, text_replaced, started_at, ended_at)
+    SELECT r.id, %(generation)s, %(seq)s, %(name)s, 'compensation', NULL, %(output)s::jsonb, '', 0, 0, 0,
+           {step_done}, 1, '', false, statement_timestamp(), statement_timestamp()
+    FROM r
+    ON CONFLICT (run_id, generation, seq) DO NOTHING
+    RETURNING id
+),
+{events}
+SELECT 1 FROM r
+""", guard=sql(_RUN_GUARD), next_seq=next_seq(), events=event_ctes(
+    "r", type="'rollback.started'", actor_type="'worker'", actor_id="%(worker)s::text",
+    payload=("jsonb_build_object('seq', %(seq)s, 'reason', %(reason)s::text, 'error_kind', %(error_kind)s::text,"
+             " 'plan', %(output)s::jsonb -> 'plan', 'target', %(target)s::text)"),
+))
+
+
+def begin_rollback(*, run_id: UUID, token: int, generation: int, plan: RollbackPlan, worker_id: UUID) -> bool:
+    """Record the rollback's plan and mark the run as rolling back. False when the lease is lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BEGIN_SQL, {
+            "run": run_id, "token": token, "generation": generation, "seq": plan.seq, "name": ROLLBACK_STEP,
+            "output": dumps(plan.as_output()), "error": plan.error, "error_kind": plan.error_kind,
+            "reason": plan.reason, "target": plan.target, "worker": worker_id,
+        })
+        return cursor.fetchone() is not None
+
+
+def not_undone(*, run_id: UUID, generation: int, seqs: list[int]) -> list[int]:
+    """Which of these steps are still ``done``: their compensation was skipped (or never ran)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq FROM runs_step WHERE run_id = %s AND generation = %s AND seq = ANY(%s) AND status = 'done'"
+            " ORDER BY seq DESC",
+            [run_id, generation, seqs],
+        )
+        return [row[0] for row in cursor.fetchall()]

@@ -1,0 +1,185 @@
+"""Workflows with real worker processes: durable sleep, timed waits, child runs, sagas and forks."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.utils import timezone
+
+from runs.control import cancel_run
+from runs.events import Actor
+from runs.models import Event, Run, Step, Tenant
+from runs.services import submit_run
+from tests.agents import notes
+from tests.conftest import fresh, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PERSON = Actor(type="user", id="1")
+
+
+def worker(processes, *args):
+    return processes.worker("--poll", "0.2", "--lease", "4", "--heartbeat", "1", *args)
+
+
+def test_a_sleeping_run_holds_no_slot_and_another_run_of_its_tenant_runs_meanwhile(tenant, processes, tmp_path):
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=1)
+    log = str(tmp_path / "log")
+    sleeper = submit_run(tenant=tenant, kind="wf_sleep", input={"log": log, "seconds": 3})
+    worker(processes)
+    wait_for(lambda: notes(log, step="before"), message="the sleeper's first step")
+    wait_for(lambda: fresh(sleeper).status == "queued", message="the sleeper to go back to the queue")
+    assert Tenant.objects.get(pk=tenant.pk).running == 0
+    other = submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.2})
+    wait_for(lambda: fresh(other).status == "done", timeout=10, message="the other run to finish")
+    wait_for(lambda: fresh(sleeper).status == "done", timeout=20, message="the sleeper to wake and finish")
+
+    (before,), (after,) = notes(log, step="before"), notes(log, step="after")
+    (held,) = notes(log, run=str(other.id))
+    # The other run of this max_running=1 tenant ran inside the sleep.
+    assert before["at"] < held["start"] < held["end"] < after["at"]
+    assert after["at"] - before["at"] >= 3
+    sleep_step = Step.objects.get(run=sleeper, name="sleep")
+    assert (sleep_step.kind, sleep_step.status, sleep_step.executions) == ("sleep", "done", 1)
+    assert fresh(sleeper).attempt == 2  # claimed again when the sleep ended, replaying "before" for free
+
+
+def test_wait_for_message_times_out_and_returns_nothing(tenant, processes):
+    quiet = submit_run(tenant=tenant, kind="wf_wait", input={"timeout": 1})
+    told = submit_run(tenant=tenant, kind="wf_wait", input={"timeout": 60})
+    worker(processes)
+    processes.manage("reap", "--interval", "5")
+    wait_for(lambda: fresh(told).status == "waiting", message="the run to wait for a message")
+    from runs.control import post_message
+
+    post_message(run=fresh(told), actor=PERSON, text="hello")
+    wait_for(lambda: fresh(quiet).status == "done" and fresh(told).status == "done", timeout=20,
+             message="both runs to finish")
+    assert fresh(quiet).result == {"messages": []}
+    assert fresh(told).result == {"messages": ["hello"]}
+    assert Event.objects.filter(run=quiet, type="run.queued", payload__reason="timer").count() == 1
+
+
+def test_a_hundred_children_finishing_at_once_wake_their_parent_exactly_once(tenant, processes, tmp_path):
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=200)
+    gate = tmp_path / "gate"
+    gate.touch()
+    parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 100, "gate": str(gate)})
+    for _ in range(2):
+        worker(processes, "--concurrency", "60")
+    wait_for(lambda: fresh(parent).status == "waiting", timeout=60, message="the parent to wait for its children")
+    wait_for(lambda: Run.objects.filter(parent=parent, status="running").count() == 100, timeout=60,
+             message="all hundred children to be running")
+    gate.unlink()
+    wait_for(lambda: fresh(parent).status == "done", timeout=60, message="the parent to finish")
+
+    parent = fresh(parent)
+    assert parent.result["statuses"] == ["done"] * 100
+    assert [r["n"] for r in parent.result["results"]] == list(range(100))
+    woken = Event.objects.filter(run=parent, type="run.queued", payload__reason="children")
+    assert woken.count() == 1
+    assert parent.attempt == 2  # claimed once to spawn and park, once when woken
+    assert Step.objects.get(run=parent, name="gather").executions == 1
+    assert (parent.children_pending, parent.children_needed) == (0, None)
+    assert Run.objects.filter(parent=parent).count() == 100
+
+
+def test_cancelling_a_parent_cancels_its_live_children(tenant, processes, tmp_path):
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=2)
+    gate = tmp_path / "gate"
+    gate.touch()
+    parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 4, "gate": str(gate)})
+    worker(processes, "--concurrency", "4")
+    wait_for(lambda: fresh(parent).status == "waiting", timeout=30, message="the parent to wait")
+    wait_for(lambda: Run.objects.filter(parent=parent, status="running").count() == 2, timeout=30,
+             message="two children to run (the tenant runs two at a time; the waiting parent holds no slot)")
+    cancel_run(run=fresh(parent), actor=PERSON)
+    wait_for(lambda: set(Run.objects.filter(parent=parent).values_list("status", flat=True)) == {"cancelled"},
+             timeout=30, message="every child to be cancelled")
+    assert fresh(parent).status == "cancelled"
+    assert gate.exists()  # the running children stopped on the cancel, not because their gate opened
+
+
+def test_min_success_wakes_the_parent_early_and_cancels_the_rest(tenant, processes, tmp_path):
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=10)
+    gate = tmp_path / "gate"
+    gate.touch()
+    # Children 0 and 1 fail at once; 2 and 3 succeed; 4 and 5 hang at the gate.
+    parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 6, "min_success": 2, "fail": [0, 1]})
+    worker(processes, "--concurrency", "8")
+    wait_for(lambda: fresh(parent).status == "done", timeout=60, message="the parent to finish")
+    statuses = fresh(parent).result["statuses"]
+    assert statuses.count("done") >= 2
+    assert statuses[:2] == ["failed", "failed"]
+    assert set(Run.objects.filter(parent=parent).values_list("status", flat=True)) <= {"done", "failed", "cancelled"}
+
+
+def test_a_saga_compensates_in_reverse_order_each_once(tenant, processes, tmp_path):
+    log = str(tmp_path / "log")
+    run = submit_run(tenant=tenant, kind="wf_saga", input={"log": log, "steps": 4, "fail_at": 4})
+    worker(processes)
+    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the saga to fail")
+    run = fresh(run)
+    assert (run.compensation, run.error_kind) == ("done", "fatal")
+    undone = [n["step"] for n in notes(log, action="undo")]
+    assert undone == [3, 2, 1]
+    assert [n["resource"] for n in notes(log, action="undo")] == ["r3", "r2", "r1"]
+    statuses = dict(Step.objects.filter(run=run, kind="custom").values_list("name", "status"))
+    assert statuses == {"do 1": "compensated", "do 2": "compensated", "do 3": "compensated", "do 4": "failed"}
+    assert "rolled back: step 3, step 2, step 1" in run.error
+    assert list(Step.objects.filter(run=run, kind="compensation").order_by("seq").values_list("name", flat=True)) == [
+        "rollback", "undo do 3", "undo do 2", "undo do 1"]
+
+
+def test_a_kind_without_compensate_on_keeps_its_work(tenant, processes, tmp_path):
+    log = str(tmp_path / "log")
+    run = submit_run(tenant=tenant, kind="wf_steps", input={"log": log, "steps": 3, "fail_at": 3})
+    worker(processes)
+    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the run to fail")
+    assert fresh(run).compensation == ""
+    assert list(Step.objects.filter(run=run).order_by("seq").values_list("status", flat=True)) == [
+        "done", "done", "failed"]
+
+
+def test_sigkill_in_a_compensation_resumes_without_repeating_those_done(tenant, processes, tmp_path):
+    log = str(tmp_path / "log")
+    gate = tmp_path / "gate"
+    gate.touch()
+    run = submit_run(tenant=tenant, kind="wf_saga",
+                     input={"log": log, "steps": 4, "fail_at": 4, "gate_at": 2, "gate": str(gate)})
+    first = worker(processes)
+    wait_for(lambda: notes(log, action="undo", step=2), timeout=30, message="the compensation of step 2 to start")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    gate.unlink()
+    assert fresh(run).compensation == "running"
+    wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+    reaped = processes.run("reap", "--once")
+    assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
+    second = worker(processes)
+    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the rollback to finish")
+
+    assert fresh(run).compensation == "done"
+    undos = notes(log, action="undo")
+    assert [n["step"] for n in undos] == [3, 2, 2, 1]
+    # The interrupted compensation ran again with the same idempotency key, in the new worker.
+    assert undos[1]["key"] == undos[2]["key"] and undos[1]["key"].endswith(":undo")
+    assert undos[2]["pid"] == undos[3]["pid"] == second.pid != undos[0]["pid"]
+    assert len(notes(log, action="do")) == 4  # no forward step ran again
+
+
+def test_cancel_with_compensate_rolls_back_a_waiting_saga(tenant, processes, tmp_path):
+    log = str(tmp_path / "log")
+    gate = tmp_path / "gate"
+    gate.touch()
+    run = submit_run(tenant=tenant, kind="wf_saga",
+                     input={"log": log, "steps": 3, "wait_after": 2, "gate": str(gate)})
+    worker(processes)
+    wait_for(lambda: len(notes(log, action="do")) == 2, timeout=30, message="two steps to be done")
+    outcome = cancel_run(run=fresh(run), actor=PERSON, compensate=True)
+    assert outcome.later
+    wait_for(lambda: fresh(run).status == "cancelled", timeout=30, message="the run to roll back and cancel")
+    assert fresh(run).compensation == "done"
+    assert [n["step"] for n in notes(log, action="undo")] == [2, 1]
+    assert len(notes(log, action="do")) == 2

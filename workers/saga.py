@@ -1,0 +1,108 @@
+"""Rolling a saga back: compensations of the finished steps, newest first, each a recorded step.
+
+The executor starts a rollback when a run fails for good on an error its
+kind lists in ``compensate_on`` (its context knows the compensations of the
+steps it ran or replayed), and resumes one when it claims a run whose
+``compensation`` is ``running``: it then replays the agent function with no
+step allowed to run (``ctx._rollback = "replay"``) to learn them, and
+carries the recorded plan on (``runs.engine.saga``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runs.db import release_connection
+from runs.engine import saga
+from runs.engine.steplog import RecordedStep
+from workers.errors import LeaseLost, ParkForHuman
+
+if TYPE_CHECKING:
+    from workers.context import RunContext
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    plan: saga.RollbackPlan
+    undone: list[int]
+    not_undone: list[int]
+
+    @property
+    def compensation(self) -> str:
+        return "partial" if self.not_undone else "done"
+
+    def error(self) -> str:
+        said = [f"rolled back: {_steps(self.undone) or 'nothing to undo'}"]
+        if self.not_undone:
+            said.append(f"not undone: {_steps(self.not_undone)}")
+        head = self.plan.error or ("cancelled with rollback" if self.plan.target == "cancelled" else "")
+        return f"{head}\n\n{'; '.join(said)}".strip()
+
+
+def _steps(seqs: list[int]) -> str:
+    return ", ".join(f"step {seq}" for seq in seqs)
+
+
+def recorded_plan(recorded: dict[int, RecordedStep]) -> saga.RollbackPlan | None:
+    """The rollback plan in a run's step log, if a rollback began."""
+    for seq in sorted(recorded, reverse=True):
+        step = recorded[seq]
+        if step.kind == "compensation" and step.name == saga.ROLLBACK_STEP and step.status == "done":
+            return saga.RollbackPlan.from_step(seq, step.output)
+    return None
+
+
+class Rollback:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def begin(self, *, target: str, reason: str, error: str, error_kind: str) -> saga.RollbackPlan:
+        """Record the plan: every finished step with a compensation, newest first."""
+        ctx = self.ctx
+        seq = max([ctx._seq, *ctx._recorded]) + 1
+        plan = saga.RollbackPlan(
+            seq=seq,
+            plan=[{"seq": c.seq, "name": c.name} for c in sorted(ctx._compensations.values(), key=lambda c: -c.seq)],
+            target=target, reason=reason, error=error, error_kind=error_kind,
+        )
+        try:
+            began = saga.begin_rollback(run_id=ctx.run_id, token=ctx._claimed.lease_token,
+                                        generation=ctx.generation, plan=plan, worker_id=ctx._worker.id)
+        finally:
+            release_connection()
+        if not began:
+            ctx._control.lease_lost.set()
+            raise LeaseLost("lease lost while starting the rollback")
+        ctx._recorded[seq] = RecordedStep(seq=seq, name=saga.ROLLBACK_STEP, status="done",
+                                          output=plan.as_output(), kind="compensation")
+        return plan
+
+    def run(self, plan: saga.RollbackPlan) -> RolledBack:
+        """Run each compensation not recorded yet. A failing one raises, as a failing step does."""
+        ctx = self.ctx
+        ctx._rollback = "compensate"
+        for position, entry in enumerate(plan.plan, start=1):
+            seq, name = entry["seq"], entry["name"]
+            recorded = ctx._recorded.get(plan.seq + position)
+            if recorded is not None and recorded.status == "done":
+                continue  # undone already (or skipped, or marked done, by a person)
+            compensator = ctx._compensations.get(seq)
+            if compensator is None:
+                raise ParkForHuman(
+                    f"the compensation of step {seq} ({name}) was not found when the run was replayed "
+                    "(did the code change?): retry it, skip it or mark it done"
+                )
+            ctx._seq = plan.seq + position - 1
+            key = f"{compensator.key or f'{ctx.run_id}:{ctx.generation}:{seq}'}:undo"
+            ctx._run_step(
+                f"undo {name}", compensator.fn, (compensator.output,), {}, side_effect=True,
+                idempotency_key=key, kind="compensation", input={"compensates": seq, "name": name},
+                compensates=seq,
+            )
+        seqs = [entry["seq"] for entry in plan.plan]
+        try:
+            left = saga.not_undone(run_id=ctx.run_id, generation=ctx.generation, seqs=seqs)
+        finally:
+            release_connection()
+        return RolledBack(plan=plan, undone=[s for s in seqs if s not in left], not_undone=left)

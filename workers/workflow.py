@@ -1,0 +1,261 @@
+"""Workflow steps of ``RunContext``: durable sleep, child runs (spawn and gather), waiting with a timeout.
+
+Each is a recorded step, so a replay returns what the first execution saw:
+a finished sleep is skipped, a spawn finds the child it made, a gather
+returns the outcomes it recorded. While a run sleeps or waits it holds no
+worker, slot, lease or connection (``runs.engine.timers``,
+``runs.engine.family``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from runs.db import dumps, release_connection
+from runs.engine import family, timers
+from runs.engine.steplog import RecordedStep, unconsumed_messages
+from runs.events import Actor
+from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
+from workers.errors import (
+    AwaitChildren,
+    AwaitMessage,
+    Fatal,
+    LeaseLost,
+    NonDeterministic,
+    Retryable,
+    Sleep,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """A handle on a child run made by ``ctx.spawn``; pass it to ``ctx.gather``."""
+
+    run_id: UUID
+    kind: str
+    key: str
+
+    @classmethod
+    def from_output(cls, output: dict) -> ChildRun:
+        return cls(run_id=UUID(output["run_id"]), kind=output["kind"], key=output["key"])
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    """What ``ctx.gather`` says of one child: its status, and its result or error."""
+
+    run_id: UUID
+    kind: str
+    status: str  # done | failed | cancelled (a straggler the gather cancelled), or still live on a timeout
+    result: Any
+    error: str
+    error_kind: str
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "done"
+
+    @classmethod
+    def from_output(cls, output: dict) -> ChildOutcome:
+        return cls(run_id=UUID(output["run_id"]), kind=output["kind"], status=output["status"],
+                   result=output.get("result"), error=output.get("error", ""),
+                   error_kind=output.get("error_kind", ""))
+
+
+def _seconds(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number of seconds >= 0")
+    return float(value)
+
+
+class Workflow:
+    """Sleep, spawn, gather and timed waits; mixed into ``RunContext``."""
+
+    # RunContext's state and machinery (see workers.context, workers.recording).
+    _seq: int
+    _recorded: dict[int, RecordedStep]
+
+    def sleep(self, seconds: float, *, name: str = "sleep") -> None:
+        """Sleep durably for ``seconds``: the run goes back to the queue until then, holding no worker or slot.
+
+        The end is fixed (on the database's clock) the first time; a replay
+        skips a finished sleep, and a run woken early sleeps the rest.
+        """
+        self._sleep(name, seconds=_seconds(seconds, "seconds"), until=None)
+
+    def sleep_until(self, when: datetime, *, name: str = "sleep") -> None:
+        """Sleep durably until ``when`` (an aware datetime, e.g. from ``ctx.now()`` or the input)."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise ValueError("sleep_until needs an aware datetime")
+        self._sleep(name, seconds=None, until=when)
+
+    def _sleep(self, name: str, *, seconds: float | None, until: datetime | None) -> None:
+        seq = self._seq = self._seq + 1
+        recorded = self._replayed(seq, name, "sleep")
+        if recorded is not None and recorded.status == "done":
+            return
+        if recorded is None:
+            self._before_step(seq, "sleep")
+            until = self._start_timer(seq, name, "sleep", {"seconds": seconds, "until": until and until.isoformat()},
+                                      seconds=seconds, until=until)
+        else:
+            until = datetime.fromisoformat(recorded.output["until"])
+        if self._claimed.claimed_at >= until:
+            self._finish_waiting(seq, name, "sleep", {"until": until.isoformat(), "slept": True}, recorded)
+            return
+        raise Sleep(f"sleeping until {until.isoformat()}", until=until)
+
+    def wait_for_message(self, *, timeout: float | None = None) -> list[dict]:
+        """Return new messages; with none, park the run in ``waiting`` (no worker held) until one arrives.
+
+        With ``timeout`` (seconds), the run wakes after that long without a
+        message and this returns ``[]``; the deadline is fixed the first time,
+        so a replay returns the same.
+        """
+        if timeout is not None:
+            timeout = _seconds(timeout, "timeout")
+        seq = self._seq + 1
+        recorded = self._recorded.get(seq)
+        if recorded is None or recorded.status != "done":
+            if recorded is None:
+                self._before_step(seq, "message")
+            try:
+                pending = unconsumed_messages(self.run_id, limit=1)
+            finally:
+                release_connection()
+            if not pending:
+                if recorded is not None and recorded.kind == "message" and recorded.output:
+                    until = datetime.fromisoformat(recorded.output["until"])
+                    if self._claimed.claimed_at >= until:
+                        return self._finish_waiting(seq, "messages", "message", [], recorded, consumes=True)
+                    raise AwaitMessage("waiting for a message", wake_at=until)
+                if timeout is None:
+                    raise AwaitMessage("waiting for a message")
+                until = self._start_timer(seq, "messages", "message", {"timeout": timeout}, seconds=timeout,
+                                          until=None)
+                raise AwaitMessage("waiting for a message", wake_at=until)
+        return self.messages()
+
+    # Child runs.
+    def spawn(self, kind: str, input: dict, *, key: str | None = None, queue: str | None = None,
+              priority: int | None = None) -> ChildRun:
+        """Start a child run of ``kind`` (same tenant, inside this run's budget) in a recorded step.
+
+        Returns a handle for ``gather``. A replayed run never spawns twice:
+        the step returns the child it made, and a step executed again after
+        a crash finds that child by its key (``key``, unique within this
+        run; by default the step's position).
+        """
+        seq = self._seq + 1
+        child_key = key or f"{self.generation}:{seq}"
+        budget = self.budget_left_cents
+
+        def make_child(*, kind: str, input: dict, key: str) -> dict:
+            from runs.services import spawn_child  # models: loaded after the app registry
+
+            try:
+                made = spawn_child(parent_id=self.run_id, kind=kind, input=input, key=key,
+                                   budget_left_cents=budget, queue=queue, priority=priority)
+            except QueueFull as exc:
+                raise Retryable(f"cannot spawn {kind!r}: {exc}", retry_after=exc.retry_after) from None
+            except (UnknownKind, InvalidRunInput, IdempotencyConflict) as exc:
+                raise Fatal(f"cannot spawn {kind!r}: {exc}") from None
+            return {"run_id": str(made.run.pk), "kind": kind, "key": child_key}
+
+        output = self._run_step(f"spawn {kind}", make_child, (), {"kind": kind, "input": input, "key": child_key},
+                                kind="child")
+        return ChildRun.from_output(output)
+
+    def gather(self, children: Iterable[ChildRun | UUID | str], *, min_success: int | None = None,
+               timeout: float | None = None, name: str = "gather") -> list[ChildOutcome]:
+        """Wait (in ``waiting``, holding no worker) until the children finished; return their outcomes.
+
+        With ``min_success=N`` it returns as soon as N succeeded, or as soon
+        as N can no longer succeed; the children still running are then
+        cancelled. With ``timeout`` (seconds) it returns when the time is up,
+        cancelling the stragglers. Outcomes come in the order given.
+        """
+        ids = [c.run_id if isinstance(c, ChildRun) else UUID(str(c)) for c in children]
+        if min_success is not None and (isinstance(min_success, bool) or not 1 <= min_success <= len(ids)):
+            raise ValueError(f"min_success must be between 1 and the number of children ({len(ids)})")
+        if timeout is not None:
+            timeout = _seconds(timeout, "timeout")
+        seq = self._seq = self._seq + 1
+        recorded = self._replayed(seq, name, "child")
+        if recorded is not None and recorded.status == "done":
+            return [ChildOutcome.from_output(o) for o in recorded.output]
+        self._before_step(seq, "child")  # with the budget, which what finished children spent counts in
+        try:
+            state = family.begin_gather(
+                run_id=self.run_id, token=self._claimed.lease_token, generation=self.generation, seq=seq,
+                name=name, children=ids, min_success=min_success, timeout=timeout, worker_id=self._worker.id,
+            )
+        finally:
+            release_connection()
+        if state is None:
+            self._control.lease_lost.set()
+            raise LeaseLost(f"lease lost while gathering children (step {seq})")
+        if len(state.children) != len(set(ids)):
+            raise Fatal("gather() was given runs that are not children of this run")
+        if not state.met and not state.timed_out:
+            raise AwaitChildren(f"waiting for {len(state.pending)} children", wake_at=state.until)
+        # Stragglers are cancelled before the outcome is recorded: a crash in
+        # between finds them cancelled on replay, and records the same.
+        stragglers = set(state.pending)
+        for child_id in state.pending:
+            self._cancel_child(child_id)
+        outcomes = [c.as_json() | ({"status": "cancelled"} if c.run_id in stragglers else {}) for c in state.children]
+        self._seq = seq - 1
+        result = self._finish_waiting(seq, name, "child", outcomes, recorded)
+        return [ChildOutcome.from_output(o) for o in result]
+
+    def _cancel_child(self, child_id: UUID) -> None:
+        from runs.control import cancel_runs  # models: loaded after the app registry
+
+        try:
+            cancel_runs([child_id], actor=Actor(type="worker", id=str(self._worker.id)))
+        finally:
+            release_connection()
+
+    # Shared by the waiting steps.
+    def _replayed(self, seq: int, name: str, kind: str) -> RecordedStep | None:
+        recorded = self._recorded.get(seq)
+        if recorded is not None and recorded.name != name:
+            raise NonDeterministic(
+                f"step {seq} was recorded as {recorded.name!r} but the code now runs {name!r} ({kind})"
+            )
+        return recorded
+
+    def _start_timer(self, seq: int, name: str, kind: str, input: Any, *, seconds: float | None,
+                     until: datetime | None) -> datetime:
+        try:
+            end = timers.start_timer_step(
+                run_id=self.run_id, token=self._claimed.lease_token, generation=self.generation, seq=seq,
+                name=name, kind=kind, input=dumps(input), seconds=seconds, until=until, worker_id=self._worker.id,
+            )
+        finally:
+            release_connection()
+        if end is None:
+            self._control.lease_lost.set()
+            raise LeaseLost(f"lease lost while starting step {seq} ({name})")
+        return end
+
+    def _finish_waiting(self, seq: int, name: str, kind: str, output: Any, recorded: RecordedStep | None,
+                        *, consumes: bool = False) -> Any:
+        """Record a waiting step (sleep, timed wait, gather) as done with ``output``, as its next seq."""
+        self._seq = seq - 1
+        return self._run_step(name, lambda: output, (), {}, kind=kind, consumes_messages=consumes,
+                              started_at=_since(recorded))
+
+
+def _since(recorded: RecordedStep | None) -> datetime | None:
+    if recorded is None or not isinstance(recorded.output, dict) or "since" not in recorded.output:
+        return None
+    return datetime.fromisoformat(recorded.output["since"]).astimezone(UTC)
