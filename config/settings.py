@@ -102,6 +102,7 @@ INSTALLED_APPS = [
     "runs",
     "workers",
     "crm",
+    "deploys",
 ]
 
 MIDDLEWARE = [

@@ -59,16 +59,19 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 def list_runs(
     *, tenant: Tenant, limit: int = 50, cursor: str | None = None,
     status: str | None = None, kind: str | None = None, queue: str | None = None,
-    id_search: tuple[UUID, UUID] | None = None, without_payloads: bool = False,
+    id_search: tuple[UUID, UUID] | None = None, without_payloads: bool = False, parent: UUID | None = None,
 ) -> Page:
     """Newest first, keyset-paginated on (created_at, id): page N costs what page 1 costs.
 
     The API's list and the dashboard's: ``id_search`` is an inclusive id
     range (the dashboard's search by the first characters of an id), and
     ``without_payloads`` leaves the big JSON columns (input, result, error)
-    in the table for a list that shows none of them.
+    in the table for a list that shows none of them. ``parent`` lists a
+    run's children (on the index of children).
     """
     runs = Run.objects.for_tenant(tenant).newest_first()
+    if parent:
+        runs = runs.filter(parent_id=parent)
     if status:
         runs = runs.filter(status=status)
     if kind:
@@ -124,6 +127,12 @@ def _decode_step_cursor(cursor: str) -> tuple[int, int]:
 
 def waiting_for(run: Run) -> dict | None:
     """What a run waits for, for people and integrations; queries only for runs that wait."""
+    if run.status == RunStatus.WAITING_HUMAN and run.compensation == "running":
+        step = (Step.objects.filter(run=run, generation=run.generation, kind="compensation")
+                .exclude(status=StepStatus.DONE).order_by("-seq").first())
+        return {"type": "compensation", "step": step.seq if step else None, "name": step.name if step else None,
+                "input": step.input if step else None, "error": run.error,
+                "actions": ["retry", "done", "skip", "fail"]}
     if run.status == RunStatus.WAITING_HUMAN:
         step = (
             Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING).order_by("-seq").first()
@@ -139,11 +148,15 @@ def waiting_for(run: Run) -> dict | None:
         return {"type": "ambiguous", "step": step.seq, "name": step.name, "input": step.input, "error": step.error,
                 "actions": ["done", "retry", "fail"]}
     if run.status == RunStatus.WAITING:
+        until = run.wake_at.isoformat() if run.wake_at else None
         if run.children_pending:
-            return {"type": "children", "pending": run.children_pending}
-        return {"type": "message"}
+            return {"type": "children", "pending": run.children_pending, "needed": run.children_needed,
+                    "until": until}
+        return {"type": "message", "until": until}
     if run.status == RunStatus.PAUSED:
         return {"type": "resume"}
     if run.status == RunStatus.QUEUED and run.run_after and run.run_after > timezone.now():
-        return {"type": "run_after", "until": run.run_after.isoformat()}
+        sleeping = Step.objects.filter(run=run, generation=run.generation, kind="sleep",
+                                       status=StepStatus.WAITING).exists()
+        return {"type": "sleep" if sleeping else "run_after", "until": run.run_after.isoformat()}
     return None

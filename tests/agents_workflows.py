@@ -111,3 +111,22 @@ def wf_steps(ctx: RunContext, data: dict) -> dict:
 
         seen.append(ctx.step(f"step {i}", work)["step"])
     return {"steps": seen}
+
+
+@agent("wf_cost_child")
+def wf_cost_child(ctx: RunContext, data: dict) -> dict:
+    from workers import StepResult
+
+    return ctx.step("spend", lambda: StepResult({"spent": 30}, cost_cents=30))
+
+
+@agent("wf_cost_parent")
+def wf_cost_parent(ctx: RunContext, data: dict) -> dict:
+    """Children that spend 30 cents each, then a 20-cent step of its own."""
+    from workers import StepResult
+
+    children = [ctx.spawn("wf_cost_child", {}, key=str(i)) for i in range(data["n"])]
+    ctx.gather(children)
+    ctx.step("summarise", lambda: StepResult({"ok": True}, cost_cents=20))
+    ctx.step("after", lambda: None)
+    return {"ok": True}

@@ -127,7 +127,7 @@ def test_a_saga_compensates_in_reverse_order_each_once(tenant, processes, tmp_pa
     assert [n["resource"] for n in notes(log, action="undo")] == ["r3", "r2", "r1"]
     statuses = dict(Step.objects.filter(run=run, kind="custom").values_list("name", "status"))
     assert statuses == {"do 1": "compensated", "do 2": "compensated", "do 3": "compensated", "do 4": "failed"}
-    assert "rolled back: step 3, step 2, step 1" in run.error
+    assert "rolled back: do 3 (step 3), do 2 (step 2), do 1 (step 1)" in run.error
     assert list(Step.objects.filter(run=run, kind="compensation").order_by("seq").values_list("name", flat=True)) == [
         "rollback", "undo do 3", "undo do 2", "undo do 1"]
 
@@ -183,3 +183,78 @@ def test_cancel_with_compensate_rolls_back_a_waiting_saga(tenant, processes, tmp
     assert fresh(run).compensation == "done"
     assert [n["step"] for n in notes(log, action="undo")] == [2, 1]
     assert len(notes(log, action="do")) == 2
+
+
+def test_a_compensation_that_keeps_failing_waits_for_a_person_who_can_skip_it(tenant, processes, tmp_path, api):
+    log = str(tmp_path / "log")
+    run = submit_run(tenant=tenant, kind="wf_saga", input={"log": log, "steps": 3, "fail_at": 3, "fatal_undo": [2]})
+    worker(processes)
+    wait_for(lambda: fresh(run).status == "waiting_human", timeout=30, message="the rollback to stop at step 2")
+    run = fresh(run)
+    assert run.compensation == "running"
+    assert "the compensation of step" in run.error and "cannot undo step 2" in run.error
+    body = api.get(f"/api/runs/{run.id}").json()
+    assert body["waiting_for"]["type"] == "compensation"
+    assert body["waiting_for"]["actions"] == ["retry", "done", "skip", "fail"]
+    assert body["compensated"] is False
+
+    answer = api.post(f"/api/runs/{run.id}/resolve", {"action": "skip"}, content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the rollback to go on and end")
+    run = fresh(run)
+    assert run.compensation == "partial"
+    assert "not undone: do 2 (step 2)" in run.error
+    assert [n["step"] for n in notes(log, action="undo")] == [2, 1]  # step 2's undo ran once, then was skipped
+    statuses = dict(Step.objects.filter(run=run, kind="custom").values_list("name", "status"))
+    assert statuses == {"do 1": "compensated", "do 2": "done", "do 3": "failed"}
+    assert api.get(f"/api/runs/{run.id}").json()["compensation"] == "partial"
+
+
+def test_retrying_a_rolled_back_run_does_its_steps_again(tenant, processes, tmp_path):
+    log = str(tmp_path / "log")
+    gate = tmp_path / "gate"
+    gate.touch()
+    run = submit_run(tenant=tenant, kind="wf_saga", input={"log": log, "steps": 3, "wait_after": 2,
+                                                           "gate": str(gate)})
+    worker(processes)
+    wait_for(lambda: len(notes(log, run=str(run.id), action="do")) == 2, timeout=30, message="two steps done")
+    cancel_run(run=fresh(run), actor=PERSON, compensate=True)
+    wait_for(lambda: fresh(run).status == "cancelled", timeout=30, message="the rollback")
+    gate.unlink()
+    from runs.control import retry_run
+
+    retry_run(run=fresh(run), actor=PERSON)
+    wait_for(lambda: fresh(run).status == "done", timeout=30, message="the retried run to finish")
+    # Undone steps 1 and 2 run again; step 3 runs for the first time.
+    assert [n["step"] for n in notes(log, run=str(run.id), action="do")] == [1, 2, 1, 2, 3]
+    assert fresh(run).compensation == ""
+    assert fresh(run).generation == 2
+
+
+def test_a_gather_timeout_cancels_the_stragglers(tenant, processes, tmp_path):
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=10)
+    gate = tmp_path / "gate"
+    gate.touch()
+    parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 2, "gate": str(gate), "timeout": 1})
+    worker(processes, "--concurrency", "4")
+    processes.manage("reap", "--interval", "5")
+    wait_for(lambda: fresh(parent).status == "done", timeout=30, message="the gather to time out")
+    assert fresh(parent).result["statuses"] == ["cancelled", "cancelled"]
+    wait_for(lambda: set(Run.objects.filter(parent=parent).values_list("status", flat=True)) == {"cancelled"},
+             timeout=30, message="the stragglers to stop")
+    assert Event.objects.filter(run=parent, type="run.queued", payload__reason="timer").count() == 1
+
+
+def test_what_children_spend_counts_toward_their_parents_ceiling(tenant, processes):
+    # Each wf_cost_child step costs 30 cents: three children spend 90 of the parent's 100.
+    parent = submit_run(tenant=tenant, kind="wf_cost_parent", input={"n": 3}, cost_ceiling_cents=100)
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=10)
+    worker(processes, "--concurrency", "4")
+    wait_for(lambda: fresh(parent).is_terminal, timeout=30, message="the parent to finish")
+    parent = fresh(parent)
+    children = list(Run.objects.filter(parent=parent))
+    # Each child's ceiling was what its parent had left when it was spawned.
+    assert {float(c.cost_ceiling_cents) for c in children} == {100.0}
+    assert float(parent.children_cost_cents) == 90.0
+    # The parent's own 20-cent step after the gather took it over its ceiling.
+    assert (parent.status, parent.error_kind) == ("failed", "budget")

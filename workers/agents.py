@@ -5,6 +5,9 @@ provider configured it uses it, without one a deterministic scripted model
 drives the same loop and tools (the CRM demo's ``crm_update`` lives with its
 app, in ``crm/agents.py``).
 
+``research_many`` is a lead agent: one child ``research`` run per question,
+gathered (``min_success``), then a synthesis step.
+
 ``research_brief`` looks like real agent work: it plans, searches several
 sources, reads and extracts facts, drafts, reviews and writes a brief. Its
 "model" and "tools" are deterministic functions of the input with realistic
@@ -19,10 +22,11 @@ import re
 import time
 
 from django.conf import settings
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from runs.registry import agent
 from workers.context import RunContext
+from workers.errors import Fatal
 from workers.step_support import StepResult
 
 SOURCES = ["company site", "press releases", "industry news", "job postings", "public filings"]
@@ -134,3 +138,56 @@ def research(ctx: RunContext, data: ResearchIn) -> dict:
         "iterations": result.iterations,
         "model": result.model,
     }
+
+
+class ResearchManyIn(BaseModel):
+    questions: list[str] = Field(min_length=1, max_length=10, description="One child research run per question")
+    min_success: int | None = Field(default=None, ge=1, le=10,
+                                    description="Synthesise once this many answered (the rest are cancelled)")
+    timeout_seconds: float | None = Field(default=None, gt=0, le=86400,
+                                          description="Stop waiting for the children after this long")
+
+    @field_validator("questions")
+    @classmethod
+    def _questions(cls, questions: list[str]) -> list[str]:
+        for question in questions:
+            if not 3 <= len(question.strip()) <= 500:
+                raise ValueError("each question must be 3 to 500 characters")
+        return [q.strip() for q in questions]
+
+    @model_validator(mode="after")
+    def _reachable(self) -> ResearchManyIn:
+        if self.min_success is not None and self.min_success > len(self.questions):
+            raise ValueError("min_success cannot exceed the number of questions")
+        return self
+
+
+@agent("research_many", input_schema=ResearchManyIn, max_attempts=3)
+def research_many(ctx: RunContext, data: ResearchManyIn) -> dict:
+    """A lead agent: one child ``research`` run per question, gathered, then a synthesis of what they found."""
+    children = [ctx.spawn("research", {"question": q}, key=f"q{i}") for i, q in enumerate(data.questions)]
+    outcomes = ctx.gather(children, min_success=data.min_success, timeout=data.timeout_seconds)
+    answered = [o for o in outcomes if o.succeeded]
+    if not answered:
+        raise Fatal("none of the child research runs answered: " + "; ".join(
+            f"{o.status}: {o.error.splitlines()[0] if o.error else 'no answer'}" for o in outcomes))
+    found = [{"run_id": str(o.run_id), "status": o.status, "result": o.result, "error": o.error} for o in outcomes]
+    return ctx.step("synthesise", synthesise, data.questions, found, kind="llm")
+
+
+def synthesise(questions: list[str], outcomes: list[dict]) -> StepResult:
+    """Join the children's answers into one report, with their citations and what went unanswered."""
+    usage = _model_call("Synthesise: " + " ".join(questions), 180, 0.6)
+    sections, sources, unanswered = [], {}, []
+    for question, outcome in zip(questions, outcomes, strict=True):
+        result = outcome.get("result") or {}
+        if outcome["status"] != "done":
+            unanswered.append({"question": question, "status": outcome["status"]})
+            continue
+        sections.append({"question": question, "answer": result.get("answer", ""), "run_id": outcome["run_id"]})
+        for cited in result.get("citations", []):
+            sources[cited["doc_id"]] = cited["title"]
+    summary = f"{len(sections)} of {len(questions)} questions answered from {len(sources)} sources."
+    report = {"summary": summary, "sections": sections, "sources": [{"doc_id": k, "title": v} for k, v in sources.items()],
+              "unanswered": unanswered}
+    return StepResult(report, usage.tokens_in, usage.tokens_out, usage.cost_cents)

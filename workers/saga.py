@@ -33,15 +33,16 @@ class RolledBack:
         return "partial" if self.not_undone else "done"
 
     def error(self) -> str:
-        said = [f"rolled back: {_steps(self.undone) or 'nothing to undo'}"]
+        names = {entry["seq"]: entry["name"] for entry in self.plan.plan}
+        said = [f"rolled back: {_steps(self.undone, names) or 'nothing to undo'}"]
         if self.not_undone:
-            said.append(f"not undone: {_steps(self.not_undone)}")
+            said.append(f"not undone: {_steps(self.not_undone, names)}")
         head = self.plan.error or ("cancelled with rollback" if self.plan.target == "cancelled" else "")
         return f"{head}\n\n{'; '.join(said)}".strip()
 
 
-def _steps(seqs: list[int]) -> str:
-    return ", ".join(f"step {seq}" for seq in seqs)
+def _steps(seqs: list[int], names: dict[int, str]) -> str:
+    return ", ".join(f"{names.get(seq, 'step')} (step {seq})" for seq in seqs)
 
 
 def recorded_plan(recorded: dict[int, RecordedStep]) -> saga.RollbackPlan | None:

@@ -79,6 +79,7 @@ class RunFilters(StorableIn):
     status: RunStatus | None = None
     kind: str | None = None
     queue: str | None = None
+    parent: UUID | None = Field(default=None, description="only the children of this run")
     limit: int = Field(default=50, ge=1, le=200)
     cursor: str | None = None
 
@@ -88,7 +89,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     require_scope(request, ApiKey.Scope.READ)
     page = selectors.list_runs(
         tenant=request.auth.tenant, limit=filters.limit, cursor=filters.cursor,
-        status=filters.status, kind=filters.kind, queue=filters.queue,
+        status=filters.status, kind=filters.kind, queue=filters.queue, parent=filters.parent,
     )
     return {"items": page.items, "next_cursor": page.next_cursor}
 

@@ -56,9 +56,12 @@ def _invalid(request: HttpRequest, access: Access, run: Run, name: str, form: dj
 @login_required
 def cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
     _, run = _target(request, run_id, Action.CANCEL)
+    compensate = request.POST.get("compensate") == "1"
     return _apply(
-        request, run, lambda: control.cancel_run(run=run, actor=actor_of(request)),
-        done="Run cancelled.", later="Cancel requested: the run stops at the end of its current step.",
+        request, run, lambda: control.cancel_run(run=run, actor=actor_of(request), compensate=compensate),
+        done="Run cancelled.",
+        later=("Rollback requested: the finished steps are undone, newest first, then the run is cancelled."
+               if compensate else "Cancel requested: the run stops at the end of its current step."),
     )
 
 
@@ -121,7 +124,7 @@ def resolve(request: HttpRequest, run_id: UUID) -> HttpResponse:
         return _apply(
             request, run, lambda: control.resolve_run(run=run, actor=actor_of(request), action=action, output=output),
             done={"done": "Marked done: the run continues.", "retry": "The step runs again.",
-                  "fail": "The run failed."}[action],
+                  "fail": "The run failed.", "skip": "Skipped: the rollback goes on."}[action],
         )
     except InvalidRunInput as exc:
         form.add_error("output", str(exc))

@@ -204,7 +204,8 @@ class ResolveForm(forms.Form):
         ("retry", "It did not happen: run the step again"),
         ("fail", "Fail the run"),
     ]
-    action = forms.ChoiceField(choices=ACTIONS)
+    # A rollback that stopped on a compensation may also skip it (the run page offers it there only).
+    action = forms.ChoiceField(choices=[*ACTIONS, ("skip", "Skip the compensation")])
     output = StorableJSONField(
         required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Step output (JSON)",
         help_text="Only for “it happened”: what the step would have returned.",

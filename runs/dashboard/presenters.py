@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from runs.dashboard.access import Access, Action
 from runs.models import WEBHOOK_EVENT_TYPES, DeliveryStatus, Run, RunStatus, Step, WebhookDelivery
+from runs.registry import get_kind
 
 CENT = Decimal("0.01")
 
@@ -130,7 +131,7 @@ def progress_percent(run: Run) -> int | None:
 def cost_percent(run: Run) -> int | None:
     if not run.cost_ceiling_cents:
         return None
-    return min(100, round(100 * run.cost_cents / run.cost_ceiling_cents))
+    return min(100, round(100 * (run.cost_cents + run.children_cost_cents) / run.cost_ceiling_cents))
 
 
 ADVICE = {
@@ -152,6 +153,10 @@ ADVICE = {
 
 def advice(run: Run) -> str:
     """What to do about a run that stopped, in one or two sentences."""
+    if run.compensation == "done" and run.is_terminal:
+        return "Rolled back: every finished step with a compensation was undone. Retry it to start again."
+    if run.compensation == "partial" and run.is_terminal:
+        return "Partly rolled back: the steps named above were not undone; check them in the other systems."
     if run.status == RunStatus.CANCELLED:
         return "A person cancelled it. Retry it to start again; its finished steps are kept."
     if run.status == RunStatus.FAILED:
@@ -180,9 +185,10 @@ class Controls:
     retry: bool
     message: bool
     decide: bool  # approve / reject a pending approval
-    resolve: bool  # decide an ambiguous side effect
+    resolve: bool  # decide an ambiguous side effect, or a compensation that failed
     cancel_requested: bool
     pause_requested: bool
+    roll_back: bool = False  # cancel with compensate: the kind is a saga and steps are done
 
     @property
     def any_button(self) -> bool:
@@ -205,10 +211,17 @@ def controls(run: Run, access: Access, waiting: dict | None) -> Controls:
         retry=access.can(Action.RETRY) and run.status in (RunStatus.FAILED, RunStatus.CANCELLED),
         message=access.can(Action.MESSAGE) and live,
         decide=access.can(Action.APPROVE) and kind == "approval",
-        resolve=access.can(Action.RESOLVE) and kind == "ambiguous",
+        resolve=access.can(Action.RESOLVE) and kind in ("ambiguous", "compensation"),
         cancel_requested=live and run.cancel_requested_at is not None,
         pause_requested=live and run.pause_requested_at is not None,
+        roll_back=(access.can(Action.CANCEL) and live and run.cancel_requested_at is None and not run.compensation
+                   and run.steps_done > 0 and _is_saga(run.kind)),
     )
+
+
+def _is_saga(kind_name: str) -> bool:
+    kind = get_kind(kind_name)
+    return kind is not None and bool(kind.compensate_on)
 
 
 def needs_new_bound(run: Run) -> str:
@@ -282,3 +295,15 @@ def _delivery_when(delivery: WebhookDelivery) -> str:
     if delivery.status == DeliveryStatus.SENDING:
         return "being sent"
     return f"next attempt {until(delivery.next_attempt_at)}"
+
+
+def input_title(data, *, limit: int = 80) -> str:
+    """A run's input in a few words: its first short string field (or the first item of a list of them)."""
+    if isinstance(data, dict):
+        for value in data.values():
+            if isinstance(value, list) and value and isinstance(value[0], str):
+                value = value[0] + (f" (+{len(value) - 1} more)" if len(value) > 1 else "")
+            if isinstance(value, str) and value.strip():
+                text = " ".join(value.split())
+                return text if len(text) <= limit else text[: limit - 1] + "…"
+    return ""

@@ -71,3 +71,41 @@ def recent_deliveries(*, run: Run, limit: int = 20) -> list[WebhookDelivery]:
 
 def get_delivery(*, run: Run, delivery_id: int) -> WebhookDelivery | None:
     return WebhookDelivery.objects.filter(run=run, pk=delivery_id).first()
+
+
+@dataclass
+class Family:
+    """Where a run sits in a tree of runs: its parent, the run it was forked from, its children."""
+
+    parent: Run | None = None
+    origin: Run | None = None
+    children: list[Run] = field(default_factory=list)
+    more_children: int = 0  # beyond the ones listed
+
+    @property
+    def counts(self) -> dict[str, int]:
+        found: dict[str, int] = defaultdict(int)
+        for child in self.children:
+            found[child.status] += 1
+        return dict(found)
+
+    def __bool__(self) -> bool:
+        return bool(self.parent or self.origin or self.children)
+
+
+CHILDREN_SHOWN = 100
+
+
+def family(*, run: Run) -> Family:
+    """The run's parent and origin (by key, so at most two queries) and its first children, in spawn order."""
+    related = {r.pk: r for r in Run.objects.filter(pk__in=[k for k in (run.parent_id, run.origin_id) if k])
+               .only("id", "kind", "status", "input", "tenant_id")}
+    children = list(Run.objects.filter(parent=run).order_by("created_at", "id")
+                    .only("id", "kind", "status", "input", "cost_cents", "created_at", "finished_at",
+                          "compensation")[: CHILDREN_SHOWN + 1])
+    more = 0
+    if len(children) > CHILDREN_SHOWN:
+        more = Run.objects.filter(parent=run).count() - CHILDREN_SHOWN
+        children = children[:CHILDREN_SHOWN]
+    return Family(parent=related.get(run.parent_id), origin=related.get(run.origin_id), children=children,
+                  more_children=more)

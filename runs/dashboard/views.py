@@ -34,7 +34,7 @@ from runs.dashboard.forms import (
     RunFilterForm,
 )
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
-from runs.models import Run
+from runs.models import Run, RunStatus
 from runs.registry import all_kinds, get_kind
 from runs.text import find_unstorable
 
@@ -196,6 +196,12 @@ def run_context(
             retry_form=RetryForm(),
         )
         context.update({f"{name}_form": form for name, form in (forms or {}).items()})
+    # Children change without the parent's events: while it waits, its tree is read on every poll.
+    if work or run.status == RunStatus.WAITING:
+        context["family"] = dashboard_selectors.family(run=run)
+        for child in context["family"].children:
+            child.title = presenters.input_title(child.input)
+        context["work_changed"] = work = True
     if work:
         steps = dashboard_selectors.timeline(run=run)
         context.update(

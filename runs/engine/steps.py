@@ -92,7 +92,8 @@ _STEP_COLUMNS = (
 _CHECKPOINT_SQL = sql("""
 WITH r AS (
     UPDATE runs_run SET
-        steps_done = steps_done + 1,
+        -- A compensation undoes a step: it is not progress.
+        steps_done = steps_done + (%(kind)s::text <> 'compensation')::int,
         steps_total = COALESCE(%(steps_total)s, steps_total),
         current_step = %(name)s,
         cost_cents = cost_cents + %(cost)s,
