@@ -148,11 +148,13 @@ def waiting_for(run: Run) -> dict | None:
         return {"type": "ambiguous", "step": step.seq, "name": step.name, "input": step.input, "error": step.error,
                 "actions": ["done", "retry", "fail"]}
     if run.status == RunStatus.WAITING:
-        until = run.wake_at.isoformat() if run.wake_at else None
+        # A gather's successes still needed and a timer, only when there are.
+        extra = {"until": run.wake_at.isoformat()} if run.wake_at else {}
         if run.children_pending:
-            return {"type": "children", "pending": run.children_pending, "needed": run.children_needed,
-                    "until": until}
-        return {"type": "message", "until": until}
+            if run.children_needed is not None:
+                extra["needed"] = run.children_needed
+            return {"type": "children", "pending": run.children_pending, **extra}
+        return {"type": "message", **extra}
     if run.status == RunStatus.PAUSED:
         return {"type": "resume"}
     if run.status == RunStatus.QUEUED and run.run_after and run.run_after > timezone.now():

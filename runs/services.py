@@ -141,7 +141,7 @@ def submit(
         if existing is not None:
             return Submitted(run=existing, created=False)
     # After the idempotency lookup, so that a retried submit still gets its run.
-    _check_queue_room(tenant)
+    check_queue_room(tenant)
 
     now = timezone.now()
     run = Run(
@@ -227,7 +227,7 @@ def known_queues() -> set[str]:
     return names | set(Queue.objects.values_list("name", flat=True))
 
 
-def _check_queue_room(tenant: Tenant) -> None:
+def check_queue_room(tenant: Tenant) -> None:
     """Backpressure: 429 when the tenant already has max_queued runs waiting (its approximate counter)."""
     queued, max_queued = Tenant.objects.filter(pk=tenant.pk).values_list("queued", "max_queued").get()
     # Submits of this process still waiting in the debounced counter update count too.

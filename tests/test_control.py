@@ -73,7 +73,7 @@ def rescue(run: Run) -> None:
 
 
 # The start of workers.checkpoint's statement (pg_stat_activity keeps only the first 1 kB of a query).
-CHECKPOINT = "steps_done = steps_done + 1"
+CHECKPOINT = "<> 'compensation')::int"  # the checkpoint's steps_done = steps_done + (kind <> 'compensation')
 
 
 def in_step(log, run, name: str) -> bool:

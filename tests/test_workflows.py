@@ -30,7 +30,8 @@ def test_a_sleeping_run_holds_no_slot_and_another_run_of_its_tenant_runs_meanwhi
     worker(processes)
     wait_for(lambda: notes(log, step="before"), message="the sleeper's first step")
     wait_for(lambda: fresh(sleeper).status == "queued", message="the sleeper to go back to the queue")
-    assert Tenant.objects.get(pk=tenant.pk).running == 0
+    # Its slot is given back (by the worker's next claim, which returns the slots of runs it let go).
+    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).running == 0, timeout=5, message="the slot to be given back")
     other = submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.2})
     wait_for(lambda: fresh(other).status == "done", timeout=10, message="the other run to finish")
     wait_for(lambda: fresh(sleeper).status == "done", timeout=20, message="the sleeper to wake and finish")

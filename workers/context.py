@@ -99,7 +99,12 @@ class RunContext(Workflow, StepMachinery):
 
     @property
     def cancelled(self) -> bool:
-        """True once a cancel was requested or the lease was lost: a long step may poll it and stop early."""
+        """True once a cancel was requested or the lease was lost: a long step may poll it and stop early.
+
+        A compensation is not stopped by the cancel that started its rollback: only a lost lease counts then.
+        """
+        if self._rollback == "compensate":
+            return self._control.lease_lost.is_set()
         return self._control.cancel_requested.is_set() or self._control.lease_lost.is_set()
 
     @property

@@ -77,9 +77,10 @@ class RunExecutor:
             # nothing, and let a worker with that version take it.
             logger.warning("cannot resume %s version %s here; releasing", claimed.kind, claimed.kind_version, extra=self.log_extra)
             return self._leave("queued", reason="version", delay=self.worker.poll)
-        # A first claim has no step log yet: skip the read.
+        # A first claim has no step log yet (unless it is a fork: its copied steps count as
+        # done, or a rollback requested before it ever ran): skip the read.
         recorded = (load_step_log(run_id=claimed.id, generation=claimed.generation)
-                    if claimed.attempt > 1 or claimed.compensation else {})
+                    if claimed.attempt > 1 or claimed.steps_done or claimed.compensation else {})
         ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind)
         try:
             agent_input = kind.agent_input(claimed.input)

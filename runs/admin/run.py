@@ -84,13 +84,13 @@ class RunAdmin(admin.ModelAdmin):
     raw_id_fields = ("tenant", "parent")
     inlines = (StepInline, EventInline)
     actions = (
-        run_actions.cancel_runs, run_actions.retry_runs, run_actions.retry_from_step,
+        run_actions.cancel_runs, run_actions.retry_runs, run_actions.retry_from_step, run_actions.fork_from_step,
         run_actions.requeue_stuck_runs, run_actions.approve_runs, run_actions.reject_runs,
         run_actions.resolve_runs,
     )
     fieldsets = (
         (None, {"fields": ("id", "tenant", "kind", "kind_version", "queue", "priority", "status", "waiting_for",
-                           "error_kind", "error", "parent", "children_pending")}),
+                           "error_kind", "error", "parent", "children_pending", "origin", "origin_step")}),
         ("Progress", {"fields": ("current_step", "steps_done", "steps_total", "generation", "attempt", "failures",
                                  "max_attempts", "cost_cents", "cost_ceiling_cents", "running_seconds",
                                  "deadline_seconds")}),

@@ -15,9 +15,12 @@ from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
 from django.db import transaction
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from runs import control, operations, selectors
 from runs.admin.common import DOMAIN_ERRORS, Tally, json_block, operator
+from runs.exceptions import QueueFull
 from runs.models import Run, RunStatus, Step
 
 BATCH_SIZE = 500
@@ -109,6 +112,12 @@ class RetryFromStepForm(forms.Form):
     )
 
 
+class ForkFromStepForm(forms.Form):
+    from_step = forms.IntegerField(
+        min_value=1, help_text="A new run replays the steps before this one and runs from this one on."
+    )
+
+
 class ResolveForm(forms.Form):
     # Not "action": the admin's action bar already posts that name.
     resolution = forms.ChoiceField(
@@ -138,6 +147,29 @@ def retry_from_step(modeladmin, request, queryset):
             return None
     steps = Step.objects.filter(run=run, generation=run.generation).order_by("seq")
     return action_form(modeladmin, request, run, form, "retry_from_step", "Retry from a step", steps=steps)
+
+
+@admin.action(description="Fork from step N…", permissions=["retry"], location=BOTH)
+def fork_from_step(modeladmin, request, queryset):
+    run = single_run(modeladmin, request, queryset)
+    if run is None:
+        return None
+    form = ForkFromStepForm(request.POST if "apply" in request.POST else None)
+    if form.is_valid():
+        from_step = form.cleaned_data["from_step"]
+        try:
+            fork = control.fork_run(run=run, actor=operator(request), from_step=from_step)
+        except (*DOMAIN_ERRORS, QueueFull) as exc:
+            modeladmin.message_user(request, f"Run {run.pk} cannot be forked from step {from_step}: {exc}",
+                                    messages.ERROR)
+        else:
+            url = reverse("admin:runs_run_change", args=[fork.pk])
+            modeladmin.message_user(request, format_html(
+                'Run {} forked from step {}: the new run is <a href="{}">{}</a>.', run.pk, from_step, url, fork.pk,
+            ), messages.SUCCESS)
+            return None
+    steps = Step.objects.filter(run=run, generation=run.generation).order_by("seq")
+    return action_form(modeladmin, request, run, form, "fork_from_step", "Fork from a step", steps=steps)
 
 
 @admin.action(description="Resolve the ambiguous step…", permissions=["resolve"], location=BOTH)

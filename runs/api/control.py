@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Status
 
 from runs import control, selectors
 from runs.api.endpoints import ERRORS, require_scope, router
-from runs.api.schemas import CancelIn, DecisionIn, MessageIn, ResolveIn, RetryIn, RunOut
+from runs.api.schemas import CancelIn, DecisionIn, ForkIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
 from runs.services import Actor
 
@@ -80,3 +80,12 @@ def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
         run=run, actor=actor, from_step=payload.from_step,
         deadline_seconds=payload.deadline_seconds, cost_ceiling_cents=payload.cost_ceiling_cents,
     ))
+
+
+@router.post("/runs/{run_id}/fork", response={202: RunOut} | ERRORS,
+             summary="Fork a run: a new run that replays steps before N and runs from N (202, queued)")
+def fork(request: HttpRequest, response: HttpResponse, run_id: UUID, payload: ForkIn):
+    run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    forked = control.fork_run(run=run, actor=actor, from_step=payload.from_step)
+    response["Location"] = f"/api/runs/{forked.id}"
+    return Status(202, forked)

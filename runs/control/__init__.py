@@ -1,4 +1,4 @@
-"""People acting on live runs: cancel, pause, resume, approve, reject, resolve, message, retry.
+"""People acting on live runs: cancel, pause, resume, approve, reject, resolve, message, retry, fork.
 
 Each action is a service used by the API, the dashboard and the admin alike:
 it locks the run row, checks the state it expects (raising
@@ -11,9 +11,17 @@ at its next step boundary (answered 202).
 """
 
 from runs.control.decisions import approve_run, decide_approval, reject_run, resolve_run
-from runs.control.lifecycle import cancel_run, pause_run, post_message, resume_run
+from runs.control.fork import fork_run
+from runs.control.lifecycle import (
+    cancel_children,
+    cancel_run,
+    cancel_runs,
+    pause_run,
+    post_message,
+    resume_run,
+)
 from runs.control.retry import retry_run
-from runs.control.transition import Outcome, cancel_children, cancel_runs
+from runs.control.transition import Outcome
 
 __all__ = [
     "Outcome",
@@ -22,6 +30,7 @@ __all__ = [
     "cancel_run",
     "cancel_runs",
     "decide_approval",
+    "fork_run",
     "pause_run",
     "post_message",
     "reject_run",

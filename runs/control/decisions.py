@@ -7,6 +7,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
+from runs.control.lifecycle import cancel_children_after_commit
 from runs.control.transition import Outcome, locked, transition
 from runs.db import db_now, dumps
 from runs.events import Actor
@@ -109,14 +110,18 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
                                   run_after=Now(), error="", error_kind="",
                                   **({"failures": 0} if action == "retry" else {})))
     # Terminal events keep their type (webhooks listen for run.failed).
-    return Outcome(transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
-                              error_kind="ambiguous"))
+    failed = transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
+                        error_kind="ambiguous")
+    cancel_children_after_commit(failed)
+    return Outcome(failed)
 
 
 def _resolve_compensation(run: Run, pending: Step, *, actor: Actor, action: str, output: Any, payload: dict) -> Outcome:
     if action == "fail":
-        return Outcome(transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
-                                  compensation=Compensation.PARTIAL))
+        failed = transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
+                            compensation=Compensation.PARTIAL)
+        cancel_children_after_commit(failed)
+        return Outcome(failed)
     if action in ("done", "skip"):
         recorded = output if action == "done" else {"skipped": True, "by": f"{actor.type}:{actor.id}"}
         Step.objects.filter(pk=pending.pk).update(status=StepStatus.DONE, output=recorded, error="", ended_at=Now())

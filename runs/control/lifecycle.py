@@ -7,8 +7,9 @@ from django.db.models.functions import Now
 
 from runs.control.transition import Outcome, expires_from_now, locked, refuse, request, transition
 from runs.db import notify_control
-from runs.events import Actor, append_event
-from runs.exceptions import InvalidRunInput
+from runs.engine import family
+from runs.events import SYSTEM, Actor, append_event
+from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.models import TERMINAL_STATUSES, Compensation, Message, Run, RunStatus, Step, StepStatus
 from runs.text import find_unstorable
 
@@ -24,6 +25,8 @@ def cancel_run(*, run: Run, actor: Actor, compensate: bool = False) -> Outcome:
     run = locked(run)
     if run.status in TERMINAL_STATUSES:
         raise refuse(run, "cancel")
+    if compensate and run.compensation == Compensation.REQUESTED:
+        return Outcome(run, later=True)  # asked already: a worker is to roll it back
     rolls_back = compensate and run.compensation == "" and _has_finished_steps(run)
     if run.status == RunStatus.RUNNING:
         if rolls_back:
@@ -35,10 +38,38 @@ def cancel_run(*, run: Run, actor: Actor, compensate: bool = False) -> Outcome:
         return Outcome(transition(run, to=RunStatus.QUEUED, event="run.cancel_requested", actor=actor,
                                   payload={"compensate": True}, cancel_requested_at=Now(), run_after=Now(),
                                   compensation=Compensation.REQUESTED), later=True)
-    # A run parked in the middle of its rollback stops there: not everything was undone.
-    partial = {"compensation": Compensation.PARTIAL} if run.compensation == Compensation.RUNNING else {}
-    return Outcome(transition(run, to=RunStatus.CANCELLED, event="run.cancelled", actor=actor,
-                              cancel_requested_at=Now(), **partial))
+    # A run parked in the middle of its rollback stops there: not everything was undone. A
+    # plain cancel of one queued for a rollback that has not begun withdraws the rollback.
+    partial = {"compensation": {Compensation.RUNNING: Compensation.PARTIAL,
+                                Compensation.REQUESTED: Compensation.NONE}.get(run.compensation, run.compensation)}
+    cancelled = transition(run, to=RunStatus.CANCELLED, event="run.cancelled", actor=actor,
+                           cancel_requested_at=Now(), **partial)
+    cancel_children_after_commit(cancelled)
+    return Outcome(cancelled)
+
+
+def cancel_children_after_commit(run: Run) -> None:
+    """A run that failed or was cancelled by a person cancels its live children once that commits."""
+    run_id = run.pk
+    transaction.on_commit(lambda: cancel_children(run_id))
+
+
+def cancel_runs(run_ids, *, actor: Actor = SYSTEM) -> int:
+    """Cancel each of these runs that is still live, each in its own transaction; returns how many."""
+    cancelled = 0
+    for run_id in run_ids:
+        try:
+            with transaction.atomic():
+                cancel_run(run=Run(pk=run_id), actor=actor)
+            cancelled += 1
+        except (Run.DoesNotExist, InvalidTransition):
+            pass  # finished meanwhile
+    return cancelled
+
+
+def cancel_children(run_id) -> int:
+    """Cancel the live children of a run that failed or was cancelled (a running one at its next step)."""
+    return cancel_runs(family.live_children(run_id), actor=Actor(type="system", id=f"parent:{run_id}"))
 
 
 def _has_finished_steps(run: Run) -> bool:

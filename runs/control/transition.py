@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 
 from runs.db import notify_control
 from runs.engine import family
-from runs.events import SYSTEM, Actor, append_event
+from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
 from runs.models import TERMINAL_STATUSES, Run, RunStatus, Tenant
 from runs.notify import count_and_notify_after_commit
@@ -66,33 +66,10 @@ def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | N
 
 
 def _family_after(run: Run, to: str) -> None:
-    """A finished child tells its parent (this transaction); a failed or cancelled parent cancels its children."""
+    """A finished child tells its parent, in this transaction (a parent's own children: ``cancel_children``)."""
     if run.parent_id is not None:
         family.wake_after_commit(family.child_finished(
             child_id=run.pk, parent_id=run.parent_id, succeeded=to == RunStatus.DONE))
-    if to in (RunStatus.FAILED, RunStatus.CANCELLED):
-        run_id = run.pk
-        transaction.on_commit(lambda: cancel_children(run_id))
-
-
-def cancel_runs(run_ids, *, actor: Actor = SYSTEM) -> int:
-    """Cancel each of these runs that is still live, each in its own transaction; returns how many."""
-    from runs.control.lifecycle import cancel_run
-
-    cancelled = 0
-    for run_id in run_ids:
-        try:
-            with transaction.atomic():
-                cancel_run(run=Run(pk=run_id), actor=actor)
-            cancelled += 1
-        except (Run.DoesNotExist, InvalidTransition):
-            pass  # finished meanwhile
-    return cancelled
-
-
-def cancel_children(run_id) -> int:
-    """Cancel the live children of a run that failed or was cancelled (a running one at its next step)."""
-    return cancel_runs(family.live_children(run_id), actor=Actor(type="system", id=f"parent:{run_id}"))
 
 
 def request(run: Run, *, field: str, event: str, actor: Actor, payload: dict | None = None) -> Run:

@@ -1,0 +1,73 @@
+"""The workflow parts of the API without workers: cancel with compensate, the tree of runs, resolve skip."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import Event, Run, Step
+from runs.services import submit_run
+from tests.conftest import fresh
+from tests.run_states import force_status
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api, path, body=None):
+    return api.post(path, body if body is not None else {}, content_type="application/json")
+
+
+def test_cancel_with_compensate_of_a_run_with_nothing_done_cancels_at_once(api, tenant):
+    run = submit_run(tenant=tenant, kind="wf_saga", input={"log": "", "steps": 2})
+    answer = post(api, f"/api/runs/{run.id}/cancel", {"compensate": True})
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["status"] == "cancelled"
+    assert fresh(run).compensation == ""
+
+
+def test_cancel_with_compensate_of_a_waiting_saga_queues_it_for_its_rollback(api, tenant):
+    run = force_status(submit_run(tenant=tenant, kind="wf_saga", input={"log": "", "steps": 2}), "waiting_human",
+                       attempt=1)
+    Step.objects.create(run=run, seq=1, name="do 1", status="done", output={"resource": "r1"})
+    answer = post(api, f"/api/runs/{run.id}/cancel", {"compensate": True})
+    assert answer.status_code == 202, answer.content
+    body = answer.json()
+    assert (body["status"], body["compensation"], body["cancel_requested"]) == ("queued", "requested", True)
+    assert Event.objects.filter(run=run, type="run.cancel_requested", payload__compensate=True).exists()
+    # Asked again, it is the same request: still queued for the rollback, nothing doubled.
+    assert post(api, f"/api/runs/{run.id}/cancel", {"compensate": True}).status_code == 202
+    assert fresh(run).compensation == "requested"
+
+
+@pytest.mark.parametrize("body", [{"compensate": "yes"}, {"compensate": 1}, {"compensate": None}])
+def test_cancel_refuses_a_compensate_that_is_not_a_boolean(api, tenant, body):
+    run = submit_run(tenant=tenant, kind="wf_saga", input={"log": "", "steps": 2})
+    answer = post(api, f"/api/runs/{run.id}/cancel", body)
+    assert answer.status_code == 422
+    assert "compensate" in answer.json()["detail"]
+    assert fresh(run).status == "queued"
+
+
+def test_the_run_json_names_its_parent_and_the_list_gives_a_runs_children(api, tenant):
+    parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 2})
+    children = [submit_run(tenant=tenant, kind="wf_child", input={"n": i}) for i in range(2)]
+    Run.objects.filter(pk__in=[c.pk for c in children]).update(parent=parent)
+    submit_run(tenant=tenant, kind="wf_child", input={"n": 9})  # not a child
+
+    listed = api.get(f"/api/runs?parent={parent.id}").json()["items"]
+    assert sorted(r["id"] for r in listed) == sorted(str(c.id) for c in children)
+    child = api.get(f"/api/runs/{children[0].id}").json()
+    assert child["parent_id"] == str(parent.id)
+    body = api.get(f"/api/runs/{parent.id}").json()
+    assert (body["parent_id"], body["children_pending"], body["children_cost_cents"]) == (None, 0, 0)
+    assert (body["origin_id"], body["origin_step"], body["compensation"], body["compensated"]) == (None, None, "", False)
+    assert api.get("/api/runs?parent=not-a-uuid").status_code == 422
+
+
+def test_skip_is_only_for_a_compensation(api, tenant):
+    run = force_status(submit_run(tenant=tenant, kind="wf_steps", input={"log": "", "steps": 1}), "waiting_human",
+                       attempt=1, error_kind="ambiguous")
+    Step.objects.create(run=run, seq=1, name="step 1", status="waiting")
+    answer = post(api, f"/api/runs/{run.id}/resolve", {"action": "skip"})
+    assert answer.status_code == 409
+    assert "only a compensation can be skipped" in answer.json()["detail"]
+    assert fresh(run).status == "waiting_human"
