@@ -30,7 +30,7 @@ test: install
 # Development entry points: settings refuse to start with DEBUG off and no
 # SECRET_KEY (`make run` turns DEBUG on in manage.py up, `make test` brings its own key).
 lint: install
-	$(VENV)/bin/ruff check config runs workers crm tests bench
+	$(VENV)/bin/ruff check config runs workers crm deploys tests bench
 	DEBUG=$${DEBUG:-1} $(VPY) manage.py makemigrations --check --dry-run
 
 bench: install

@@ -259,3 +259,47 @@ def test_what_children_spend_counts_toward_their_parents_ceiling(tenant, process
     assert float(parent.children_cost_cents) == 90.0
     # The parent's own 20-cent step after the gather took it over its ceiling.
     assert (parent.status, parent.error_kind) == ("failed", "budget")
+
+
+def test_the_built_in_deploy_saga_leaves_nothing_behind_when_a_step_fails(tenant, processes):
+    from deploys.models import Resource
+
+    run = submit_run(tenant=tenant, kind="deploy_app", input={"app": "shop", "fail_at": "container"})
+    processes.worker("--poll", "0.2", RUNS_DEMO_DELAY_SCALE="0.02")
+    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the deploy to fail and roll back")
+    run = fresh(run)
+    assert (run.compensation, run.error_kind) == ("done", "fatal")
+    assert "quota exceeded" in run.error and "rolled back: issue certificate (step 2), create DNS record (step 1)" in run.error
+    assert sorted(Resource.objects.filter(run_id=run.id).values_list("kind", "state")) == [
+        ("certificate", "deleted"), ("dns", "deleted")]
+    done = submit_run(tenant=tenant, kind="deploy_app", input={"app": "blog"})
+    wait_for(lambda: fresh(done).status == "done", timeout=30, message="a deploy that works")
+    assert fresh(done).result["url"] == "https://blog.eu-west.example.test"
+    assert Resource.objects.filter(run_id=done.id, state="active").count() == 4
+
+
+def test_the_built_in_research_many_gathers_with_min_success(tenant, processes):
+    Tenant.objects.filter(pk=tenant.pk).update(max_running=10)
+    questions = ["What is a lease?", "How are costs bounded?", "What does the reaper do?"]
+    parent = submit_run(tenant=tenant, kind="research_many", input={"questions": questions, "min_success": 1})
+    processes.worker("--poll", "0.2", "--concurrency", "6", RUNS_DEMO_DELAY_SCALE="0.02")
+    wait_for(lambda: fresh(parent).is_terminal, timeout=60, message="the lead run to finish")
+    parent = fresh(parent)
+    assert parent.status == "done", parent.error
+    answered = len(parent.result["sections"])
+    assert answered >= 1
+    assert parent.result["summary"].startswith(f"{answered} of 3 questions answered")
+    assert len(parent.result["unanswered"]) == 3 - answered
+    assert Run.objects.filter(parent=parent).count() == 3
+    bad = api_error(tenant, {"questions": ["ok?"] * 2, "min_success": 3})
+    assert "min_success cannot exceed the number of questions" in bad
+
+
+def api_error(tenant, data) -> str:
+    from runs.exceptions import InvalidRunInput
+
+    try:
+        submit_run(tenant=tenant, kind="research_many", input=data)
+    except InvalidRunInput as exc:
+        return str(exc)
+    return ""
