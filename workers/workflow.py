@@ -53,7 +53,7 @@ class ChildOutcome:
 
     run_id: UUID
     kind: str
-    status: str  # done | failed | cancelled (a straggler the gather cancelled), or still live on a timeout
+    status: str  # done | failed | cancelled (by a person, or a straggler the gather cancelled)
     result: Any
     error: str
     error_kind: str
@@ -202,7 +202,7 @@ class Workflow:
         if state is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while gathering children (step {seq})")
-        if len(state.children) != len(set(ids)):
+        if len(state.children) != len(ids):
             raise Fatal("gather() was given runs that are not children of this run")
         if not state.met and not state.timed_out:
             raise AwaitChildren(f"waiting for {len(state.pending)} children", wake_at=state.until)
