@@ -151,10 +151,12 @@ class Workflow:
         Returns a handle for ``gather``. A replayed run never spawns twice:
         the step returns the child it made, and a step executed again after
         a crash finds that child by its key (``key``, unique within this
-        run; by default the step's position).
+        run; by default the step's position; a retry from an earlier step
+        spawns anew).
         """
         seq = self._seq + 1
-        child_key = key or f"{self.generation}:{seq}"
+        # Per generation: a run retried from an earlier step spawns new children.
+        child_key = f"{self.generation}:{key}" if key else f"{self.generation}:{seq}"
         budget = self.budget_left_cents
 
         def make_child(*, kind: str, input: dict, key: str) -> dict:
