@@ -69,9 +69,15 @@ class ChildOutcome:
                    error_kind=output.get("error_kind", ""))
 
 
+# Longer than any run may wait (expires_at), short of what an interval column holds.
+MAX_WAIT_SECONDS = 10 * 365 * 86400
+
+
 def _seconds(value: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a finite number of seconds >= 0")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds")
+    if not 0 <= value <= MAX_WAIT_SECONDS:
+        raise ValueError(f"{what} must be between 0 and {MAX_WAIT_SECONDS} seconds (ten years)")
     return float(value)
 
 
