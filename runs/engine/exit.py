@@ -111,8 +111,9 @@ r AS (
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
               runs_run.cost_cents, runs_run.parent_id, runs_run.compensation,
               -- A run that failed or was cancelled cancels its live children (runs.control.family).
-              runs_run.status IN ({failed}, {cancelled}) AND EXISTS (
-                  SELECT 1 FROM runs_run c WHERE c.parent_id = runs_run.id AND c.status IN {live}) AS orphans
+              CASE WHEN runs_run.status IN ({failed}, {cancelled}) THEN EXISTS (
+                  SELECT 1 FROM runs_run c WHERE c.parent_id = runs_run.id AND c.status IN {live})
+                  ELSE false END AS orphans
 ),
 t AS (
     UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
