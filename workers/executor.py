@@ -221,10 +221,15 @@ class RunExecutor:
         except (ParkForHuman, StopRun) as exc:
             return self._leave("waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous")
         except Exception as exc:
-            failure = ctx.last_failure
-            where = f"step {failure.seq} ({failure.name})" if failure is not None and failure.exc is exc else "a step"
-            message = f"the compensation of {where} failed: {type(exc).__name__}: {exc}"
-            if failure is not None and failure.error_kind == "retryable":
+            failure = ctx.last_failure if ctx.last_failure is not None and ctx.last_failure.exc is exc else None
+            if failure is None:
+                # An engine statement failed (the database), not a compensation:
+                # released, counted, and carried on by the next claim.
+                logger.warning("rollback interrupted (%s); releasing the run", exc, extra=self.log_extra)
+                return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
+                                   error_kind="retryable", add_failure=True, delay=self.worker.poll)
+            message = f"the compensation of step {failure.seq} ({failure.name}) failed: {type(exc).__name__}: {exc}"
+            if failure.error_kind == "retryable":
                 # Retried with backoff; once the retry budget is spent the run
                 # waits for a person instead (the exit decides, runs.engine.exit).
                 delay = self._backoff(kind, (0 if ctx.progressed else self.claimed.failures) + 1, failure.retry_after)
@@ -232,8 +237,7 @@ class RunExecutor:
                 return self._leave("queued", reason="compensation_retry", error=message, error_kind="retryable",
                                    add_failure=True, delay=delay)
             logger.warning("%s; a person decides", message, extra=self.log_extra)
-            return self._leave("waiting_human", reason="compensation", error=message,
-                               error_kind=failure.error_kind if failure is not None else "fatal")
+            return self._leave("waiting_human", reason="compensation", error=message, error_kind=failure.error_kind)
         logger.info("rolled back: %s", done.error(), extra=self.log_extra)
         return self._leave(plan.target, reason="compensated", error=done.error(),
                            error_kind=plan.error_kind or None, compensation=done.compensation)

@@ -110,7 +110,7 @@ r AS (
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
               runs_run.cost_cents, runs_run.parent_id, runs_run.compensation,
-              -- A run that failed or was cancelled cancels its live children (runs.control.family).
+              -- A run that failed or was cancelled cancels its live children (runs.control.lifecycle).
               CASE WHEN runs_run.status IN ({failed}, {cancelled}) THEN EXISTS (
                   SELECT 1 FROM runs_run c WHERE c.parent_id = runs_run.id AND c.status IN {live})
                   ELSE false END AS orphans
