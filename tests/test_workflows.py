@@ -193,7 +193,7 @@ def test_a_compensation_that_keeps_failing_waits_for_a_person_who_can_skip_it(te
     wait_for(lambda: fresh(run).status == "waiting_human", timeout=30, message="the rollback to stop at step 2")
     run = fresh(run)
     assert run.compensation == "running"
-    assert "the compensation of step" in run.error and "cannot undo step 2" in run.error
+    assert "the compensation of step 2 (do 2) failed, at step 5" in run.error and "cannot undo step 2" in run.error
     body = api.get(f"/api/runs/{run.id}").json()
     assert body["waiting_for"]["type"] == "compensation"
     assert body["waiting_for"]["actions"] == ["retry", "done", "skip", "fail"]

@@ -228,7 +228,10 @@ class RunExecutor:
                 logger.warning("rollback interrupted (%s); releasing the run", exc, extra=self.log_extra)
                 return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
                                    error_kind="retryable", add_failure=True, delay=self.worker.poll)
-            message = f"the compensation of step {failure.seq} ({failure.name}) failed: {type(exc).__name__}: {exc}"
+            position = failure.seq - plan.seq - 1  # compensation i is step plan.seq + i
+            undoes = plan.plan[position] if 0 <= position < len(plan.plan) else {"seq": "?", "name": failure.name}
+            message = (f"the compensation of step {undoes['seq']} ({undoes['name']}) failed, "
+                       f"at step {failure.seq}: {type(exc).__name__}: {exc}")
             if failure.error_kind == "retryable":
                 # Retried with backoff; once the retry budget is spent the run
                 # waits for a person instead (the exit decides, runs.engine.exit).
