@@ -6,7 +6,7 @@ import logging
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DataError
+from django.db import DatabaseError, DataError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -15,6 +15,7 @@ import runs.api.artifacts  # noqa: F401  (registers the artifact endpoints on th
 import runs.api.control  # noqa: F401  (registers the control endpoints on the runs router)
 import runs.api.streams  # noqa: F401  (registers the event stream endpoints on the runs router)
 from runs.api.endpoints import router as runs_router
+from runs.db import is_transient
 from runs.exceptions import (
     IdempotencyConflict,
     InvalidRunInput,
@@ -120,6 +121,20 @@ def on_data_error(request, exc):
     logger.warning("the database refused a value of %s %s", request.method, request.path, exc_info=exc)
     return _error(request, 422, "a value in the request cannot be stored: a number out of range, or text with a "
                   "NUL character or a lone surrogate")
+
+
+# A deadlock detected by PostgreSQL (a person's transition of a child run and a
+# worker's heartbeat of its parent, runs.engine.family), a serialization
+# failure or a connection lost in a failover: nothing was written, and the
+# same request a moment later succeeds. Anything else stays a server error.
+@api.exception_handler(DatabaseError)
+def on_database_error(request, exc):
+    if not is_transient(exc):
+        raise exc
+    logger.warning("transient database error in %s %s: %s", request.method, request.path, exc)
+    response = _error(request, 503, "the database could not complete the request just now: retry in a moment")
+    response["Retry-After"] = "1"
+    return response
 
 
 @api.exception_handler(UnicodeEncodeError)

@@ -71,3 +71,46 @@ def test_skip_is_only_for_a_compensation(api, tenant):
     assert answer.status_code == 409
     assert "only a compensation can be skipped" in answer.json()["detail"]
     assert fresh(run).status == "waiting_human"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_met_by_a_transition_is_a_503_and_the_retry_succeeds(api, tenant):
+    import threading
+
+    import psycopg
+    from django.db import connections
+
+    from tests.conftest import test_database_url, wait_for
+    from tests.control_helpers import backends_waiting_on_locks
+
+    parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 1})
+    child = submit_run(tenant=tenant, kind="wf_child", input={"n": 0})
+    Run.objects.filter(pk=child.pk).update(parent=parent)
+    # Another session holds the parent's row, as a worker's heartbeat of it would...
+    other = psycopg.connect(test_database_url())
+    other.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [parent.pk])
+    answers = {}
+
+    def cancel_child():
+        try:
+            answers["first"] = post(api, f"/api/runs/{child.id}/cancel")
+        finally:
+            connections.close_all()
+
+    request = threading.Thread(target=cancel_child)
+    request.start()
+    pid = other.info.backend_pid
+    # ... the cancel locks the child and waits for the parent (to wake it) ...
+    wait_for(lambda: any(pid in blockers for _, _, blockers in backends_waiting_on_locks()), timeout=10,
+             message="the cancel to wait for the parent's row")
+    # ... and the other session now wants the child: PostgreSQL breaks the cycle.
+    other.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [child.pk])
+    request.join(15)
+    other.rollback()
+    other.close()
+    first = answers["first"]
+    assert first.status_code == 503, first.content
+    assert first["Retry-After"] == "1" and "retry" in first.json()["detail"]
+    assert fresh(child).status == "queued"  # nothing was written
+    again = post(api, f"/api/runs/{child.id}/cancel")
+    assert again.status_code == 200 and fresh(child).status == "cancelled"
