@@ -20,6 +20,8 @@ class Command(BaseCommand):
         self.stdout.write(f"API docs:  http://{addr}/api/docs")
         self.stdout.write(f"Try:       curl -s -X POST http://{addr}/api/runs -H 'Authorization: Bearer {demo.api_key}'"
                           " -H 'Content-Type: application/json' -d '{\"kind\": \"research_brief\", \"input\": {\"topic\": \"Acme Corp\"}}'")
+        self.stdout.write("A saga that rolls back: the same with -d '{\"kind\": \"deploy_app\", \"input\": "
+                          "{\"app\": \"shop\", \"fail_at\": \"monitoring\"}}'")
         self.stdout.write(f"API key for tenant {demo.tenant_slug}:")
         self.stdout.write(demo.api_key)
         worker_args = ["--concurrency", str(options["concurrency"])] if options["concurrency"] else []
