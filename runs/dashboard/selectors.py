@@ -96,10 +96,15 @@ class Family:
 CHILDREN_SHOWN = 100
 
 
-def family(*, run: Run) -> Family:
-    """The run's parent and origin (by key, so at most two queries) and its first children, in spawn order."""
+def family(*, run: Run, children: bool = True) -> Family:
+    """The run's parent and origin (one query, only if it has either) and its first children, in spawn order.
+
+    ``children=False`` skips the children's query (a run that never spawned).
+    """
     related = {r.pk: r for r in Run.objects.filter(pk__in=[k for k in (run.parent_id, run.origin_id) if k])
                .only("id", "kind", "status", "input", "tenant_id")}
+    if not children:
+        return Family(parent=related.get(run.parent_id), origin=related.get(run.origin_id))
     children = list(Run.objects.filter(parent=run).order_by("created_at", "id")
                     .only("id", "kind", "status", "input", "cost_cents", "created_at", "finished_at",
                           "compensation")[: CHILDREN_SHOWN + 1])

@@ -196,14 +196,17 @@ def run_context(
             retry_form=RetryForm(),
         )
         context.update({f"{name}_form": form for name, form in (forms or {}).items()})
-    # Children change without the parent's events: while it waits, its tree is read on every poll.
-    if work or run.status == RunStatus.WAITING:
-        context["family"] = dashboard_selectors.family(run=run)
-        for child in context["family"].children:
-            child.title = presenters.input_title(child.input)
+    # Children change without their parent's events: while it waits for them, its
+    # tree (and timeline) is read on every poll.
+    if run.status == RunStatus.WAITING and run.children_pending:
         context["work_changed"] = work = True
     if work:
         steps = dashboard_selectors.timeline(run=run)
+        # Only a run with a spawn step has children to look up.
+        context["family"] = dashboard_selectors.family(
+            run=run, children=any(item.step.kind == "child" for item in steps))
+        for child in context["family"].children:
+            child.title = presenters.input_title(child.input)
         context.update(
             steps=steps,
             step_in_progress=presenters.step_in_progress(run, [item.step for item in steps]),
