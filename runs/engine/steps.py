@@ -89,7 +89,7 @@ _STEP_COLUMNS = (
     " cost_cents, status, executions, error, text_replaced, started_at"
 )
 
-_CHECKPOINT_SQL = sql("""
+_CHECKPOINT_TEMPLATE = """
 WITH r AS (
     UPDATE runs_run SET
         -- A compensation undoes a step: it is not progress.
@@ -126,32 +126,53 @@ s AS (
     WHERE runs_step.status <> {step_done}
     RETURNING id
 ),
--- Messages a `message` step read are consumed with its checkpoint (ack
+{extra}{events}{daily_cost}
+SELECT cancel, pause, spent FROM r
+"""
+
+# A checkpoint writes only what it has: most steps consume no messages, undo
+# nothing, and many cost nothing; each CTE a statement carries costs planning
+# and execution even when it touches no row (0.3 ms of a 2 ms no-op
+# checkpoint, measured with the statement alone in a loop).
+_MESSAGES_CTE = """-- Messages a `message` step read are consumed with its checkpoint (ack
 -- after persist): a crash before this statement delivers them again.
--- A compensation's checkpoint marks the step it undid (runs.engine.saga).
-undone AS (
-    UPDATE runs_step SET status = {step_compensated}
-    WHERE %(compensates)s::int IS NOT NULL AND run_id = %(run)s AND generation = %(generation)s
-      AND seq = %(compensates)s::int AND status = {step_done} AND EXISTS (SELECT 1 FROM s)
-),
 m AS (
     UPDATE runs_message SET consumed_by_step_id = s.id
     FROM s
     WHERE runs_message.run_id = %(run)s AND runs_message.id = ANY(%(message_ids)s::bigint[])
       AND runs_message.consumed_by_step_id IS NULL
 ),
-{events},
-{daily_cost}
-SELECT cancel, pause, spent FROM r
-""", next_seq=next_seq(), guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS, daily_cost=_DAILY_COST_CTE,
-    events=event_ctes(
-        "r", type="'step.done'", actor_type="'worker'", actor_id="%(worker)s::text",
-        payload=_STEP_PAYLOAD + (
-            " || jsonb_build_object('steps_done', r.steps_done, 'steps_total', r.steps_total)"
-            " || CASE WHEN cardinality(%(message_ids)s::bigint[]) > 0"
-            " THEN jsonb_build_object('messages', to_jsonb(%(message_ids)s::bigint[])) ELSE '{{}}' END"
-        ),
-    ))
+"""
+
+_UNDONE_CTE = """-- A compensation's checkpoint marks the step it undid (runs.engine.saga).
+undone AS (
+    UPDATE runs_step SET status = {step_compensated}
+    WHERE run_id = %(run)s AND generation = %(generation)s
+      AND seq = %(compensates)s::int AND status = {step_done} AND EXISTS (SELECT 1 FROM s)
+),
+"""
+
+
+_CHECKPOINT_EVENTS = event_ctes(
+    "r", type="'step.done'", actor_type="'worker'", actor_id="%(worker)s::text",
+    payload=_STEP_PAYLOAD + (
+        " || jsonb_build_object('steps_done', r.steps_done, 'steps_total', r.steps_total)"
+        " || CASE WHEN cardinality(%(message_ids)s::bigint[]) > 0"
+        " THEN jsonb_build_object('messages', to_jsonb(%(message_ids)s::bigint[])) ELSE '{{}}' END"
+    ),
+)
+
+
+def _checkpoint_sql(*, messages: bool, undoes: bool, costs: bool) -> str:
+    return sql(_CHECKPOINT_TEMPLATE, extra=sql((_MESSAGES_CTE if messages else "") + (_UNDONE_CTE if undoes else "")),
+               next_seq=next_seq(), guard=sql(_RUN_GUARD), columns=_STEP_COLUMNS,
+               daily_cost=",\n" + _DAILY_COST_CTE if costs else "", events=_CHECKPOINT_EVENTS)
+
+
+_CHECKPOINT_SQL = {
+    (messages, undoes, costs): _checkpoint_sql(messages=messages, undoes=undoes, costs=costs)
+    for messages in (False, True) for undoes in (False, True) for costs in (False, True)
+}
 
 
 def checkpoint(
@@ -174,7 +195,7 @@ def checkpoint(
     step.text_replaced = step.text_replaced or replaced
     with connection.cursor() as cursor:
         cursor.execute(
-            _CHECKPOINT_SQL,
+            _CHECKPOINT_SQL[bool(consumed_message_ids), step.compensates is not None, step.cost_cents > 0],
             step.params()
             | {
                 "output": output_json,
