@@ -285,9 +285,11 @@ class RunExecutor:
             self.worker.notify_released(run_queue)
         if outcome.woke_parent:
             self.worker.notify_released(outcome.woke_parent)
-        if outcome.orphans:
-            # Its own exit is committed; its live children are cancelled now
-            # (the reaper finishes the job if this process dies first).
+        if outcome.leaves_orphans:
+            # Its own exit is committed; its live children, if it has any, are
+            # cancelled now (the reaper finishes the job if this process dies first).
+            # Looked up here, on the partial index of live children, not in the
+            # exit statement: a subquery there cost every exit 0.25 ms of planning.
             try:
                 cancel_children(self.claimed.id)
             except DatabaseError:

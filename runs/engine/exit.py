@@ -38,8 +38,12 @@ class Exited(NamedTuple):
     queue: str
     at: datetime  # when (the database's clock)
     parent_id: UUID | None = None
-    orphans: bool = False  # it failed or was cancelled with live children: cancel them (runs.control)
     woke_parent: str | None = None  # the queue of a parent this exit woke: wake its workers
+
+    @property
+    def leaves_orphans(self) -> bool:
+        """It failed or was cancelled: its live children, if any, are to be cancelled (runs.control)."""
+        return self.status in ("failed", "cancelled")
 
 
 _EXIT_SQL = """
@@ -109,11 +113,7 @@ r AS (
     WHERE runs_run.id = cur.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
-              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation,
-              -- A run that failed or was cancelled cancels its live children (runs.control.lifecycle).
-              CASE WHEN runs_run.status IN ({failed}, {cancelled}) THEN EXISTS (
-                  SELECT 1 FROM runs_run c WHERE c.parent_id = runs_run.id AND c.status IN {live})
-                  ELSE false END AS orphans
+              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation
 ),
 t AS (
     UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
@@ -121,7 +121,7 @@ t AS (
     FROM r WHERE runs_tenant.id = r.tenant_id AND (%(give_slot)s OR r.status = {queued})
 ),
 {events}
-SELECT status, queue, statement_timestamp(), parent_id, orphans FROM r
+SELECT status, queue, statement_timestamp(), parent_id FROM r
 """
 
 _EVENTS = event_ctes(
