@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from runs.db import dumps, release_connection
+from runs.engine import marks
 from runs.engine import steps as checkpoint
 from runs.engine.steplog import RecordedStep, unconsumed_messages
 from runs.streams import ephemeral
@@ -139,7 +140,7 @@ class RunContext(Workflow, StepMachinery):
             self._steps_total = total
         if message:
             try:
-                held = checkpoint.record_progress(
+                held = marks.record_progress(
                     run_id=self.run_id, token=self._claimed.lease_token, message=str(message),
                     steps_total=self._steps_total, worker_id=self._worker.id,
                 )
@@ -333,7 +334,7 @@ class RunContext(Workflow, StepMachinery):
             seq=seq, name=name, kind="approval", input={"proposal": proposal}, started_at=datetime.now(UTC),
         )
         try:
-            written = checkpoint.record_pending(record)
+            written = marks.record_pending(record)
         finally:
             release_connection()
         if not written:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from runs.db import dumps, release_connection
+from runs.engine import marks
 from runs.engine import steps as checkpoint
 from workers.classify import classify
 from workers.errors import LeaseLost, ParkForHuman, ReleaseRun, ReplayEnded, StepTimeout, StopRun
@@ -152,7 +153,7 @@ class StepMachinery:
 
     def _announce(self, record: checkpoint.StepRecord) -> None:
         try:
-            flags = checkpoint.announce_step(
+            flags = marks.announce_step(
                 run_id=self.run_id, token=self._claimed.lease_token, seq=record.seq, name=record.name,
                 kind=record.kind, steps_total=self._steps_total, worker_id=self._worker.id,
             )
@@ -165,7 +166,7 @@ class StepMachinery:
 
     def _write_ahead(self, record: checkpoint.StepRecord) -> None:
         try:
-            written = checkpoint.begin_side_effect(record, steps_total=self._steps_total, worker_id=self._worker.id)
+            written = marks.begin_side_effect(record, steps_total=self._steps_total, worker_id=self._worker.id)
         finally:
             release_connection()
         if not written:

@@ -32,9 +32,8 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from runs.db import dumps, loads, notify_queues, sql
+from runs.engine.steps import RUN_GUARD
 from runs.events import event_ctes, next_seq
-
-_RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 
 
 def lock_run(run_id: UUID) -> None:
@@ -175,14 +174,14 @@ s AS (
 ),
 {events}
 SELECT 1 FROM r
-""", next_seq=next_seq(), guard=sql(_RUN_GUARD), events=event_ctes(
+""", next_seq=next_seq(), guard=sql(RUN_GUARD), events=event_ctes(
     "r", type="'children.awaited'", actor_type="'worker'", actor_id="%(worker)s::text",
     payload=("jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'pending', %(pending_n)s,"
              " 'needed', %(needed)s::int, 'until', %(until)s::timestamptz)"),
 ))
 
 _CLEAR_SQL = sql("UPDATE runs_run SET children_pending = 0, children_needed = NULL WHERE {guard}",
-                 guard=sql(_RUN_GUARD))
+                 guard=sql(RUN_GUARD))
 
 
 @transaction.atomic
@@ -199,7 +198,7 @@ def begin_gather(
     (``leave_running(target="waiting", recheck=True, wake_at=until)``).
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql("SELECT 1 FROM runs_run WHERE {guard} FOR UPDATE", guard=sql(_RUN_GUARD)),
+        cursor.execute(sql("SELECT 1 FROM runs_run WHERE {guard} FOR UPDATE", guard=sql(RUN_GUARD)),
                        {"run": run_id, "token": token})
         if cursor.fetchone() is None:
             return None

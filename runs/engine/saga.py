@@ -20,12 +20,10 @@ from uuid import UUID
 from django.db import connection
 
 from runs.db import dumps, sql
+from runs.engine.steps import RUN_GUARD
 from runs.events import event_ctes, next_seq
 
 ROLLBACK_STEP = "rollback"
-
-_RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
-
 
 @dataclass(frozen=True)
 class RollbackPlan:
@@ -64,7 +62,7 @@ s AS (
 ),
 {events}
 SELECT 1 FROM r
-""", guard=sql(_RUN_GUARD), next_seq=next_seq(), events=event_ctes(
+""", guard=sql(RUN_GUARD), next_seq=next_seq(), events=event_ctes(
     "r", type="'rollback.started'", actor_type="'worker'", actor_id="%(worker)s::text",
     payload=("jsonb_build_object('seq', %(seq)s, 'reason', %(reason)s::text, 'error_kind', %(error_kind)s::text,"
              " 'plan', %(output)s::jsonb -> 'plan', 'target', %(target)s::text)"),

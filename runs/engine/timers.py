@@ -20,9 +20,8 @@ from uuid import UUID
 from django.db import connection
 
 from runs.db import notify_queues, sql
+from runs.engine.steps import RUN_GUARD
 from runs.events import event_ctes, next_seq
-
-_RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 
 # The timer's end is the database's clock plus the seconds (or the time the
 # agent named), like run_after everywhere: an app server's clock never
@@ -48,7 +47,7 @@ s AS (
 ),
 {events}
 SELECT t.until FROM r, t
-""", guard=sql(_RUN_GUARD), next_seq=next_seq(), events=event_ctes(
+""", guard=sql(RUN_GUARD), next_seq=next_seq(), events=event_ctes(
     "r", type="'step.started'", actor_type="'worker'", actor_id="%(worker)s::text",
     payload=("jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'kind', %(kind)s::text,"
              " 'until', (SELECT until FROM t), 'steps_done', r.steps_done, 'steps_total', r.steps_total)"),
