@@ -90,3 +90,10 @@ def test_a_fan_out_shows_its_tree_of_child_runs(live_server, processes, chromium
         expect(page.get_by_test_id("lineage")).to_contain_text("Child run of research_many")
         page.get_by_test_id("lineage").get_by_role("link").click()
         expect(page.get_by_test_id("children")).to_be_visible()
+
+    with browser_page(chromium, width=390, height=844) as phone:
+        log_in(phone, live_server.url, member.user.username)
+        phone.goto(f"{live_server.url}/runs/{parent.id}/")
+        expect(phone.get_by_test_id("child")).to_have_count(3)
+        # The table of children folds into rows at a phone's width: nothing sticks out sideways.
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
