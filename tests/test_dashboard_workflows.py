@@ -50,6 +50,7 @@ def test_a_rolled_back_saga_shows_what_was_undone(live_server, processes, chromi
         expect(page.get_by_test_id("error")).to_contain_text(
             "rolled back: start container (step 3), issue certificate (step 2), create DNS record (step 1)")
         expect(page.get_by_test_id("advice")).to_contain_text("Rolled back")
+        expect(page.get_by_test_id("retry")).to_contain_text("the steps its rollback undid run again")
         steps = page.get_by_test_id("step")
         expect(steps.locator(".step-name")).to_have_text([
             "create DNS record", "issue certificate", "start container", "register monitoring", "rollback",
