@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from runs.db import sql, storable_text
 from runs.engine.family import child_finished
 from runs.events import event_ctes, next_seq
-from runs.states import TERMINAL_STATUSES
+from runs.states import TERMINAL_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Exited(NamedTuple):
     @property
     def leaves_orphans(self) -> bool:
         """It failed or was cancelled: its live children, if any, are to be cancelled (runs.control)."""
-        return self.status in ("failed", "cancelled")
+        return self.status in (RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 _EXIT_SQL = """

@@ -34,6 +34,7 @@ from django.db import connection, transaction
 from runs.db import dumps, loads, notify_queues, sql
 from runs.engine.steps import RUN_GUARD
 from runs.events import event_ctes, next_seq
+from runs.states import TERMINAL_STATUSES
 
 
 def lock_run(run_id: UUID) -> None:
@@ -148,9 +149,13 @@ JOIN runs_run c ON c.id = x.id AND c.parent_id = %(run)s
 ORDER BY x.n
 """)
 
-_RECORDED_TIMER_SQL = """
-SELECT (output ->> 'until')::timestamptz, statement_timestamp() FROM runs_step
-WHERE run_id = %(run)s AND generation = %(generation)s AND seq = %(seq)s AND status = 'waiting'
+# The gather's timer: the one it recorded when it first waited, else now +
+# timeout (NULL without a timeout); and the database's now.
+_TIMER_SQL = """
+SELECT COALESCE(
+    (SELECT (output ->> 'until')::timestamptz FROM runs_step
+     WHERE run_id = %(run)s AND generation = %(generation)s AND seq = %(seq)s AND status = 'waiting'),
+    statement_timestamp() + make_interval(secs => %(timeout)s)), statement_timestamp()
 """
 
 _PARK_SQL = sql("""
@@ -206,17 +211,9 @@ def begin_gather(
         # it is seen finished; any later one will find the step below.
         cursor.execute(_GATHER_SQL, {"children": [str(c) for c in children], "run": run_id})
         states = [ChildState(row[0], row[1], row[2], loads(row[3]), row[4], row[5]) for row in cursor.fetchall()]
-        cursor.execute(_RECORDED_TIMER_SQL, {"run": run_id, "generation": generation, "seq": seq})
-        row = cursor.fetchone()
-        if row is not None:
-            until, now = row
-        else:
-            cursor.execute("SELECT statement_timestamp() + make_interval(secs => %s), statement_timestamp()",
-                           [timeout or 0])
-            until, now = cursor.fetchone()
-            if timeout is None:
-                until = None
-        live = [c for c in states if c.status not in _TERMINAL]
+        cursor.execute(_TIMER_SQL, {"run": run_id, "generation": generation, "seq": seq, "timeout": timeout})
+        until, now = cursor.fetchone()
+        live = [c for c in states if c.status not in TERMINAL_STATUSES]
         succeeded = sum(1 for c in states if c.status == "done")
         wanted = len(states) if min_success is None else min_success
         met = not live or succeeded >= wanted or succeeded + len(live) < wanted
@@ -237,8 +234,6 @@ def begin_gather(
             return None
     return gathered
 
-
-_TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 _LIVE_CHILDREN_SQL = sql("SELECT id FROM runs_run WHERE parent_id = %(run)s AND status IN {live} ORDER BY id")
 
