@@ -22,6 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
+def chromium() -> str:
+    """Debian's Chromium for the browser tests: skipped without it, except under CI (tests/browser.py)."""
+    from tests.browser import require_chromium
+
+    return require_chromium()
+
+
+@pytest.fixture
 def tenant(db):
     return TenantFactory()
 

@@ -1,26 +1,15 @@
 """The dashboard in a real browser, following runs executed by real worker processes.
 
-Drives Debian's Chromium through Playwright (Playwright cannot download its
-own browsers here). Without Chromium the tests are skipped, except under CI,
-where a missing browser is a failure.
-
-Playwright's sync API keeps an asyncio loop running in this thread, so
-Django's ORM refuses to run while the browser is open: each test writes its
-data (and waits for the worker in the database) before opening the browser,
-and reads the database after closing it.
-
-The tests save the screenshots shown in the README under docs/screenshots/
-(DASHBOARD_SCREENSHOTS=<dir> saves them elsewhere).
+Debian's Chromium through Playwright, set up by tests/browser.py (which
+says why each test writes its data before it opens the browser). The tests
+save the screenshots shown in the README under docs/screenshots/.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,83 +18,12 @@ import tests.agents_dashboard  # noqa: F401  (registers support_reply in the liv
 from runs.control import cancel_run, pause_run
 from runs.models import Event, Run, Step
 from runs.services import SYSTEM, submit_run
-from tests.conftest import ROOT, fresh, wait_for
+from tests.browser import browser, browser_page, log_in, screenshot  # noqa: F401
+from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
 
-SCREENSHOTS = Path(os.environ.get("DASHBOARD_SCREENSHOTS") or ROOT / "docs" / "screenshots")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 REPLY = {"customer": "ana@example.com", "order": "A-1001", "message": "My kettle arrived broken. Refund?"}
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
-
-
-def find_chromium() -> str | None:
-    if os.access("/usr/bin/chromium", os.X_OK):
-        return "/usr/bin/chromium"
-    return shutil.which("chromium")
-
-
-@pytest.fixture
-def chromium() -> str:
-    path = find_chromium()
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("the playwright package is not installed: pip install -e '.[test]'")
-        pytest.skip("the playwright package is not installed: pip install -e '.[test]'")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(
-                "Chromium not found at /usr/bin/chromium or on PATH (apt-get install chromium)"
-            )
-        pytest.skip(
-            "Chromium not found at /usr/bin/chromium or on PATH (apt-get install chromium); CI is not set"
-        )
-    return path
-
-
-@contextlib.contextmanager
-def browser(executable: str) -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        instance = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield instance
-        finally:
-            instance.close()
-
-
-@contextlib.contextmanager
-def browser_page(executable: str, *, width: int = 1100, height: int = 760) -> Iterator:
-    with browser(executable) as instance:
-        page = instance.new_page(viewport={"width": width, "height": height})
-        page.set_default_timeout(15_000)
-        yield page
-
-
-def log_in(page, base_url: str, username: str) -> None:
-    from playwright.sync_api import expect
-
-    page.goto(base_url + "/")
-    expect(page).to_have_url(f"{base_url}/accounts/login/?next=/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill("secret-pass")
-    page.get_by_role("button", name="Log in").click()
-    expect(page).to_have_url(base_url + "/")
-    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
-
-
-def screenshot(page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
 
 
 def start_worker(processes, *, hold_file: Path | None = None):

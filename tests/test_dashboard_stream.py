@@ -3,7 +3,7 @@
 The browser tests run the production web server (``manage.py serve``,
 ASGI: Django's ``live_server`` is WSGI, where an event stream is only sent
 once it has ended) and a worker as real processes, and drive Debian's
-Chromium through Playwright (see tests/test_dashboard_browser.py, whose
+Chromium through Playwright (see tests/browser.py, whose
 helpers they share). Like those, they write to the database before opening
 the browser and read it after closing it: Playwright's loop in this thread
 keeps the ORM out meanwhile.
@@ -26,14 +26,10 @@ from django.utils import timezone
 from runs.events import SYSTEM, append_event
 from runs.models import DeliveryStatus, Event, Run, WebhookDelivery
 from runs.services import submit_run
-from tests import test_dashboard_browser as browser_tests
+from tests.browser import browser_page, log_in, screenshot  # noqa: F401
 from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
 from tests.run_states import force_status
-from tests.test_dashboard_browser import browser_page, log_in, screenshot
-
-# The browser tests' fixture: skipped without Chromium, except under CI.
-chromium = browser_tests.chromium
 
 HTMX = {"HX-Request": "true"}
 LIVE_NOTE = "Live: this page follows the run as it moves."

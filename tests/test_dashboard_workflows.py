@@ -1,6 +1,6 @@
 """The run page of workflows in a real browser: a rolled-back saga, and a fan-out tree of child runs.
 
-Same set-up as tests/test_dashboard_browser.py (Debian's Chromium through
+Same set-up as tests/browser.py (Debian's Chromium through
 Playwright, real worker processes); the screenshots are the README's.
 """
 
@@ -11,14 +11,12 @@ import pytest
 from deploys.models import Resource
 from runs.models import Run, Step
 from runs.services import submit_run
-from tests import test_dashboard_browser as browser_tests
+from tests.browser import browser_page, log_in, screenshot  # noqa: F401
 from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
-from tests.test_dashboard_browser import browser_page, log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-chromium = browser_tests.chromium
 
 
 def demo_worker(processes):
