@@ -198,7 +198,8 @@ MEDIA_URL = "media/"
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
-LOGOUT_REDIRECT_URL = "/accounts/login/"
+# No redirect after logging out: registration/logged_out.html says it happened.
+LOGOUT_REDIRECT_URL = None
 
 # Request bodies above this answer 413 (Django raises RequestDataTooBig).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)

@@ -10,3 +10,6 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("runs.dashboard.urls")),
 ]
+
+# A signed-in user who belongs to no tenant gets a page that says so (runs.dashboard.access.NoMembership).
+handler403 = "runs.dashboard.views.permission_denied"

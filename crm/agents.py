@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from crm.tools import get_lead, update_lead
 from runs.registry import agent
+from runs.states import RunOutcome
 from workers.context import RunContext
 from workers.llm import run_agent_loop
 from workers.llm.scripts import json_or_none, last_turn, user_field
@@ -40,6 +41,27 @@ class CrmUpdateIn(BaseModel):
     instruction: str = Field(
         min_length=3, max_length=2000, description="What happened, e.g. 'They signed the contract today'"
     )
+
+
+def what_happened(lead_id: int, calls: list[dict], *, answer: str) -> tuple[str, RunOutcome]:
+    """The run's summary and outcome, from the tool calls the model made (not from its words)."""
+    read = next((json_or_none(c["content"]) for c in calls if c["name"] == "get_lead" and not c["error"]), None)
+    lead = f"lead {lead_id}"
+    if isinstance(read, dict) and read.get("name"):
+        lead = str(read["name"]) + (f" ({read['company']})" if read.get("company") else "")
+    applied = next((c for c in calls if c["name"] == "update_lead" and not c["error"]), None)
+    if applied is not None:
+        update = json_or_none(applied["content"])
+        changes = update.get("changes", {}) if isinstance(update, dict) else {}
+        if "stage" in changes:
+            noted = " and added a note" if "note" in changes else ""
+            return f"Moved {lead} to {changes['stage']}{noted}", RunOutcome.SUCCEEDED
+        return f"Added a note to {lead}", RunOutcome.SUCCEEDED
+    if any(c["name"] == "update_lead" and c.get("approved") is False for c in calls):
+        return f"The update of {lead} was rejected by a person: nothing was written", RunOutcome.UNCHANGED
+    if read is None and any(c["name"] == "get_lead" and c["error"] for c in calls):
+        return f"Lead {lead_id} was not found: nothing was written", RunOutcome.UNCHANGED
+    return f"Nothing was written to {lead}: {answer}".rstrip(": "), RunOutcome.UNCHANGED
 
 
 def stage_for(instruction: str) -> str | None:
@@ -81,7 +103,10 @@ def crm_script(messages: list[dict], tools: list[dict]) -> dict:
     return {"content": "Done."}
 
 
-@agent("crm_update", input_schema=CrmUpdateIn, max_attempts=3, max_model_iterations=8)
+# Version 2 proposes through a recorded "Proposing update_lead" step (before/after values), which moved
+# the later steps: runs recorded by version 1 finish on workers that still run it.
+@agent("crm_update", input_schema=CrmUpdateIn, max_attempts=3, max_model_iterations=8, version=2,
+       title=lambda data: f"Lead {data['lead_id']}: {data['instruction']}")
 def crm_update(ctx: RunContext, data: CrmUpdateIn) -> dict:
     """Read a CRM lead, propose an update from an instruction, wait for approval, then write it (idempotently)."""
     result = run_agent_loop(
@@ -89,6 +114,8 @@ def crm_update(ctx: RunContext, data: CrmUpdateIn) -> dict:
         tools=[get_lead, update_lead], max_iterations=6, script=crm_script,
     )
     applied = next((c for c in result.tool_calls if c["name"] == "update_lead" and not c["error"]), None)
+    summary, outcome = what_happened(data.lead_id, result.tool_calls, answer=result.answer)
+    ctx.report(summary, outcome=outcome)
     return {
         "lead_id": data.lead_id,
         "applied": applied is not None,

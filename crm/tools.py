@@ -1,4 +1,8 @@
-"""The tools the ``crm_update`` agent works with: read a lead, write an update (idempotent, approved first)."""
+"""The tools the ``crm_update`` agent works with: read a lead, write an update (idempotent, approved first).
+
+The person who approves an update sees what it changes: ``describe_update``
+reads the lead's current stage when the call is proposed.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from crm.models import Lead
 from crm.services import LeadNotFound, apply_lead_update
 from workers.errors import Fatal
 from workers.llm.tools import ToolError, tool
+from workers.proposals import Change, Proposal
 
 if TYPE_CHECKING:
     from workers.context import RunContext
@@ -24,7 +29,23 @@ def get_lead(lead_id: int) -> dict:
     return lead.as_dict()
 
 
-@tool(side_effect=True, needs_approval=True)
+def describe_update(lead_id: int, stage: StageName | None = None, note: str = "") -> Proposal:
+    """What an update would do ("Update lead Ana Lopez (Acme)"): the stage from its current value, the note added."""
+    lead = Lead.objects.filter(pk=lead_id).first()
+    if lead is None:
+        raise ToolError(f"there is no lead {lead_id}")
+    changes = []
+    if stage is not None and stage != lead.stage:
+        changes.append(Change("stage", lead.stage, stage))
+    if note.strip():
+        # Added as a new dated line: the notes already there stay.
+        changes.append(Change("note", None, note.strip()))
+    if not changes:
+        raise ToolError(f"nothing to update: lead {lead_id} is already at stage {lead.stage} and no note was given")
+    return Proposal(summary=f"Update lead {lead}", target=f"Lead {lead.pk} ({lead.email})", changes=changes)
+
+
+@tool(side_effect=True, needs_approval=True, propose=describe_update)
 def update_lead(ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = "") -> dict:
     """Change a lead's stage and/or add a dated note. A person approves every update before it is written."""
     if stage is None and not note.strip():

@@ -61,7 +61,8 @@ def _deleter(ctx: RunContext):
 
 
 @agent("deploy_app", input_schema=DeployIn, max_attempts=3,
-       compensate_on=("fatal", "retryable", "budget", "deadline"))
+       compensate_on=("fatal", "retryable", "budget", "deadline"),
+       title=lambda data: f"Deploy {data['app']} to {data['region']}")
 def deploy_app(ctx: RunContext, data: DeployIn) -> dict:
     """Deploy an app: DNS record, certificate, container, monitoring; a failure rolls the done steps back."""
     host = f"{data.app}.{data.region}.example.test"
@@ -76,4 +77,5 @@ def deploy_app(ctx: RunContext, data: DeployIn) -> dict:
     ):
         made.append(ctx.step(title, _creator(ctx, stage, kind, data.fail_at), name, side_effect=True,
                              idempotency_key=True, compensate=undo, kind="tool"))
+    ctx.report(f"Deployed {data.app} to {data.region} at https://{host} ({len(made)} resources)")
     return {"url": f"https://{host}", "resources": made}

@@ -40,6 +40,9 @@ class AgentKind:
     backoff_cap: float | None = None
     compensate_on: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+    # How a run's title is made from its input (runs.titles): a callable of the input dict, an input
+    # field's name, or None for the first string field.
+    title: Callable[[dict], str] | str | None = None
 
     def validate_input(self, data: Any) -> Any:
         """Return the normalised JSON input; raise InvalidAgentInput when it does not validate."""
@@ -92,6 +95,7 @@ def agent(
     backoff_base: float | None = None,
     backoff_cap: float | None = None,
     compensate_on: tuple[str, ...] = (),
+    title: Callable[[dict], str] | str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function ``fn(ctx, input)`` as the agent kind ``name``.
 
@@ -110,10 +114,18 @@ def agent(
     ``fatal``, ``retryable`` (its retry budget spent), ``budget``,
     ``deadline``, ``step_limit``, ``nondeterministic``. Without it a failed
     run keeps its completed work.
+
+    ``title`` says how each run is named in lists, from its validated input
+    (a dict): a function ``title(input) -> str`` (if it raises, the run is
+    still queued, with the default title), or the name of an input field.
+    By default the title is the input's first string field. Titles are one
+    line of at most 200 characters, and searchable (``GET /api/runs?q=``).
     """
     unknown = set(compensate_on) - COMPENSABLE_ERRORS
     if unknown:
         raise ValueError(f"compensate_on: unknown error kinds {sorted(unknown)}; use {sorted(COMPENSABLE_ERRORS)}")
+    if not (title is None or callable(title) or (isinstance(title, str) and title)):
+        raise TypeError(f"title must be a function of the input, the name of an input field, or None; not {title!r}")
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         existing = _registry.get(name)
@@ -136,6 +148,7 @@ def agent(
             backoff_cap=backoff_cap,
             compensate_on=frozenset(compensate_on),
             description=inspect.cleandoc(func.__doc__ or ""),
+            title=title,
         )
         return func
 

@@ -28,6 +28,7 @@ from runs.models import Run, Tenant
 from runs.notify import count_and_notify_after_commit, uncounted_submits
 from runs.registry import all_kinds, get_kind
 from runs.text import find_unstorable
+from runs.titles import title_for
 from runs.webhooks import targets
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ def submit(
         queue=queue,
         priority=priority,
         input=normalised,
+        title=title_for(agent_kind, normalised),
         max_attempts=max_attempts,
         deadline_seconds=deadline_seconds,
         cost_ceiling_cents=cost_ceiling_cents,

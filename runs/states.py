@@ -49,6 +49,19 @@ class ErrorKind(models.TextChoices):
     NONDETERMINISTIC = "nondeterministic"  # replay met a different step than recorded
 
 
+class RunOutcome(models.TextChoices):
+    """What a finished run says it achieved, told by its agent with ``ctx.report()``; blank when it said nothing.
+
+    It qualifies the status, never replaces it: a run whose update a person
+    rejected is ``done`` (it did its job) with the outcome ``unchanged``.
+    """
+
+    NONE = "", "Not reported"  # the agent did not say
+    SUCCEEDED = "succeeded", "Succeeded"  # it did what it was asked
+    UNCHANGED = "unchanged", "Nothing changed"  # it finished without changing anything (rejected, nothing to do)
+    PARTIAL = "partial", "Partly done"  # some of the work was done, some not
+
+
 class StepStatus(models.TextChoices):
     RUNNING = "running"  # executing, or written ahead of a side effect
     DONE = "done"  # output recorded; replay returns it

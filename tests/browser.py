@@ -122,7 +122,10 @@ def assert_no_horizontal_scroll(page) -> None:
 
 
 def axe_violations(page, *, impacts: tuple[str, ...] = AXE_FAILING_IMPACTS) -> list[str]:
-    """The axe-core violations of the page as it is now, of the given impacts, one readable line each."""
+    """The axe-core violations of the page as it is now, of the given impacts, one readable line each.
+
+    axe runs in the page's JavaScript: a page without JavaScript cannot be checked (it would wait forever).
+    """
     from axe_playwright_python.sync_playwright import Axe
 
     results = Axe().run(page)

@@ -49,10 +49,16 @@ def assert_recorded(run: Run, event_type: str, user) -> dict:
 # Cancel
 
 
-def test_cancel_stops_a_queued_run_at_once(ops, operator, tenant):
+def test_cancel_asks_first_then_stops_a_queued_run_at_once(ops, operator, tenant):
     run = make_run(tenant, "queued")
 
-    response = post_action(ops, "cancel_runs", [run])
+    confirmation = post_action(ops, "cancel_runs", [run])
+
+    assert confirmation.status_code == 200
+    assert b"Cancel these runs?" in confirmation.content and str(run.pk)[:8].encode() in confirmation.content
+    assert fresh(run).status == "queued"
+
+    response = post_action(ops, "cancel_runs", [run], apply="1")
 
     assert response.status_code == 302
     assert fresh(run).status == "cancelled"
@@ -63,7 +69,7 @@ def test_cancel_stops_a_queued_run_at_once(ops, operator, tenant):
 def test_cancel_of_a_running_run_is_a_request_its_worker_honours(ops, operator, tenant):
     run = make_run(tenant, "running")
 
-    response = post_action(ops, "cancel_runs", [run])
+    response = post_action(ops, "cancel_runs", [run], apply="1")
 
     run = fresh(run)
     assert run.status == "running"
@@ -76,7 +82,7 @@ def test_cancel_skips_finished_runs_and_says_why(ops, operator, tenant):
     done = make_run(tenant, "done")
     queued = make_run(tenant, "queued")
 
-    response = post_action(ops, "cancel_runs", [done, queued])
+    response = post_action(ops, "cancel_runs", [done, queued], apply="1")
 
     assert fresh(done).status == "done"
     assert fresh(queued).status == "cancelled"
@@ -164,7 +170,7 @@ def test_requeue_returns_a_run_whose_lease_expired(ops, operator, tenant):
 def test_approval_decisions_queue_the_run_with_the_decision(ops, operator, tenant, action, event, approved):
     run, step = waiting_on(tenant, kind="approval")
 
-    post_action(ops, action, [run])
+    post_action(ops, action, [run], apply="1")
 
     assert fresh(run).status == "queued"
     step.refresh_from_db()
@@ -175,7 +181,7 @@ def test_approval_decisions_queue_the_run_with_the_decision(ops, operator, tenan
 def test_approve_skips_a_run_without_a_pending_approval(ops, tenant):
     run, _ = waiting_on(tenant, kind="tool")  # ambiguous, not an approval
 
-    response = post_action(ops, "approve_runs", [run])
+    response = post_action(ops, "approve_runs", [run], apply="1")
 
     assert fresh(run).status == "waiting_human"
     assert "has no pending approval" in messages_of(response)[0]
@@ -229,7 +235,8 @@ def test_bulk_cancel_covers_the_whole_filtered_selection_in_batches(ops, operato
     other_kind = make_run(tenant, "queued", kind="broken")
 
     # "Select all" on the changelist filtered by kind: only one row's checkbox is sent.
-    response = post_action(ops, "cancel_runs", chosen[:1], url=f"{CHANGELIST}?kind=noop3", select_across="1", index="0")
+    response = post_action(ops, "cancel_runs", chosen[:1], url=f"{CHANGELIST}?kind=noop3", select_across="1",
+                           apply="1")
 
     assert response.status_code == 302
     assert {fresh(run).status for run in chosen} == {"cancelled"}
@@ -243,7 +250,8 @@ def test_bulk_retry_covers_the_filtered_selection(ops, operator, tenant):
     failed = [make_run(tenant, "failed", error_kind="retryable") for _ in range(4)]
     cancelled = make_run(tenant, "cancelled")
 
-    post_action(ops, "retry_runs", failed[:1], url=f"{CHANGELIST}?status__exact=failed", select_across="1", index="0")
+    post_action(ops, "retry_runs", failed[:1], url=f"{CHANGELIST}?status__exact=failed", select_across="1",
+                           apply="1")
 
     assert {fresh(run).status for run in failed} == {"queued"}
     assert fresh(cancelled).status == "cancelled"

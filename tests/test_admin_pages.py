@@ -148,7 +148,11 @@ def test_an_action_from_the_run_page_comes_back_to_it(ops, operator, tenant):
     run = make_run(tenant, "queued")
     url = f"{CHANGELIST}{run.pk}/change/"
 
-    response = ops.post(url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk)})
+    confirmation = ops.post(url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk)})
+    assert b'name="CHANGE_FORM-action" value="cancel_runs"' in confirmation.content
+    assert fresh(run).status == "queued"
+
+    response = ops.post(url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk), "apply": "1"})
 
     assert response.status_code == 302 and response["Location"] == url
     assert fresh(run).status == "cancelled"

@@ -155,10 +155,14 @@ def test_unknown_run_is_not_found(member_client):
 
 
 @pytest.mark.django_db
-def test_user_without_membership_gets_404(client):
-    client.force_login(UserFactory())
+def test_user_without_membership_gets_a_403_page_that_names_them_and_leads_out(client):
+    client.force_login(UserFactory(username="lonely"))
 
-    assert client.get("/").status_code == 404
+    response = client.get("/")
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert "lonely" in html and "not a member of any tenant" in html
+    assert 'action="/accounts/logout/"' in html
 
 
 @pytest.mark.django_db
@@ -333,7 +337,8 @@ def test_posts_without_a_csrf_token_are_refused(member):
     assert fresh(run).status == "queued"
     # Every form on the page carries the token.
     html = client.get(detail_url(run)).content.decode()
-    assert html.count("<form") == html.count('name="csrfmiddlewaretoken"')
+    # (the confirmation dialog's form only closes the dialog: method="dialog" posts nothing)
+    assert html.count("<form") - html.count('<form method="dialog"') == html.count('name="csrfmiddlewaretoken"')
 
 
 @pytest.mark.django_db
@@ -351,7 +356,7 @@ def test_actions_answer_only_to_post(member_client, member):
 def test_an_operator_cancels_a_queued_run(member_client, member):
     run = submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"})
 
-    response = member_client.post(detail_url(run) + "cancel/", follow=True)
+    response = member_client.post(detail_url(run) + "cancel/", {"confirmed": "1"}, follow=True)
 
     assert response.redirect_chain == [(detail_url(run), 302)]
     assert flashes(response) == ["Run cancelled."]
@@ -367,7 +372,7 @@ def test_an_operator_cancels_a_queued_run(member_client, member):
 def test_cancelling_a_running_run_is_a_request_the_page_shows(member_client, member):
     run = force_status(submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "running")
 
-    response = member_client.post(detail_url(run) + "cancel/", follow=True)
+    response = member_client.post(detail_url(run) + "cancel/", {"confirmed": "1"}, follow=True)
 
     assert flashes(response) == ["Cancel requested: the run stops at the end of its current step."]
     run = fresh(run)
@@ -398,7 +403,7 @@ def test_an_action_the_state_no_longer_allows_is_reported_not_forced(member_clie
         submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "done", finished_at=timezone.now()
     )
 
-    response = member_client.post(detail_url(run) + "cancel/", follow=True)
+    response = member_client.post(detail_url(run) + "cancel/", {"confirmed": "1"}, follow=True)
 
     assert response.status_code == 200
     assert flashes(response) == [
@@ -477,7 +482,7 @@ def test_an_approver_rejects():
     client, membership = login("approver")
     run = waiting_for_approval(membership.tenant)
 
-    response = client.post(detail_url(run) + "reject/", {"comment": "no", "step": "2"}, follow=True)
+    response = client.post(detail_url(run) + "reject/", {"comment": "no", "step": "2", "confirmed": "1"}, follow=True)
 
     assert flashes(response) == ["Rejected: the run continues without it."]
     assert Step.objects.get(run=run, seq=2).output["approved"] is False
@@ -727,8 +732,11 @@ def test_the_list_filters_by_status_and_kind_and_searches_by_id(member_client, m
 
     html = member_client.get("/?status=cancelled").content.decode()
     assert "No runs match these filters." in html
+    # Anything else searches the runs' titles and inputs.
     html = member_client.get("/?q=xyz").content.decode()
-    assert '<p class="field-error" data-testid="search-error">A run id has only 0-9, a-f and dashes.</p>' in html
+    assert "No runs match these filters." in html
+    html = member_client.get("/?q=%00").content.decode()
+    assert 'data-testid="search-error"' in html
 
 
 @pytest.mark.django_db
@@ -799,7 +807,7 @@ def test_the_list_polls_while_a_run_on_it_is_unfinished(member_client, member):
     assert partial.status_code == 200
     fragment = partial.content.decode()
     assert fragment.lstrip().startswith('<section id="runs"') and "<html" not in fragment
-    assert '<td data-label="Current step" class="step-cell">step2</td>' in fragment
+    assert '<div class="muted row-summary">step2</div>' in fragment
     assert '<progress class="progress-running" max="4" value="1"' in fragment
 
     force_status(run, "done", finished_at=timezone.now(), current_step="", steps_done=4)
@@ -844,8 +852,9 @@ def test_run_page_shows_status_progress_elapsed_attempt_and_cost(member_client, 
     assert '<dd data-testid="steps-done">1 of 4</dd>' in html
     assert '<progress class="progress-running" max="4" value="1"' in html
     assert re.search(r'<dd data-testid="elapsed">1 min 1\d s</dd>', html)  # 75 s, and a slow machine's more
-    assert '<dd data-testid="attempt">1 of 3</dd>' in html
-    assert '<dd data-testid="cost">12.50¢ of 50.00¢ ceiling<meter min="0" max="100" low="70" high="90" optimum="0"' \
+    # A first attempt is no failure: the retry budget shows only once something failed.
+    assert 'data-testid="failed-tries"' not in html and "Attempt" not in html
+    assert '<dd data-testid="cost">12.5¢ of 50¢ ceiling<meter min="0" max="100" low="70" high="90" optimum="0"' \
         ' value="25"' in html
     # While the run can still change, the progress section polls itself, only while the tab is visible.
     state, seen = presenters.controls_version(fresh(run)), presenters.timeline_version(fresh(run))
@@ -861,7 +870,7 @@ def test_queued_run_page_shows_placeholders(member_client, member):
 
     assert 'data-testid="status">Queued</span>' in html
     assert '<dd data-testid="current-step">—</dd>' in html
-    assert '<dd data-testid="steps-done">0</dd>' in html
+    assert '<dd data-testid="steps-done">0 steps</dd>' in html
     assert '<dd data-testid="elapsed">—</dd>' in html
     assert "No steps yet." in html
 
@@ -954,22 +963,22 @@ def test_polled_partial_query_counts_are_pinned(django_assert_num_queries):
 
     quiet, moved, changed = poll_url(run), poll_url(run, seen="old"), poll_url(run, state="old")
 
-    # session, user, memberships with their tenants, run
-    with django_assert_num_queries(4):
+    # session, user, memberships with their tenants, run, and its last step (what current_step names)
+    with django_assert_num_queries(5):
         assert client.get(quiet, headers=HTMX).status_code == 200
-    # ... and the steps and their artifacts when the timeline moved
-    with django_assert_num_queries(6):
+    # ... and the steps, their artifacts and the activity's Events when the timeline moved
+    with django_assert_num_queries(8):
         assert client.get(moved, headers=HTMX).status_code == 200
     # ... and the run's messages when its state changed (no pending step to look up while running)
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         assert client.get(changed, headers=HTMX).status_code == 200
 
     waiting = waiting_for_approval(membership.tenant)
     quiet, changed = poll_url(waiting), poll_url(waiting, state="old")
     # A run waiting for a person: the pending step and the messages on a state change.
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         assert client.get(changed, headers=HTMX).status_code == 200
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(5):
         assert client.get(quiet, headers=HTMX).status_code == 200
 
 
@@ -997,8 +1006,8 @@ def test_the_step_timeline_shows_kind_duration_tokens_cost_payloads_and_artifact
     assert '<span class="tag">llm</span>' in html and '<span class="tag">tool</span>' in html
     assert "<span>2.5 s</span>" in html
     assert "<span>1200 in · 340 out tokens</span>" in html
-    assert "<span>0.04¢</span>" in html
-    assert "<details><summary>Input</summary><pre>{\n  &quot;args&quot;: [\n    &quot;acme&quot;" in html
+    assert "<span>0.038¢</span>" in html  # two significant digits under a cent
+    assert "<details><summary>Input</summary><pre tabindex=\"0\">{\n  &quot;args&quot;: [\n    &quot;acme&quot;" in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and XSS not in html
     link = f"/runs/{run.id}/artifacts/{artifact.pk}/"
     assert f'<a href="{link}" download>page.html</a>' in html
@@ -1028,10 +1037,10 @@ def test_executed_run_reports_done_with_its_result_and_steps(client):
     assert partial.status_code == 286
     html = partial.content.decode()
     assert 'data-testid="status">Done</span>' in html
-    assert '<dd data-testid="current-step">—</dd>' in html  # cleared once done
-    assert '<dd data-testid="steps-done">1</dd>' in html
+    assert 'data-testid="current-step"' not in html  # a finished run has none
+    assert '<dd data-testid="steps-done">1 step</dd>' in html
     assert (
-        '<pre class="result" data-testid="result">{\n  &quot;echo&quot;: &quot;hihi&quot;\n}</pre>'
+        '<pre tabindex="0" class="result" data-testid="result">{\n  &quot;echo&quot;: &quot;hihi&quot;\n}</pre>'
         in html
     )
     # The step timeline comes with the poll that sees the run finish, so it grows without a reload.
@@ -1134,7 +1143,7 @@ def test_html_in_a_proposal_is_shown_as_text_to_the_approver():
 
 def test_presenters_word_money_and_durations():
     assert [presenters.money(c) for c in (0, Decimal("0.004"), Decimal("2.345"), 1240, None)] == [
-        "0¢", "< 0.01¢", "2.35¢", "$12.40", "—"
+        "0¢", "0.004¢", "2.35¢", "$12.40", "—"
     ]
     assert [presenters.duration(s) for s in (0.42, 12, 185, 7380, None)] == [
         "0.4 s", "12 s", "3 min 05 s", "2 h 03 min", "—"

@@ -18,7 +18,7 @@ import tests.agents_dashboard  # noqa: F401  (registers support_reply in the liv
 from runs.control import cancel_run, pause_run
 from runs.models import Event, Run, Step
 from runs.services import SYSTEM, submit_run
-from tests.browser import browser, browser_page, log_in, screenshot  # noqa: F401
+from tests.browser import assert_accessible, browser, browser_page, log_in, screenshot, screenshots  # noqa: F401
 from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
 
@@ -134,9 +134,10 @@ def test_approve_one_waiting_run_and_reject_another(live_server, processes, chro
         page.locator(f'a[href="/runs/{approved.id}/"]').click()
         card = page.get_by_test_id("approval")
         expect(card.get_by_role("heading")).to_have_text("Approval needed: send_reply")
-        expect(card.get_by_test_id("proposal")).to_contain_text('"to": "ana@example.com"')
+        expect(card.get_by_test_id("proposal")).to_contain_text("ana@example.com")
         expect(page.get_by_test_id("status")).to_have_text("Needs a person")
-        screenshot(page, "run-waiting-for-approval.png")
+        assert_accessible(page)
+        screenshots(page, "run-waiting-for-approval")
 
         card.get_by_label("Comment").fill("Refund is fine.")
         card.get_by_role("button", name="Approve").click()
@@ -149,6 +150,7 @@ def test_approve_one_waiting_run_and_reject_another(live_server, processes, chro
         card = page.get_by_test_id("approval")
         card.get_by_label("Comment").fill("Wrong tone.")
         card.get_by_role("button", name="Reject").click()
+        page.locator("#confirm-dialog").get_by_role("button", name="Reject").click()  # it asks first
         expect(page.get_by_role("status")).to_have_text("Rejected: the run continues without it.")
         expect(page.get_by_test_id("status")).to_have_text("Done", timeout=30_000)
         expect(page.get_by_test_id("result")).to_contain_text('"sent": false')
@@ -179,19 +181,21 @@ def test_cancel_a_running_run(live_server, processes, chromium, tmp_path):
         expect(page.get_by_test_id("steps-done")).to_have_text("1 of 5")
         expect(page.get_by_test_id("step").nth(1).locator(".badge")).to_have_text("Running")
         page.get_by_test_id("step").first.get_by_text("Output").click()  # an open <details> ...
-        screenshot(page, "run-running.png")
+        assert_accessible(page)
+        screenshots(page, "run-running")
         page.wait_for_timeout(2_500)
         # ... stays open across polls: the timeline is only re-rendered when it changed.
         expect(page.get_by_test_id("step").first.locator("details").nth(1)).to_have_attribute("open", "")
 
         page.get_by_role("button", name="Cancel run").click()
+        page.locator("#confirm-dialog").get_by_role("button", name="Cancel run").click()  # it asks first
         expect(page.get_by_role("status")).to_have_text(
             "Cancel requested: the run stops at the end of its current step."
         )
         expect(page.get_by_test_id("status")).to_have_text("Cancelled", timeout=30_000)
         expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
         expect(page.get_by_role("button", name="Retry")).to_be_visible()
-        expect(page.get_by_test_id("advice")).to_contain_text("A person cancelled it.")
+        expect(page.get_by_test_id("advice")).to_contain_text(f"{member.user.username} cancelled it.")
 
     run = fresh(run)
     assert run.status == "cancelled"
@@ -294,11 +298,12 @@ def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(live_server,
         log_in(page, live_server.url, member.user.username)
         rows = page.locator("table.runs-table tbody tr")
         expect(rows).to_have_count(7)
-        expect(rows.locator("td[data-label=Status]")).to_have_text(
+        expect(rows.locator("td[data-label=Status] .badge")).to_have_text(
             ["Running", "Queued", "Needs a person", "Paused", "Cancelled", "Failed", "Done"]
         )
         expect(page.get_by_test_id("waiting-count")).to_have_text("1 run waits for your approval →")
-        screenshot(page, "run-list.png")
+        assert_accessible(page)
+        screenshots(page, "run-list")
 
         # The running row moves on without a reload when its step is released.
         page.evaluate("window.__notReloaded = true")
@@ -320,7 +325,8 @@ def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(live_server,
         expect(page.get_by_test_id("advice")).to_contain_text("Retrying the same input will fail the same way.")
         expect(page.get_by_test_id("step").nth(1).locator(".badge")).to_have_text("Failed")
         expect(page.get_by_role("button", name="Retry")).to_be_visible()
-        screenshot(page, "run-failed.png")
+        assert_accessible(page)
+        screenshots(page, "run-failed")
 
     with browser_page(chromium, width=390, height=844) as phone:
         log_in(phone, live_server.url, member.user.username)

@@ -26,7 +26,7 @@ from django.utils import timezone
 from runs.events import SYSTEM, append_event
 from runs.models import DeliveryStatus, Event, Run, WebhookDelivery
 from runs.services import submit_run
-from tests.browser import browser_page, log_in, screenshot  # noqa: F401
+from tests.browser import assert_accessible, browser_page, log_in, screenshot, screenshots  # noqa: F401
 from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
 from tests.run_states import force_status
@@ -241,7 +241,8 @@ def test_model_text_shows_in_the_live_output_box_while_the_model_call_runs(chrom
         expect(live).to_contain_text("(scripted model) You said:", timeout=20_000)
         expect(page.get_by_role("heading", name=re.compile(r"^Live output · model call 1$"))).to_be_visible()
         expect(live).to_contain_text("You said: Which kettle boils water fastest,", timeout=20_000)
-        screenshot(page, "run-live.png")
+        assert_accessible(page)
+        screenshots(page, "run-live")
         # The call's step is done: the box goes, and the timeline has the answer.
         expect(page.get_by_test_id("status")).to_have_text("Done", timeout=30_000)
         expect(live).to_be_hidden()
@@ -417,8 +418,8 @@ def test_the_section_is_hidden_without_deliveries_and_shows_the_latest_20(django
     assert "Webhook deliveries" not in client.get(f"/runs/{run.id}/").content.decode()
 
     made = [delivery(event, DeliveryStatus.DEAD, attempts=n) for n in range(25)]
-    # session, user, memberships with their tenants, run, messages, steps, deliveries
-    with django_assert_num_queries(7):
+    # session, user, memberships with their tenants, run, messages, steps, the activity's Events, deliveries
+    with django_assert_num_queries(8):
         html = client.get(f"/runs/{run.id}/").content.decode()
     shown = rows(html)
     assert len(shown) == 20

@@ -11,7 +11,7 @@ import pytest
 from deploys.models import Resource
 from runs.models import Run, Step
 from runs.services import submit_run
-from tests.browser import browser_page, log_in, screenshot  # noqa: F401
+from tests.browser import assert_accessible, browser_page, log_in, screenshot, screenshots  # noqa: F401
 from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
 
@@ -54,8 +54,9 @@ def test_a_rolled_back_saga_shows_what_was_undone(live_server, processes, chromi
             "create DNS record", "issue certificate", "start container", "register monitoring", "rollback",
             "undo start container", "undo issue certificate", "undo create DNS record"])
         expect(steps.locator(".badge")).to_have_text(
-            ["Compensated"] * 3 + ["Failed"] + ["Done"] * 4)
-        screenshot(page, "run-rolled-back.png")
+            ["Undone"] * 3 + ["Failed"] + ["Done"] * 4)
+        assert_accessible(page)
+        screenshots(page, "run-rolled-back")
 
 
 def test_a_fan_out_shows_its_tree_of_child_runs(live_server, processes, chromium):
@@ -84,9 +85,10 @@ def test_a_fan_out_shows_its_tree_of_child_runs(live_server, processes, chromium
         expect(rows.locator(".child-title")).to_have_text(questions)
         expect(rows.locator(".badge")).to_have_text(["Done"] * 3)
         expect(page.get_by_test_id("children")).to_contain_text("3 done")
-        screenshot(page, "run-fan-out.png")
+        assert_accessible(page)
+        screenshots(page, "run-fan-out")
         rows.first.get_by_role("link").click()
-        expect(page.get_by_test_id("lineage")).to_contain_text("Child run of research_many")
+        expect(page.get_by_test_id("lineage")).to_contain_text(f"Child run of {questions[0]}")
         page.get_by_test_id("lineage").get_by_role("link").click()
         expect(page.get_by_test_id("children")).to_be_visible()
 

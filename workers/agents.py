@@ -25,6 +25,7 @@ from django.conf import settings
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from runs.registry import agent
+from runs.states import RunOutcome
 from workers.context import RunContext
 from workers.errors import Fatal
 from workers.step_support import StepResult
@@ -93,6 +94,7 @@ def research_brief(ctx: RunContext, brief: BriefIn) -> dict:
     facts = ctx.step("extract_facts", extract, brief.topic, found, kind="llm")["facts"]
     text = ctx.step("draft", draft, brief.topic, facts, kind="llm")["draft"]
     verdict = ctx.step("review", review, text, kind="llm")
+    ctx.report(f"Wrote a brief on {brief.topic}: {len(facts)} findings from {len(the_plan['sources'])} sources")
     return {
         "topic": brief.topic,
         "brief": text,
@@ -130,6 +132,11 @@ def research(ctx: RunContext, data: ResearchIn) -> dict:
     docs = corpus.documents()
     cited = [doc_id for doc_id in dict.fromkeys(re.findall(r"\[([a-z0-9-]+)\]", result.answer)) if doc_id in docs]
     first = next((m for m in result.messages if m.get("role") == "assistant"), {})
+    if cited:
+        sources = f"{len(cited)} document{'s' if len(cited) > 1 else ''}"
+        ctx.report(f"Answered from {sources}: {result.answer}")
+    else:
+        ctx.report(f"Answered without a source from the corpus: {result.answer}", outcome=RunOutcome.PARTIAL)
     return {
         "question": data.question,
         "answer": result.answer,
@@ -172,7 +179,10 @@ def research_many(ctx: RunContext, data: ResearchManyIn) -> dict:
         raise Fatal("none of the child research runs answered: " + "; ".join(
             f"{o.status}: {o.error.splitlines()[0] if o.error else 'no answer'}" for o in outcomes))
     found = [{"run_id": str(o.run_id), "status": o.status, "result": o.result, "error": o.error} for o in outcomes]
-    return ctx.step("synthesise", synthesise, data.questions, found, kind="llm")
+    report = ctx.step("synthesise", synthesise, data.questions, found, kind="llm")
+    ctx.report(report["summary"], outcome=RunOutcome.SUCCEEDED if len(answered) == len(outcomes)
+               else RunOutcome.PARTIAL)
+    return report
 
 
 def synthesise(questions: list[str], outcomes: list[dict]) -> StepResult:

@@ -25,7 +25,9 @@ from runs.db import dumps, release_connection
 from runs.engine import marks
 from runs.engine import steps as checkpoint
 from runs.engine.steplog import RecordedStep, unconsumed_messages
+from runs.states import RunOutcome
 from runs.streams import ephemeral
+from runs.titles import SUMMARY_MAX, one_line
 from workers.errors import (
     AwaitApproval,
     Fatal,
@@ -76,6 +78,8 @@ class RunContext(Workflow, StepMachinery):
         self._rollback = None
         self._compensations = {}
         self.progressed = False  # a step completed during this attempt
+        # (outcome, summary) of ctx.report(): kept here, written by the exit that ends the run.
+        self.reported: tuple[str, str] | None = None
         if claimed.cancel_requested:
             control.cancel_requested.set()
         if claimed.pause_requested:
@@ -149,6 +153,32 @@ class RunContext(Workflow, StepMachinery):
             if not held:
                 self._control.lease_lost.set()
                 raise LeaseLost("lease lost while reporting progress")
+
+    def report(self, summary: str, *, outcome: RunOutcome | str = RunOutcome.SUCCEEDED) -> None:
+        """Say what the run achieved: ``summary``, one line people read in run lists, and its ``outcome``.
+
+        ``outcome`` is a ``RunOutcome`` or its value: ``succeeded`` (the
+        default), ``unchanged`` (it finished but changed nothing: a person
+        rejected the change, there was nothing to do) or ``partial`` (some
+        of the work is done). It qualifies the run's status without changing
+        it: a run that returns is ``done`` whatever it reports.
+
+        Nothing is written now: the last report is stored with the run's
+        exit when the run ends, done, or failed or cancelled after reporting
+        (then it tells what was achieved before). Like the rest of the agent
+        code between steps it runs again on replay, so a resumed run reports
+        again. ``summary`` is made one line of at most 300 characters
+        (control characters and line breaks become spaces, longer text ends
+        with an ellipsis). Raises ValueError for an unknown outcome and
+        TypeError when ``summary`` is not a string.
+        """
+        if not isinstance(summary, str):
+            raise TypeError(f"ctx.report() needs the summary as a string, not {type(summary).__name__}")
+        value = outcome.value if isinstance(outcome, RunOutcome) else outcome
+        if value not in RunOutcome.values or not value:
+            choices = ", ".join(repr(v) for v in RunOutcome.values if v)
+            raise ValueError(f"unknown outcome {outcome!r} for ctx.report(); use RunOutcome or one of {choices}")
+        self.reported = (value, one_line(summary, limit=SUMMARY_MAX))
 
     def emit(self, type: str, data: Any = None) -> None:
         """Push an ephemeral update (partial model text, a percentage) to the run's live event streams.
@@ -311,10 +341,17 @@ class RunContext(Workflow, StepMachinery):
     def approval(self, name: str, *, proposal: Any) -> Decision:
         """Ask a person to approve ``proposal``; the run waits (holding no worker) until they decide.
 
-        Returns the decision (``approved``, ``comment``, ``by``, ``at``). The
-        proposal is recorded in the step; replays return the same decision
-        and never ask again.
+        ``proposal`` is a ``workers.Proposal`` (what will change, on what,
+        from what to what: the dashboard shows it as a sentence and a
+        before/after table) or any JSON value (shown as it is). Returns the
+        decision (``approved``, ``comment``, ``by``, ``at``). The proposal is
+        recorded in the step as JSON; replays return the same decision and
+        never ask again.
         """
+        from workers.proposals import Proposal
+
+        if isinstance(proposal, Proposal):
+            proposal = proposal.to_json()
         seq = self._seq = self._seq + 1
         recorded = self._recorded.get(seq)
         if recorded is not None:

@@ -60,6 +60,7 @@ class RunExecutor:
         self.claimed = claimed
         self.control = control
         self.log_extra = {"run_id": str(claimed.id), "tenant": str(claimed.tenant_id), "kind": claimed.kind}
+        self.ctx: RunContext | None = None  # what the agent reported (ctx.report) goes with the exit
 
     def execute(self) -> str | None:
         """Run to the next exit from running; returns the status reached (None when the lease was lost)."""
@@ -81,7 +82,8 @@ class RunExecutor:
         # done, or a rollback requested before it ever ran): skip the read.
         recorded = (load_step_log(run_id=claimed.id, generation=claimed.generation)
                     if claimed.attempt > 1 or claimed.steps_done or claimed.compensation else {})
-        ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind)
+        ctx = self.ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control,
+                                    kind=kind)
         try:
             agent_input = kind.agent_input(claimed.input)
         except Exception as exc:  # the stored input no longer validates
@@ -250,6 +252,10 @@ class RunExecutor:
                wake_on_message: bool = False, wake_on_children: bool = False, wake_at=None,
                compensation: str | None = None) -> str | None:
         self.control.leaving.set()
+        # What the agent reported, stored by the exit only if it ends the run (runs.engine.exit);
+        # not after a rollback, which undid what it reported.
+        reported = self.ctx.reported if self.ctx is not None and compensation is None else None
+        reported_outcome, summary = reported or (None, None)
         try:
             outcome = with_retries(lambda: leave_running(
                 run_id=self.claimed.id,
@@ -268,6 +274,8 @@ class RunExecutor:
                 compensation=compensation,
                 parent_id=self.claimed.parent_id,
                 give_slot=not self.worker.defers_slot_returns,
+                outcome=reported_outcome,
+                summary=summary,
             ), what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.

@@ -36,8 +36,9 @@ class Decision:
 
     approved: bool
     comment: str
-    by: str
+    by: str  # "user:7", "api_key:3"
     at: datetime
+    by_name: str = ""  # "Ana Lopez", "API key ‘ci-bot’", as named when they decided
 
     @classmethod
     def from_output(cls, output: dict) -> Decision:
@@ -46,6 +47,7 @@ class Decision:
             comment=output.get("comment", ""),
             by=output.get("by", ""),
             at=datetime.fromisoformat(output["at"]),
+            by_name=output.get("by_name", ""),
         )
 
 

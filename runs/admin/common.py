@@ -12,10 +12,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin import ActionLocation
 from django.core.paginator import Paginator
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 
+from runs.dashboard.presenters import money
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.services import Actor
 
@@ -23,6 +27,15 @@ from runs.services import Actor
 def operator(request: HttpRequest) -> Actor:
     """The person acting in the admin, as recorded on the run's Event."""
     return Actor(type="user", id=str(request.user.pk))
+
+
+# The run's own page prefixes its action field; an action's intermediate page posts back the same name.
+CHANGE_FORM_ACTION = f"{ActionLocation.CHANGE_FORM.value}-action"
+
+
+def action_field(request: HttpRequest) -> str:
+    """The name of the action field the request came with (the run list's or the run page's)."""
+    return CHANGE_FORM_ACTION if CHANGE_FORM_ACTION in request.POST else "action"
 
 
 def worker_lease() -> timedelta:
@@ -36,6 +49,41 @@ def json_block(value: Any):
         return "—"
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
     return format_html('<pre class="runs-json">{}</pre>', text)
+
+
+# The admin's own datetime format has no seconds; operators compare events a second apart.
+DATE_FORMAT, TIME_FORMAT = "Y-m-d", "H:i:s"
+
+
+def timestamp(value):
+    """A datetime to the second, in the current time zone (None: the admin shows its empty value)."""
+    if value is None:
+        return None
+    moment = timezone.localtime(value)
+    # Two parts a narrow column may put on two lines, never breaking the date at its hyphens.
+    return format_html('<time datetime="{}"><span>{}</span> <span>{}</span></time>', moment.isoformat(),
+                       format_date(moment, DATE_FORMAT), format_date(moment, TIME_FORMAT))
+
+
+def timestamp_column(field: str, description: str):
+    """A list or read-only field showing the datetime ``field`` with seconds, sorted by it."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self, obj):
+        return timestamp(getattr(obj, field))
+
+    return column
+
+
+def money_column(field: str, description: str):
+    """A list or read-only field showing the cents in ``field`` as people read money ("2.35¢", "$12.40")."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self, obj) -> str | None:
+        cents = getattr(obj, field)
+        return None if cents is None else money(cents)
+
+    return column
 
 
 class EstimatedCountPaginator(Paginator):

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.utils import timezone
 
 from runs import operations
-from runs.admin.common import operator, worker_lease
+from runs.admin.common import operator, timestamp_column, worker_lease
 from runs.models import KindState, Queue, Worker
 from runs.registry import all_kinds
 from runs.services import QUEUE_NAME
@@ -31,14 +31,25 @@ class WorkerStateFilter(admin.SimpleListFilter):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ("host", "pid", "state", "runs_held", "concurrency", "queue_list", "last_seen_at",
-                    "started_at", "stopped_at", "id")
+    list_display = ("short_id", "host", "pid", "state", "load", "queue_list", "last_seen", "started", "stopped")
     list_filter = (WorkerStateFilter,)
     search_fields = ("host",)
     ordering = ("-last_seen_at",)
-    readonly_fields = ("id", "host", "pid", "state", "queues", "kinds", "concurrency", "runs_held", "started_at",
-                       "last_seen_at", "stopped_at")
+    readonly_fields = ("id", "host", "pid", "state", "queues", "kinds", "concurrency", "runs_held", "started",
+                       "last_seen", "stopped")
     fields = readonly_fields
+
+    started = timestamp_column("started_at", "started")
+    last_seen = timestamp_column("last_seen_at", "last seen")
+    stopped = timestamp_column("stopped_at", "stopped")
+
+    @admin.display(description="worker", ordering="id")
+    def short_id(self, worker: Worker) -> str:
+        return str(worker.pk)[:8]
+
+    @admin.display(description="runs held", ordering="runs_held")
+    def load(self, worker: Worker) -> str:
+        return f"{worker.runs_held} / {worker.concurrency}"
 
     @admin.display(description="state")
     def state(self, worker: Worker) -> str:
@@ -67,16 +78,18 @@ class WorkerAdmin(admin.ModelAdmin):
 class PausableAdmin(admin.ModelAdmin):
     """Queue and kind rows: adding one (paused or not) and the pause / resume actions go through the service."""
 
-    list_display = ("name", "paused", "paused_at")
+    list_display = ("name", "paused", "paused_since")
     list_filter = ("paused",)
     ordering = ("name",)
     actions = ("pause", "resume")
+
+    paused_since = timestamp_column("paused_at", "paused at")
 
     def set_paused(self, *, name: str, paused: bool, actor) -> None:
         raise NotImplementedError
 
     def get_readonly_fields(self, request, obj=None):
-        return ("name", "paused", "paused_at") if obj is not None else ("paused_at",)
+        return ("name", "paused", "paused_since") if obj is not None else ("paused_since",)
 
     def save_model(self, request, obj, form, change) -> None:
         if not change:

@@ -27,7 +27,8 @@ from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from runs.admin.common import worker_lease
+from runs.admin.chart import bar_chart
+from runs.admin.common import money, worker_lease
 from runs.models import MONEY, KindState, Queue, Run, RunStatus, Tenant, TenantDailyCost, Worker
 
 LIVE_STATUSES = [RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_HUMAN, RunStatus.WAITING, RunStatus.PAUSED]
@@ -80,7 +81,8 @@ def tenants_panel() -> dict:
         .order_by("-running", "-cost_today", "slug")[:SHOWN]
     )
     rows = [
-        {"tenant": t, "load": min(100, round(100 * t.running / t.max_running)) if t.max_running else 100}
+        {"tenant": t, "load": min(100, round(100 * t.running / t.max_running)) if t.max_running else 100,
+         "cost_today": money(t.cost_today), "cap": money(t.daily_cost_cap_cents)}
         for t in tenants
     ]
     return {"tenant_rows": rows}
@@ -102,30 +104,11 @@ def throughput_panel() -> dict:
         (done if row["status"] == RunStatus.DONE else failed)[index] += row["n"]
     total_done, total_failed = sum(done), sum(failed)
     return {
-        "bars": chart(done, failed, since),
+        "chart": bar_chart(done, failed, since, BUCKET),
         "finished": total_done + total_failed,
         "failed": total_failed,
         "failure_rate": round(100 * total_failed / (total_done + total_failed), 1) if total_failed else 0,
     }
-
-
-CHART_HEIGHT = 80
-BAR_STEP = 24
-
-
-def chart(done: list[int], failed: list[int], since) -> list[dict]:
-    """Stacked bars in SVG coordinates (failed on top of done), scaled to the busiest bucket."""
-    peak = max([d + f for d, f in zip(done, failed, strict=True)] + [1])
-    bars = []
-    for i, (d, f) in enumerate(zip(done, failed, strict=True)):
-        h_done = round(CHART_HEIGHT * d / peak)
-        h_failed = round(CHART_HEIGHT * f / peak)
-        bars.append({
-            "x": i * BAR_STEP, "done": d, "failed": f, "h_done": h_done, "y_done": CHART_HEIGHT - h_done,
-            "h_failed": h_failed, "y_failed": CHART_HEIGHT - h_done - h_failed,
-            "start": since + i * BUCKET,
-        })
-    return bars
 
 
 def stuck_panel() -> dict:

@@ -16,11 +16,18 @@ from django.contrib import admin
 from django.contrib.admin import ActionLocation
 from django.db.models import Q
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from runs import selectors
 from runs.admin import run_actions
-from runs.admin.common import EstimatedCountPaginator, ReadOnlyInline, json_block
+from runs.admin.common import (
+    EstimatedCountPaginator,
+    ReadOnlyInline,
+    json_block,
+    money_column,
+    timestamp_column,
+)
 from runs.admin.overview import overview_view
 from runs.models import Event, Queue, Run, Step
 from runs.registry import all_kinds
@@ -55,29 +62,39 @@ class QueueFilter(admin.SimpleListFilter):
 class StepInline(ReadOnlyInline):
     model = Step
     fields = ("generation", "seq", "name", "kind", "status", "executions", "tokens_in", "tokens_out",
-              "cost_cents", "started_at", "ended_at", "error")
+              "cost", "started", "ended", "error")
     readonly_fields = fields
     ordering = ("generation", "seq")
     show_change_link = True
 
+    cost = money_column("cost_cents", "cost")
+    started = timestamp_column("started_at", "started")
+    ended = timestamp_column("ended_at", "ended")
+
 
 class EventInline(ReadOnlyInline):
     model = Event
-    fields = ("seq", "type", "actor_type", "actor_id", "payload", "created_at")
+    fields = ("seq", "type", "actor_type", "actor_id", "payload", "created")
     readonly_fields = fields
     ordering = ("seq",)
     verbose_name_plural = f"events (the latest {EVENTS_SHOWN})"
 
+    created = timestamp_column("created_at", "created")
+
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ("short_id", "kind", "tenant", "queue", "status", "error_kind", "progress", "attempt",
-                    "cost_cents", "created_at", "finished_at")
+    # Narrow columns first: at 1280 px the key ones (status, cost, times) fit beside the filters;
+    # admin-extra.css drops the secondary ones on smaller screens.
+    list_display = ("short_id", "kind_name", "tenant", "queue", "status_column", "progress", "attempt", "cost",
+                    "created", "finished")
     list_filter = ("status", KindFilter, QueueFilter, "tenant", "error_kind", "created_at")
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "idempotency_key__exact")
     search_help_text = "A run id or an idempotency key (exact)."
-    ordering = ("-created_at", "-id")
+    # The changelist adds "-pk" itself (a total order, served by run_created_idx); naming only
+    # created_at keeps a single sort marker in the header.
+    ordering = ("-created_at",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 50
@@ -92,14 +109,31 @@ class RunAdmin(admin.ModelAdmin):
         (None, {"fields": ("id", "tenant", "kind", "kind_version", "queue", "priority", "status", "waiting_for",
                            "error_kind", "error", "parent", "children_pending", "origin", "origin_step")}),
         ("Progress", {"fields": ("current_step", "steps_done", "steps_total", "generation", "attempt", "failures",
-                                 "max_attempts", "cost_cents", "cost_ceiling_cents", "running_seconds",
-                                 "deadline_seconds")}),
+                                 "max_attempts", "cost", "cost_ceiling", "running_seconds", "deadline_seconds")}),
         ("Data", {"fields": ("input_json", "result_json", "idempotency_key", "callback_url")}),
         ("Lease (written by the worker)", {"classes": ("collapse",), "fields": (
-            "lease_token", "locked_by", "locked_until", "claimed_at", "heartbeat_at", "last_event_seq")}),
-        ("Times", {"fields": ("created_at", "run_after", "started_at", "finished_at", "expires_at", "updated_at",
-                              "cancel_requested_at", "pause_requested_at")}),
+            "lease_token", "locked_by", "lease_until", "claimed", "heartbeat", "last_event_seq")}),
+        ("Times", {"fields": ("created", "not_before", "started", "finished", "expires", "updated",
+                              "cancel_requested", "pause_requested")}),
     )
+
+    cost = money_column("cost_cents", "cost")
+    cost_ceiling = money_column("cost_ceiling_cents", "cost ceiling")
+    created = timestamp_column("created_at", "created")
+    not_before = timestamp_column("run_after", "run after")
+    started = timestamp_column("started_at", "started")
+    finished = timestamp_column("finished_at", "finished")
+    expires = timestamp_column("expires_at", "expires")
+    updated = timestamp_column("updated_at", "updated")
+    cancel_requested = timestamp_column("cancel_requested_at", "cancel requested")
+    pause_requested = timestamp_column("pause_requested_at", "pause requested")
+    lease_until = timestamp_column("locked_until", "locked until")
+    claimed = timestamp_column("claimed_at", "claimed")
+    heartbeat = timestamp_column("heartbeat_at", "heartbeat")
+
+    def view_on_site(self, run: Run) -> str:
+        # The run's page on the dashboard; change_form_object_tools.html labels the button.
+        return reverse("runs:detail", args=[run.id])
 
     def get_readonly_fields(self, request, obj=None):
         # Every field: the worker owns the row, people change it only through the actions.
@@ -164,6 +198,16 @@ class RunAdmin(admin.ModelAdmin):
     def short_id(self, run: Run) -> str:
         return str(run.pk)[:8]
 
+    @admin.display(description="kind", ordering="kind")
+    def kind_name(self, run: Run) -> str:
+        # A narrow column may break a long kind at its underscores ("approve_<wbr>then_<wbr>act").
+        return format_html_join(mark_safe("_<wbr>"), "{}", ((part,) for part in run.kind.split("_")))
+
+    @admin.display(description="status", ordering="status")
+    def status_column(self, run: Run) -> str:
+        status = run.get_status_display()
+        return f"{status} ({run.get_error_kind_display().lower()})" if run.error_kind else status
+
     @admin.display(description="steps")
     def progress(self, run: Run) -> str:
         return f"{run.steps_done} / {run.steps_total}" if run.steps_total else str(run.steps_done)
@@ -184,8 +228,7 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "run_link", "generation", "seq", "name", "kind", "status", "tokens_in",
-                    "tokens_out", "cost_cents", "started_at", "ended_at")
+    list_display = ("step", "run_link", "name", "kind", "status", "tokens", "cost", "started", "ended")
     list_filter = ("status", "kind")
     search_fields = ("run__id__exact",)
     search_help_text = "A run id (exact)."
@@ -194,8 +237,12 @@ class StepAdmin(admin.ModelAdmin):
     list_per_page = 50
     raw_id_fields = ("run",)
     fields = ("run", "generation", "seq", "name", "kind", "status", "executions", "idempotency_key", "tokens_in",
-              "tokens_out", "cost_cents", "started_at", "ended_at", "error", "input_json", "output_json")
+              "tokens_out", "cost", "started", "ended", "error", "input_json", "output_json")
     readonly_fields = fields
+
+    cost = money_column("cost_cents", "cost")
+    started = timestamp_column("started_at", "started")
+    ended = timestamp_column("ended_at", "ended")
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -205,6 +252,14 @@ class StepAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+    @admin.display(description="step")
+    def step(self, step: Step) -> str:
+        return f"#{step.seq}" if step.generation == 1 else f"#{step.seq} (generation {step.generation})"
+
+    @admin.display(description="tokens in / out")
+    def tokens(self, step: Step) -> str:
+        return f"{step.tokens_in} / {step.tokens_out}"
 
     @admin.display(description="run")
     def run_link(self, step: Step):

@@ -19,14 +19,14 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from runs import control, operations, selectors
-from runs.admin.common import DOMAIN_ERRORS, Tally, json_block, operator
+from runs.admin import confirmations
+from runs.admin.common import DOMAIN_ERRORS, Tally, action_field, json_block, operator
 from runs.exceptions import QueueFull
 from runs.models import Run, RunStatus, Step
 
 BATCH_SIZE = 500
 # On the run list (for the selection) and on a run's own page.
 BOTH = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
-CHANGE_FORM_ACTION = f"{ActionLocation.CHANGE_FORM.value}-action"
 
 
 def apply_in_batches(queryset, service: Callable[[Run], object], *, batch_size: int = BATCH_SIZE) -> Tally:
@@ -56,13 +56,20 @@ def apply_in_batches(queryset, service: Callable[[Run], object], *, batch_size: 
         last = batch[-1].pk
 
 
-@admin.action(description="Cancel this run", description_plural="Cancel selected runs", permissions=["cancel"],
+@admin.action(description="Cancel this run…", description_plural="Cancel selected runs…", permissions=["cancel"],
               location=BOTH)
 def cancel_runs(modeladmin, request, queryset):
+    if confirmations.wants_confirmation(request):
+        return confirmations.confirmation_page(
+            modeladmin, request, queryset, action="cancel_runs", title="Cancel these runs?", button="Yes, cancel",
+            intro="Queued and waiting runs stop at once; running runs at their next step boundary; "
+                  "finished runs are skipped.",
+        )
     actor = operator(request)
     apply_in_batches(queryset, lambda run: control.cancel_run(run=run, actor=actor)).report(
         modeladmin, request, "Cancelled", later="running: they stop at their next step boundary"
     )
+    return None
 
 
 @admin.action(description="Retry (fresh attempt budget)", description_plural="Retry selected runs (fresh attempt budget)",
@@ -83,22 +90,34 @@ def requeue_stuck_runs(modeladmin, request, queryset):
     )
 
 
-@admin.action(description="Approve", description_plural="Approve the selected runs' pending approvals",
+@admin.action(description="Approve…", description_plural="Approve the selected runs' pending approvals…",
               permissions=["approve"], location=BOTH)
 def approve_runs(modeladmin, request, queryset):
-    actor = operator(request)
-    apply_in_batches(queryset, lambda run: control.approve_run(run=run, actor=actor)).report(
-        modeladmin, request, "Approved"
-    )
+    return decide(modeladmin, request, queryset, approved=True)
 
 
-@admin.action(description="Reject", description_plural="Reject the selected runs' pending approvals",
+@admin.action(description="Reject…", description_plural="Reject the selected runs' pending approvals…",
               permissions=["approve"], location=BOTH)
 def reject_runs(modeladmin, request, queryset):
+    return decide(modeladmin, request, queryset, approved=False)
+
+
+def decide(modeladmin, request, queryset, *, approved: bool):
+    """Show the pending proposals, then decide exactly the steps shown (a run that moved on is skipped)."""
+    action, verb = ("approve_runs", "approve") if approved else ("reject_runs", "reject")
+    if confirmations.wants_confirmation(request):
+        return confirmations.confirmation_page(
+            modeladmin, request, queryset, action=action, title=f"{verb.capitalize()} these proposals?",
+            button=f"Yes, {verb}", decision=True, across=False,
+            intro="Each run goes on with your decision on the proposal shown; runs without a pending approval "
+                  "are skipped.",
+        )
     actor = operator(request)
-    apply_in_batches(queryset, lambda run: control.reject_run(run=run, actor=actor)).report(
-        modeladmin, request, "Rejected"
-    )
+    service = control.approve_run if approved else control.reject_run
+    apply_in_batches(
+        queryset, lambda run: service(run=run, actor=actor, step=confirmations.seen_step(request, run))
+    ).report(modeladmin, request, "Approved" if approved else "Rejected")
+    return None
 
 
 class RetryFromStepForm(forms.Form):
@@ -209,8 +228,7 @@ def action_form(modeladmin, request, run: Run, form: forms.Form, action: str, ti
         "run": run,
         "form": form,
         "action": action,
-        # The run's own page prefixes its action field; the form posts back where it came from.
-        "action_field": CHANGE_FORM_ACTION if CHANGE_FORM_ACTION in request.POST else "action",
+        "action_field": action_field(request),  # the form posts back where it came from
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         **extra,
     }

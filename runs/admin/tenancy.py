@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from runs import operations
-from runs.admin.common import operator
+from runs.admin.common import money, money_column, operator, timestamp_column
 from runs.keys import ALL_SCOPES, create_api_key
 from runs.models import MONEY, ApiKey, Membership, Tenant, TenantDailyCost
 
@@ -21,7 +21,7 @@ TENANT_EDITABLE = ("name", "slug", "max_running", "max_queued", "default_cost_ce
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "paused", "running_now", "queued_now", "cost_today", "daily_cost_cap_cents")
+    list_display = ("slug", "name", "paused", "running_now", "queued_now", "cost_today", "daily_cap")
     list_filter = ("paused",)
     search_fields = ("slug", "name")
     ordering = ("slug",)
@@ -29,9 +29,9 @@ class TenantAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "paused")}),
         ("Limits", {"fields": ("max_running", "max_queued", "default_cost_ceiling_cents", "daily_cost_cap_cents")}),
-        ("Usage now", {"fields": ("running", "queued", "cost_today", "created_at")}),
+        ("Usage now", {"fields": ("running", "queued", "cost_today", "created")}),
     )
-    readonly_fields = ("paused", "running", "queued", "cost_today", "created_at")
+    readonly_fields = ("paused", "running", "queued", "cost_today", "created")
 
     def get_queryset(self, request):
         today = timezone.now().astimezone(UTC).date()  # the day the checkpoints add to (UTC)
@@ -60,9 +60,12 @@ class TenantAdmin(admin.ModelAdmin):
     def queued_now(self, tenant: Tenant) -> str:
         return f"{tenant.queued} / {tenant.max_queued}"
 
-    @admin.display(description="cost today (¢)", ordering="spent_today")
-    def cost_today(self, tenant: Tenant):
-        return getattr(tenant, "spent_today", None)
+    @admin.display(description="cost today (UTC)", ordering="spent_today")
+    def cost_today(self, tenant: Tenant) -> str:
+        return money(getattr(tenant, "spent_today", None))
+
+    daily_cap = money_column("daily_cost_cap_cents", "daily cap")
+    created = timestamp_column("created_at", "created")
 
     @admin.action(description="Pause: workers stop claiming its runs", permissions=["change"])
     def pause_tenants(self, request, queryset):
@@ -92,11 +95,11 @@ class ApiKeyAddForm(forms.ModelForm):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "tenant", "prefix", "scope_list", "created_at", "last_used_at", "revoked_at")
+    list_display = ("name", "tenant", "prefix", "scope_list", "created", "last_used", "revoked")
     list_filter = ("revoked_at", "tenant")
     list_select_related = ("tenant",)
     search_fields = ("name", "prefix__exact", "tenant__slug")
-    raw_id_fields = ("tenant",)
+    autocomplete_fields = ("tenant",)
     actions = ("revoke",)
 
     def get_form(self, request, obj=None, change=False, **kwargs):
@@ -107,10 +110,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return ("tenant", "name", "scopes")
-        return ("name", "tenant", "prefix", "scope_list", "created_at", "last_used_at", "revoked_at")
+        return ("name", "tenant", "prefix", "scope_list", "created", "last_used", "revoked")
 
     def get_readonly_fields(self, request, obj=None):
-        return () if obj is None else ("tenant", "prefix", "scope_list", "created_at", "last_used_at", "revoked_at")
+        return () if obj is None else ("tenant", "prefix", "scope_list", "created", "last_used", "revoked")
+
+    created = timestamp_column("created_at", "created")
+    last_used = timestamp_column("last_used_at", "last used")
+    revoked = timestamp_column("revoked_at", "revoked")
 
     def save_model(self, request, obj, form, change) -> None:
         if change:
@@ -140,10 +147,31 @@ class ApiKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {count} key{'s' if count != 1 else ''}.")
 
 
+# What each role may do, said where a role is chosen (the dashboard's and the API's checks enforce it).
+ROLE_CHOICES = [
+    (Membership.Role.VIEWER, "Viewer: reads the tenant's runs, steps and results"),
+    (Membership.Role.OPERATOR, "Operator: also submits, cancels, pauses, resumes, retries and sends messages"),
+    (Membership.Role.APPROVER, "Approver: also approves, rejects and resolves"),
+]
+
+
+class MembershipForm(forms.ModelForm):
+    # In the form, not the model: the descriptions are words for people, not schema.
+    role = forms.ChoiceField(
+        choices=ROLE_CHOICES, initial=Membership.Role.VIEWER, widget=forms.RadioSelect,
+        help_text="Each role can do everything the one above it can.",
+    )
+
+    class Meta:
+        model = Membership
+        fields = ("user", "tenant", "role")
+
+
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
+    form = MembershipForm
     list_display = ("user", "tenant", "role")
     list_filter = ("role", "tenant")
     list_select_related = ("user", "tenant")
     search_fields = ("user__username", "tenant__slug")
-    raw_id_fields = ("user", "tenant")
+    autocomplete_fields = ("user", "tenant")

@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from runs.admin.common import EstimatedCountPaginator, operator
+from runs.admin.common import EstimatedCountPaginator, operator, timestamp_column
 from runs.exceptions import InvalidTransition
 from runs.models import WEBHOOK_EVENT_TYPES, WebhookDelivery, WebhookEndpoint
 from runs.webhooks import deliveries, targets
@@ -35,10 +35,12 @@ class WebhookEndpointForm(forms.ModelForm):
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
-    list_display = ("url", "tenant", "types", "enabled", "created_at")
+    list_display = ("url", "tenant", "types", "enabled", "created")
     list_filter = ("enabled", "tenant")
     search_fields = ("url", "description")
     list_select_related = ("tenant",)
+
+    created = timestamp_column("created_at", "created")
 
     @admin.display(description="event types")
     def types(self, endpoint: WebhookEndpoint) -> str:
@@ -47,17 +49,21 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
-    list_display = ("id", "event_type", "url", "status", "attempts", "response_code", "short_error",
-                    "next_attempt_at", "created_at", "run_link")
+    list_display = ("id", "event_type", "run_link", "status_column", "url", "short_error", "next_attempt", "created")
     list_filter = ("status", "event_type")
     search_fields = ("=webhook_id", "=run__id", "url")
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     actions = ("redeliver",)
     readonly_fields = ("event", "run", "tenant", "endpoint", "url", "event_type", "webhook_id", "status", "attempts",
-                       "next_attempt_at", "last_attempt_at", "response_code", "response_body", "last_error",
-                       "created_at", "delivered_at")
+                       "next_attempt", "last_attempt", "response_code", "response_body", "last_error",
+                       "created", "delivered")
     raw_id_fields = ("event", "run", "endpoint")
+
+    next_attempt = timestamp_column("next_attempt_at", "next attempt")
+    last_attempt = timestamp_column("last_attempt_at", "last attempt")
+    created = timestamp_column("created_at", "created")
+    delivered = timestamp_column("delivered_at", "delivered")
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -65,9 +71,17 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.display(description="last error")
+    @admin.display(description="status", ordering="status")
+    def status_column(self, delivery: WebhookDelivery) -> str:
+        attempts = "1 attempt" if delivery.attempts == 1 else f"{delivery.attempts} attempts"
+        return f"{delivery.get_status_display()}, {attempts}"
+
+    @admin.display(description="last answer")
     def short_error(self, delivery: WebhookDelivery) -> str:
-        return (delivery.last_error[:80] + "…") if len(delivery.last_error) > 80 else delivery.last_error
+        error = (delivery.last_error[:80] + "…") if len(delivery.last_error) > 80 else delivery.last_error
+        if delivery.response_code is None:
+            return error
+        return f"HTTP {delivery.response_code}: {error}" if error else f"HTTP {delivery.response_code}"
 
     @admin.display(description="run")
     def run_link(self, delivery: WebhookDelivery):

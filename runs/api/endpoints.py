@@ -80,6 +80,11 @@ class RunFilters(StorableIn):
     kind: str | None = None
     queue: str | None = None
     parent: UUID | None = Field(default=None, description="only the children of this run")
+    q: str | None = Field(
+        default=None,
+        description="only runs whose title or input text contains each word (case-insensitive; "
+        "at least one word of 3 letters or digits; at most 200 characters)",
+    )
     limit: int = Field(default=50, ge=1, le=200)
     cursor: str | None = None
 
@@ -89,7 +94,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     require_scope(request, ApiKey.Scope.READ)
     page = selectors.list_runs(
         tenant=request.auth.tenant, limit=filters.limit, cursor=filters.cursor,
-        status=filters.status, kind=filters.kind, queue=filters.queue, parent=filters.parent,
+        status=filters.status, kind=filters.kind, queue=filters.queue, parent=filters.parent, search=filters.q,
     )
     return {"items": page.items, "next_cursor": page.next_cursor}
 

@@ -53,6 +53,7 @@ class SubmitHeaders(StorableIn):
 class RunOut(Schema):
     id: UUID
     kind: str
+    title: str = Field(description="a few words from the input telling the run apart (the kind's title=)")
     queue: str
     priority: int
     status: str
@@ -66,6 +67,9 @@ class RunOut(Schema):
     result: Any = None
     error: str
     error_kind: str
+    outcome: str = Field(description="what the agent reported it achieved: succeeded, unchanged, partial, "
+                         "or '' when it did not say (ctx.report)")
+    summary: str = Field(description="the agent's one-line account of what it did ('' when it did not say)")
     waiting_for: Any = None
     cancel_requested: bool
     pause_requested: bool

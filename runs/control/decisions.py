@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
+from runs.actors import describe_actor
 from runs.control.lifecycle import cancel_children_after_commit
 from runs.control.transition import Outcome, locked, transition
 from runs.db import db_now, dumps
@@ -42,12 +44,15 @@ def decide_approval(*, run: Run, actor: Actor, approved: bool, comment: str = ""
     if step is not None and step != pending.seq:
         raise InvalidTransition(f"step {step} is not the pending approval (step {pending.seq} is)")
     now = db_now()
-    decision = {"approved": approved, "comment": comment, "by": f"{actor.type}:{actor.id}", "at": now.isoformat()}
+    # The name as it is now: a replay tells the agent the same words even after a rename.
+    decision = {"approved": approved, "comment": comment, "by": f"{actor.type}:{actor.id}",
+                "by_name": describe_actor(actor.type, actor.id, tenant_id=run.tenant_id), "at": now.isoformat()}
     Step.objects.filter(pk=pending.pk, status=StepStatus.WAITING).update(status=StepStatus.DONE, output=decision, ended_at=now)
     verb = "approved" if approved else "rejected"
+    # A decided approval is a finished step, like one the engine checkpoints.
     return Outcome(transition(
         run, to=RunStatus.QUEUED, event=f"run.{verb}", actor=actor, run_after=Now(),
-        payload={"step": pending.seq, "name": pending.name, "comment": comment},
+        payload={"step": pending.seq, "name": pending.name, "comment": comment}, steps_done=F("steps_done") + 1,
     ))
 
 
@@ -106,9 +111,11 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     else:
         Step.objects.filter(pk=pending.pk).update(status=StepStatus.FAILED, ended_at=Now())
     if action in ("done", "retry"):
+        counted = {"failures": 0} if action == "retry" else {}
+        if action == "done" and pending is not None:
+            counted["steps_done"] = F("steps_done") + 1  # the person finished the step
         return Outcome(transition(run, to=RunStatus.QUEUED, event="run.resolved", actor=actor, payload=payload,
-                                  run_after=Now(), error="", error_kind="",
-                                  **({"failures": 0} if action == "retry" else {})))
+                                  run_after=Now(), error="", error_kind="", **counted))
     # Terminal events keep their type (webhooks listen for run.failed).
     failed = transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
                         error_kind="ambiguous")

@@ -64,6 +64,7 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
         queue=origin.queue,
         priority=origin.priority,
         input=origin.input,
+        title=origin.title,
         request_hash=request_hash(kind=origin.kind, input=origin.input, queue=origin.queue, priority=origin.priority),
         max_attempts=origin.max_attempts,
         deadline_seconds=origin.deadline_seconds,

@@ -54,6 +54,8 @@ def retry_run(
     return Outcome(transition(
         run, to=RunStatus.QUEUED, event="run.retried", actor=actor, payload={"from_step": from_step},
         failures=0, error="", error_kind="", finished_at=None, run_after=Now(), cancel_requested_at=None,
+        # What it reported describes the attempt that ended; the next ending reports again.
+        outcome="", summary="",
         pause_requested_at=None, expires_at=expires_from_now(), **fields,
     ))
 

@@ -19,6 +19,7 @@ from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
+from runs.actors import person_name
 from runs.models import Membership, Tenant
 
 # The session key holding the id of the tenant the user selected.
@@ -54,6 +55,14 @@ ACTION_PERMISSIONS = {
     Action.REJECT: "runs.approve_run",
     Action.RESOLVE: "runs.resolve_run",
 }
+
+
+class NoMembership(PermissionDenied):
+    """A signed-in user who is a member of no tenant: a 403, since nothing is hidden from them, only not theirs.
+
+    Raised before any run is looked up, so it tells nothing about which runs
+    exist. ``templates/no_membership.html`` is its page.
+    """
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,10 @@ def current_access(request: HttpRequest) -> Access:
         .order_by("tenant__name", "tenant__slug")
     )
     if not memberships:
-        raise Http404("you are not a member of any tenant: ask an administrator to add you to one")
+        raise NoMembership(
+            f"you are signed in as {person_name(request.user)} but not a member of any tenant yet: "
+            "ask an administrator to add you to one"
+        )
     selected = request.session.get(SESSION_TENANT)
     chosen = next((m for m in memberships if str(m.tenant_id) == selected), memberships[0])
     return Access(tenant=chosen.tenant, role=chosen.role, user=request.user, memberships=memberships)

@@ -16,7 +16,7 @@ from django import forms as django_forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from runs import control, selectors
@@ -24,6 +24,7 @@ from runs.control import Outcome
 from runs.dashboard import selectors as dashboard_selectors
 from runs.dashboard.access import Access, Action, current_access, require
 from runs.dashboard.forms import DecisionForm, MessageForm, ResolveForm, RetryForm
+from runs.dashboard.presenters import CONFIRM_CANCEL, CONFIRM_REJECT, CONFIRM_ROLL_BACK
 from runs.dashboard.views import actor_of, render_run_page
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.models import Run
@@ -52,11 +53,33 @@ def _invalid(request: HttpRequest, access: Access, run: Run, name: str, form: dj
     return render_run_page(request, access, run, forms={name: form}, status=422)
 
 
+def _unconfirmed(request: HttpRequest, access: Access, run: Run, *, title: str, message: str,
+                 button: str) -> HttpResponse | None:
+    """A page asking to confirm a destructive action, unless the POST says it was confirmed.
+
+    The run page's dialog confirms before posting (static/js/confirm.js);
+    without JavaScript the same button lands here and nothing happens yet.
+    """
+    if request.POST.get("confirmed") == "1":
+        return None
+    fields = [(name, value) for name, value in request.POST.items() if name not in ("csrfmiddlewaretoken", "confirmed")]
+    return render(request, "runs/confirm.html", {
+        "access": access, "tenant": access.tenant, "run": run, "title": title, "message": message,
+        "button": button, "fields": fields, "action": request.path,
+    })
+
+
 @require_POST
 @login_required
 def cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
-    _, run = _target(request, run_id, Action.CANCEL)
+    access, run = _target(request, run_id, Action.CANCEL)
     compensate = request.POST.get("compensate") == "1"
+    if asked := _unconfirmed(
+        request, access, run, button="Cancel and roll back" if compensate else "Cancel run",
+        title="Cancel and roll back this run?" if compensate else "Cancel this run?",
+        message=(CONFIRM_ROLL_BACK if compensate else CONFIRM_CANCEL),
+    ):
+        return asked
     return _apply(
         request, run, lambda: control.cancel_run(run=run, actor=actor_of(request), compensate=compensate),
         done="Run cancelled.",
@@ -87,6 +110,10 @@ def _decide(request: HttpRequest, run_id: UUID, *, approved: bool) -> HttpRespon
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return _invalid(request, access, run, "decision", form)
+    if not approved and (asked := _unconfirmed(
+        request, access, run, title="Reject this proposal?", message=CONFIRM_REJECT, button="Reject",
+    )):
+        return asked
     service = control.approve_run if approved else control.reject_run
     try:
         return _apply(

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from decimal import ROUND_UP, Decimal
 from typing import Any
 
 from django import forms
 from django.forms.fields import InvalidJSONInput
 
-from runs.dashboard.presenters import status_label
+from runs.dashboard.presenters import money, status_label
 from runs.dashboard.selectors import id_range
 from runs.limits import MAX_DEADLINE_SECONDS
-from runs.models import MONEY, RunStatus
+from runs.models import MONEY, Run, RunStatus
 from runs.text import MAX_DEPTH, find_unstorable
 
 # Strings longer than this get a text area instead of a one-line input.
@@ -226,21 +227,45 @@ class RetryForm(forms.Form):
         label="New cost ceiling (¢)",
     )
 
+    @classmethod
+    def for_run(cls, run: Run) -> RetryForm:
+        """A blank form whose new-bound field suggests twice what the run used, and says what it used."""
+        form = cls(initial={"deadline_seconds": max(2 * run.deadline_seconds, 60)})
+        spent = run.cost_cents + run.children_cost_cents
+        form.fields["deadline_seconds"].help_text = (
+            f"It ran {run.running_seconds:.0f} s of its {run.deadline_seconds} s deadline; the new deadline "
+            "counts the running time so far.")
+        ceiling = run.cost_ceiling_cents or Decimal(0)
+        suggested = max(2 * ceiling, 2 * spent, Decimal(1)).quantize(Decimal("0.01"), ROUND_UP)
+        form.initial["cost_ceiling_cents"] = suggested
+        form.fields["cost_ceiling_cents"].help_text = (
+            f"It spent {money(spent)} of its {money(ceiling)} ceiling; the new ceiling counts the cost so far "
+            "and must be larger than it.")
+        return form
+
 
 class RunFilterForm(forms.Form):
     status = forms.ChoiceField(required=False)
     kind = forms.ChoiceField(required=False)
-    q = forms.CharField(required=False, max_length=36, label="Run id")
+    q = forms.CharField(required=False, max_length=200, label="Search")
     cursor = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, kinds: list[str], **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.fields["status"].choices = [("", "Any status")] + [(s, status_label(s)) for s in RunStatus.values]
         self.fields["kind"].choices = [("", "Any kind")] + [(k, k) for k in kinds]
-        self.fields["q"].widget.attrs.update({"placeholder": "id or its first characters", "autocomplete": "off"})
+        self.fields["q"].widget.attrs.update(
+            {"placeholder": "words of its title or input, or a run id", "autocomplete": "off"})
+        self.fields["q"].widget.input_type = "search"
 
     def clean_q(self) -> str:
-        q = self.cleaned_data["q"].strip()
-        if q and id_range(q) is None:
-            raise forms.ValidationError("A run id has only 0-9, a-f and dashes.")
+        q = " ".join(self.cleaned_data["q"].split())
+        if problem := find_unstorable(q, where="search"):
+            raise forms.ValidationError(problem)
         return q
+
+    @property
+    def id_search(self) -> tuple | None:
+        """The id range a search names: 8 or more hex digits (with dashes), the start of a run id."""
+        q = self.cleaned_data.get("q", "")
+        return id_range(q) if len(q.replace("-", "")) >= 8 else None

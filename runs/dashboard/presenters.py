@@ -17,7 +17,13 @@ from urllib.parse import urlsplit
 from django.utils import timezone
 
 from runs.dashboard.access import Access, Action
-from runs.models import WEBHOOK_EVENT_TYPES, DeliveryStatus, Run, RunStatus, Step, WebhookDelivery
+from runs.models import (
+    WEBHOOK_EVENT_TYPES,
+    DeliveryStatus,
+    Run,
+    RunStatus,
+    WebhookDelivery,
+)
 from runs.registry import get_kind
 
 CENT = Decimal("0.01")
@@ -41,6 +47,28 @@ def status_label(status: str) -> str:
     return STATUS_LABELS.get(status, status.replace("_", " ").capitalize())
 
 
+# What the agent said about a finished run: the engine's "done" only means its code returned.
+OUTCOME_LABELS = {
+    "succeeded": "Done",
+    "unchanged": "Nothing changed",
+    "partial": "Partly done",
+}
+
+
+@dataclass(frozen=True)
+class Headline:
+    css: str  # the badge-<css> class
+    label: str
+
+
+def headline(run: Run) -> Headline:
+    """The run's first word: its outcome when it is done and the agent said one, else its status."""
+    outcome = getattr(run, "outcome", "")
+    if run.status == RunStatus.DONE and outcome in OUTCOME_LABELS:
+        return Headline("done" if outcome == "succeeded" else outcome, OUTCOME_LABELS[outcome])
+    return Headline(run.status, status_label(run.status))
+
+
 def pretty_json(value: Any, limit: int = MAX_JSON_CHARS) -> str:
     """Model and tool output as indented JSON text; the template escapes it like any other string."""
     text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
@@ -50,17 +78,28 @@ def pretty_json(value: Any, limit: int = MAX_JSON_CHARS) -> str:
 
 
 def money(cents: Decimal | float | int | None) -> str:
-    """Cents as people read them: "0¢", "< 0.01¢", "2.35¢", "$12.40"."""
+    """Cents as people read them: "0¢", "0.0042¢", "2.35¢", "$12.40".
+
+    A model call can cost a ten-thousandth of a cent: amounts under a cent
+    keep two significant digits instead of rounding to nothing.
+    """
     if cents is None:
         return "—"
     cents = Decimal(str(cents))
     if cents == 0:
         return "0¢"
-    if cents < Decimal("0.01"):
-        return "< 0.01¢"
+    if cents < 1:
+        step = Decimal(1).scaleb(cents.adjusted() - 1)  # two significant digits
+        return f"{_plain(cents.quantize(step, ROUND_HALF_UP))}¢"
     if cents < 100:
-        return f"{cents.quantize(CENT, ROUND_HALF_UP)}¢"
+        return f"{_plain(cents.quantize(CENT, ROUND_HALF_UP))}¢"
     return f"${(cents / 100).quantize(CENT, ROUND_HALF_UP):,}"
+
+
+def _plain(value: Decimal) -> str:
+    """A decimal without an exponent or trailing zeros after the point: "0.0042", "2.3", "12"."""
+    text = f"{value:f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def duration(seconds: float | None) -> str:
@@ -151,14 +190,14 @@ ADVICE = {
 }
 
 
-def advice(run: Run) -> str:
+def advice(run: Run, *, cancelled_by: str = "") -> str:
     """What to do about a run that stopped, in one or two sentences."""
     if run.compensation == "done" and run.is_terminal:
         return "Rolled back: every finished step with a compensation was undone. Retry it to start again."
     if run.compensation == "partial" and run.is_terminal:
         return "Partly rolled back: the steps named above were not undone; check them in the other systems."
     if run.status == RunStatus.CANCELLED:
-        return "A person cancelled it. Retry it to start again; its finished steps are kept."
+        return f"{cancelled_by or 'A person'} cancelled it. Retry it to start again; its finished steps are kept."
     if run.status == RunStatus.FAILED:
         return ADVICE.get(run.error_kind, "Read the error, fix its cause, then retry it.")
     if run.status == RunStatus.QUEUED and run.error:
@@ -166,13 +205,12 @@ def advice(run: Run) -> str:
     return ""
 
 
-def step_in_progress(run: Run, steps: list[Step]) -> str:
-    """The name of a step that is executing but has no row yet (a step is written when it ends), or ""."""
-    if run.status != RunStatus.RUNNING or not run.current_step:
-        return ""
-    if steps and steps[-1].name == run.current_step:
-        return ""  # between steps, current_step names the last finished one
-    return run.current_step
+# What the confirmation of each destructive action says (the run page's dialog shows the same words).
+CONFIRM_CANCEL = "The run stops for good: a running step is let finish, nothing after it runs. You can retry it later."
+CONFIRM_ROLL_BACK = ("Every finished step with a compensation is undone, newest first, then the run is cancelled. "
+                     "This changes the other systems the run touched.")
+CONFIRM_REJECT = "The agent goes on without doing what it proposed. A rejection cannot be taken back."
+
 
 
 @dataclass(frozen=True)
@@ -212,8 +250,9 @@ def controls(run: Run, access: Access, waiting: dict | None) -> Controls:
         message=access.can(Action.MESSAGE) and live,
         decide=access.can(Action.APPROVE) and kind == "approval",
         resolve=access.can(Action.RESOLVE) and kind in ("ambiguous", "compensation"),
-        cancel_requested=live and run.cancel_requested_at is not None,
-        pause_requested=live and run.pause_requested_at is not None,
+        # A request waits for a running run's step to end; any other state acted on it at once.
+        cancel_requested=running and run.cancel_requested_at is not None,
+        pause_requested=running and run.pause_requested_at is not None,
         roll_back=(access.can(Action.CANCEL) and live and run.cancel_requested_at is None and not run.compensation
                    and run.steps_done > 0 and _is_saga(run.kind)),
     )
@@ -295,15 +334,3 @@ def _delivery_when(delivery: WebhookDelivery) -> str:
     if delivery.status == DeliveryStatus.SENDING:
         return "being sent"
     return f"next attempt {until(delivery.next_attempt_at)}"
-
-
-def input_title(data, *, limit: int = 80) -> str:
-    """A run's input in a few words: its first short string field (or the first item of a list of them)."""
-    if isinstance(data, dict):
-        for value in data.values():
-            if isinstance(value, list) and value and isinstance(value[0], str):
-                value = value[0] + (f" (+{len(value) - 1} more)" if len(value) > 1 else "")
-            if isinstance(value, str) and value.strip():
-                text = " ".join(value.split())
-                return text if len(text) <= limit else text[: limit - 1] + "…"
-    return ""

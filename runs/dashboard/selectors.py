@@ -47,6 +47,12 @@ def timeline(*, run: Run) -> list[TimelineStep]:
     return [TimelineStep(step=s, artifacts=by_step[s.pk]) for s in steps]
 
 
+def last_step(*, run: Run) -> Step | None:
+    """The newest step row of the run's current generation (one query on the (run, generation, seq) key)."""
+    return (Step.objects.filter(run=run, generation=run.generation).only("id", "seq", "name", "status", "kind")
+            .order_by("-seq").first())
+
+
 def recent_messages(*, run: Run, limit: int = 20) -> list[Message]:
     """The run's latest messages, oldest first."""
     latest = list(Message.objects.filter(run=run).order_by("-id")[:limit])
@@ -102,11 +108,11 @@ def family(*, run: Run, children: bool = True) -> Family:
     ``children=False`` skips the children's query (a run that never spawned).
     """
     related = {r.pk: r for r in Run.objects.filter(pk__in=[k for k in (run.parent_id, run.origin_id) if k])
-               .only("id", "kind", "status", "input", "tenant_id")}
+               .only("id", "kind", "status", "title", "tenant_id")}
     if not children:
         return Family(parent=related.get(run.parent_id), origin=related.get(run.origin_id))
     children = list(Run.objects.filter(parent=run).order_by("created_at", "id")
-                    .only("id", "kind", "status", "input", "cost_cents", "created_at", "finished_at",
+                    .only("id", "kind", "status", "title", "outcome", "summary", "cost_cents", "created_at", "finished_at",
                           "compensation")[: CHILDREN_SHOWN + 1])
     more = 0
     if len(children) > CHILDREN_SHOWN:

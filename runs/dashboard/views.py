@@ -18,13 +18,24 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views import defaults
+from django.views.decorators.csrf import requires_csrf_token
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from runs import selectors, services
-from runs.dashboard import presenters
+from runs.actors import describe_actors, message_author, parse_actor
+from runs.dashboard import presenters, run_facts
 from runs.dashboard import selectors as dashboard_selectors
-from runs.dashboard.access import Access, Action, current_access, require, select_tenant
+from runs.dashboard.access import (
+    Access,
+    Action,
+    NoMembership,
+    current_access,
+    require,
+    select_tenant,
+)
+from runs.dashboard.activity import activity, who_cancelled
 from runs.dashboard.forms import (
     DecisionForm,
     KindInputForm,
@@ -77,7 +88,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
             page = selectors.list_runs(
                 tenant=access.tenant, limit=PAGE_SIZE, cursor=wanted["cursor"] or None,
                 status=wanted["status"] or None, kind=wanted["kind"] or None,
-                id_search=dashboard_selectors.id_range(wanted["q"]) if wanted["q"] else None,
+                id_search=filters.id_search, search=(wanted["q"] or None) if filters.id_search is None else None,
                 without_payloads=True,
             )
         except InvalidRunInput as exc:  # a mangled cursor
@@ -129,6 +140,12 @@ def render_run_page(
 ) -> HttpResponse:
     """The whole run page; ``forms`` replaces blank forms with bound ones that carry errors (422)."""
     context = run_context(access, run, controls=True, work=True, deliveries=True, forms=forms)
+    context.update(input_rows=run_facts.input_rows(run.input), input_json=presenters.pretty_json(run.input))
+    first = context["activity"].entries[:1]
+    if first and first[0].seq == 1 and first[0].who:
+        context["submitted_by"] = first[0].who
+    if request.user.is_staff:
+        context["admin_url"] = reverse("admin:runs_run_change", args=[run.id])
     if not run.is_terminal and isinstance(request, ASGIRequest):
         # Under WSGI an event stream is not sent until it ends (Django buffers
         # an async body there), so only an ASGI server's page follows one.
@@ -172,10 +189,16 @@ def run_context(
         "tenant": access.tenant,
         "run": run,
         "status_label": presenters.status_label(run.status),
+        "headline": presenters.headline(run),
         "elapsed": presenters.duration(presenters.elapsed_seconds(run)),
         "progress": presenters.progress_percent(run),
+        "steps_count": run_facts.steps_count(run),
+        "failed_tries": run_facts.failed_tries(run),
+        # Only a live run with a named step needs its last row to say what the name means.
+        "now": run_facts.now_step(
+            run, dashboard_selectors.last_step(run=run) if not run.is_terminal and run.current_step else None),
         "cost_percent": presenters.cost_percent(run),
-        "advice": presenters.advice(run),
+        "advice": presenters.advice(run, cancelled_by=who_cancelled(run) if run.status == RunStatus.CANCELLED else ""),
         "poll_url": reverse("runs:detail", args=[run.id]) + "?" + urlencode({"state": state, "seen": seen}),
         "controls_changed": controls,
         "work_changed": work,
@@ -188,12 +211,14 @@ def run_context(
             waiting=waiting,
             waiting_json=_waiting_json(waiting),
             controls=presenters.controls(run, access, waiting),
+            confirm_texts={"cancel": presenters.CONFIRM_CANCEL, "roll_back": presenters.CONFIRM_ROLL_BACK,
+                           "reject": presenters.CONFIRM_REJECT},
             new_bound=presenters.needs_new_bound(run),
-            run_messages=dashboard_selectors.recent_messages(run=run),
+            run_messages=_named_messages(run),
             decision_form=DecisionForm(initial={"step": pending}),
             message_form=MessageForm(),
             resolve_form=ResolveForm(),
-            retry_form=RetryForm(),
+            retry_form=RetryForm.for_run(run),
         )
         context.update({f"{name}_form": form for name, form in (forms or {}).items()})
     # Children change without their parent's events: while it waits for them, its
@@ -205,11 +230,11 @@ def run_context(
         # Only a run with a spawn step has children to look up.
         context["family"] = dashboard_selectors.family(
             run=run, children=any(item.step.kind == "child" for item in steps))
-        for child in context["family"].children:
-            child.title = presenters.input_title(child.input)
         context.update(
+            author_names=_message_authors(run, steps),
+            activity=activity(run),
             steps=steps,
-            step_in_progress=presenters.step_in_progress(run, [item.step for item in steps]),
+            step_in_progress=run_facts.step_in_progress(run, [item.step for item in steps]),
             next_seq=(steps[-1].step.seq if steps else 0) + 1,
             result_json=None if run.result is None else presenters.pretty_json(run.result),
         )
@@ -217,6 +242,23 @@ def run_context(
         context["deliveries"] = presenters.delivery_rows(dashboard_selectors.recent_deliveries(run=run), access)
         context["may_redeliver"] = access.can(Action.RETRY)
     return context
+
+
+def _message_authors(run: Run, steps: list) -> dict[str, str]:
+    """Names of the people whose messages the run's message steps read, keyed "user:7" as the steps store them."""
+    authors = {message["author"] for item in steps if item.step.kind == "message" and isinstance(item.step.output, list)
+               for message in item.step.output if isinstance(message, dict) and isinstance(message.get("author"), str)}
+    if not authors:
+        return {}
+    names = describe_actors((parse_actor(author) for author in authors), tenant_id=run.tenant_id)
+    return {f"{type_}:{id_}": name for (type_, id_), name in names.items()}
+
+
+def _named_messages(run: Run) -> list[tuple[Any, str]]:
+    """The run's latest messages with their authors' names (one query per kind of author)."""
+    found = dashboard_selectors.recent_messages(run=run)
+    names = describe_actors(((m.author_type, m.author_id) for m in found), tenant_id=run.tenant_id)
+    return [(message, message_author(message, names)) for message in found]
 
 
 def _waiting_json(waiting: dict | None) -> str | None:
@@ -307,3 +349,11 @@ def switch_tenant(request: HttpRequest) -> HttpResponse:
     tenant = select_tenant(request, request.POST.get("tenant", ""))
     messages.info(request, f"Now showing the runs of {tenant.name}.")
     return redirect("runs:list")
+
+
+@requires_csrf_token
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The 403 handler: a user without a tenant gets a page that names them and leads out."""
+    if isinstance(exception, NoMembership):
+        return render(request, "no_membership.html", {"exception": str(exception)}, status=403)
+    return defaults.permission_denied(request, exception)

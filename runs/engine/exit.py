@@ -28,7 +28,8 @@ from django.db import connection, transaction
 from runs.db import sql, storable_text
 from runs.engine.family import child_finished
 from runs.events import event_ctes, next_seq
-from runs.states import TERMINAL_STATUSES, RunStatus
+from runs.states import TERMINAL_STATUSES, RunOutcome, RunStatus
+from runs.titles import SUMMARY_MAX, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +108,19 @@ r AS (
                           ELSE runs_run.expires_at END,
         finished_at = CASE WHEN cur.new_status IN {terminal} THEN statement_timestamp() END,
         current_step = CASE WHEN cur.new_status = {done} THEN '' ELSE runs_run.current_step END,
+        -- What the agent reported (ctx.report) belongs to the execution that ends the run:
+        -- written by the exit that makes it terminal, blank when that one reported nothing.
+        outcome = CASE WHEN cur.new_status IN {terminal} THEN COALESCE(%(outcome)s::text, '')
+                       ELSE runs_run.outcome END,
+        summary = CASE WHEN cur.new_status IN {terminal} THEN COALESCE(%(summary)s::text, '')
+                       ELSE runs_run.summary END,
         updated_at = statement_timestamp(),
         {next_seq}
     FROM cur
     WHERE runs_run.id = cur.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
-              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation
+              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation, runs_run.outcome, runs_run.summary
 ),
 t AS (
     UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
@@ -136,6 +143,8 @@ _EVENTS = event_ctes(
         " || CASE WHEN %(wake_at)s IS NOT NULL AND r.status IN ({queued}, {waiting})"
         " THEN jsonb_build_object('wake_at', %(wake_at)s::timestamptz) ELSE '{{}}' END"
         " || CASE WHEN r.compensation <> '' THEN jsonb_build_object('compensation', r.compensation) ELSE '{{}}' END"
+        " || CASE WHEN r.outcome <> '' THEN jsonb_build_object('outcome', r.outcome, 'summary', r.summary)"
+        " ELSE '{{}}' END"
     ),
 )
 
@@ -175,6 +184,8 @@ def leave_running(
     compensation: str | None = None,
     parent_id: UUID | None = None,
     give_slot: bool = True,
+    outcome: str | None = None,
+    summary: str | None = None,
 ) -> Exited | None:
     """Move a run out of ``running`` towards ``target``; see the module's docstring.
 
@@ -191,7 +202,15 @@ def leave_running(
     (the run's parent, for a child run) puts the exit and the parent's
     wake-up in one transaction (``runs.engine.family``). ``compensation``
     sets the run's rollback state with the exit.
+
+    ``outcome`` and ``summary`` are what the agent reported (``ctx.report``):
+    stored, and told in the Event, when this exit ends the run (done,
+    failed or cancelled); an exit that ends it without them clears any
+    earlier report. ``summary`` is untrusted text and is made one bounded
+    line here; an ``outcome`` that is not a ``RunOutcome`` raises ValueError.
     """
+    if outcome is not None and outcome not in RunOutcome.values:
+        raise ValueError(f"unknown outcome {outcome!r}; use one of {RunOutcome.values}")
     params = {
         "run": run_id,
         "token": token,
@@ -210,6 +229,8 @@ def leave_running(
         "wake_on_children": wake_on_children,
         "compensation": compensation,
         "give_slot": give_slot,
+        "outcome": outcome,
+        "summary": None if summary is None else one_line(summary, limit=SUMMARY_MAX),
     }
     statement = _STATEMENTS[only_if_expired]
     recheck = wake_on_message or wake_on_children

@@ -9,17 +9,66 @@ indexes match the claim, the reaper and the dashboard list exactly.
 
 from __future__ import annotations
 
+import json
 import uuid
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.db import models
-from django.db.models import ExpressionWrapper, F, Q
+from django.db.models import ExpressionWrapper, F, Func, Q, TextField, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.models.tenancy import MONEY, Tenant
-from runs.states import TERMINAL_STATUSES, Compensation, ErrorKind, RunStatus
+from runs.states import TERMINAL_STATUSES, Compensation, ErrorKind, RunOutcome, RunStatus
+
+# The input's string values at any depth (keys, numbers and JSON syntax left out).
+INPUT_STRINGS_PATH = 'strict $.** ? (@.type() == "string")'
+
+
+class SearchText(Func):
+    """What a run search matches: the title, then the input's string values (a JSON array's text).
+
+    The expression of the trigram index ``run_search_trgm_idx``: a query must
+    spell it exactly so for PostgreSQL to use the index. Built-in immutable
+    functions over ``title`` and ``input`` only, columns that only a submit
+    writes, so heartbeats and checkpoints stay HOT updates (a stored generated
+    column would be rewritten by every UPDATE of the row).
+    """
+
+    output_field = TextField()
+
+    def __init__(self, *, indexed: bool = True) -> None:
+        super().__init__(F("title"), F("input"))
+        self.indexed = indexed
+
+    def as_sql(self, compiler, connection, **extra_context):
+        title, title_params = compiler.compile(self.source_expressions[0])
+        data, data_params = compiler.compile(self.source_expressions[1])
+        text = f"{title} || ' ' || jsonb_path_query_array({data}, '{INPUT_STRINGS_PATH}'::jsonpath)::text"
+        # indexed=False: the same text, spelt so that it no longer matches the index's expression.
+        return f"({text})" if self.indexed else f"({text} || '')", [*title_params, *data_params]
+
+
+class ILike(Func):
+    """``expression ILIKE pattern`` (Django's icontains says ``UPPER(x) LIKE UPPER(p)``, which no trigram index serves)."""
+
+    arg_joiner = " ILIKE "
+    template = "(%(expressions)s)"
+    output_field = models.BooleanField()
+
+
+def like_patterns(term: str) -> list[str]:
+    """The ILIKE patterns of ``%term%``, with LIKE's own characters (``%``, ``_``, ``\\``) matched literally.
+
+    The input's part of ``SearchText`` is JSON text, where ``"`` and ``\\``
+    are escaped: a term with either is looked for in both spellings.
+    """
+    spellings = dict.fromkeys([term, json.dumps(term, ensure_ascii=False)[1:-1]])
+    return [
+        "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for text in spellings
+    ]
 
 
 class RunQuerySet(models.QuerySet):
@@ -44,6 +93,23 @@ class RunQuerySet(models.QuerySet):
 
     def newest_first(self) -> RunQuerySet:
         return self.order_by("-created_at", "-id")
+
+    def matching(self, terms: list[str], *, use_index: bool = True) -> RunQuerySet:
+        """Runs whose title or input text contains every one of ``terms``, case-insensitively.
+
+        Each term is a literal substring (``%``, ``_`` and ``\\`` match
+        themselves); the trigram index serves terms with 3 letters or digits
+        in a row. ``use_index=False`` keeps PostgreSQL from using it, for a
+        query that must read the runs in another index's order instead
+        (``runs.selectors.search_runs``).
+        """
+        runs = self
+        for term in terms:
+            either = Q()
+            for pattern in like_patterns(term):
+                either |= Q(ILike(SearchText(indexed=use_index), Value(pattern)))
+            runs = runs.filter(either)
+        return runs
 
 
 def default_expires_at():
@@ -82,6 +148,12 @@ class Run(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     error_kind = models.CharField(max_length=20, choices=ErrorKind.choices, blank=True, default="")
+    # What the agent says of its work (ctx.report), written by the exit that ends the run
+    # (runs.engine.exit): blank when it said nothing. Untrusted text, one line (runs.titles).
+    outcome = models.CharField(max_length=16, choices=RunOutcome.choices, blank=True, default="")
+    summary = models.CharField(max_length=300, blank=True, default="")
+    # A few words telling the run from its siblings, from its input at submit (runs.titles).
+    title = models.CharField(max_length=200, blank=True, default="")
     # NULL, not "", when absent: the unique constraint applies to keys only.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     request_hash = models.CharField(max_length=64, blank=True, default="")
@@ -129,6 +201,7 @@ class Run(models.Model):
             ),
             models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="run_priority_0_9"),
             models.CheckConstraint(condition=Q(error_kind__in=["", *ErrorKind.values]), name="run_error_kind_valid"),
+            models.CheckConstraint(condition=Q(outcome__in=RunOutcome.values), name="run_outcome_valid"),
             models.CheckConstraint(condition=Q(cost_cents__gte=0), name="run_cost_non_negative"),
             models.CheckConstraint(
                 condition=Q(cost_ceiling_cents__isnull=True) | Q(cost_ceiling_cents__gte=0),
@@ -189,6 +262,11 @@ class Run(models.Model):
             ),
             # ...and runs finished in the last hour (throughput and failure rate).
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_idx"),
+            # Search by title and input text (runs.selectors.search_runs): trigrams serve ILIKE
+            # '%term%' for any term with 3 letters or digits in a row, and the tenant (btree_gin) in
+            # the same index keeps a word common in other tenants only from costing anything here.
+            # bench/list_search.py chose it over full text, and over the trigrams alone.
+            GinIndex(F("tenant"), OpClass(SearchText(), name="gin_trgm_ops"), name="run_search_trgm_idx"),
         ]
         # The operations console's actions (runs/admin); staff need these besides view_run.
         permissions = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import template
 from django.utils import timezone
 
-from runs.dashboard import presenters
+from runs.dashboard import presenters, run_facts
 from runs.models import Step
 
 register = template.Library()
@@ -15,6 +15,8 @@ register.filter("money", presenters.money)
 register.filter("duration", presenters.duration)
 register.filter("pretty_json", presenters.pretty_json)
 register.filter("ago", presenters.ago)
+register.filter("headline", presenters.headline)
+register.filter("steps_count", run_facts.steps_count)
 
 
 @register.filter
@@ -25,6 +27,11 @@ def error_summary(error: str) -> str:
 @register.filter
 def error_details(error: str) -> str:
     return presenters.error_parts(error)[1]
+
+
+@register.filter
+def step_badge(step: Step, run) -> run_facts.StepBadge:
+    return run_facts.step_badge(step, run)
 
 
 @register.filter

@@ -158,6 +158,9 @@
       const name = type === "progress" ? data.current_step : data.name;
       if (typeof name === "string" && name !== "") {
         setText(section.querySelector('[data-live="current-step"] dd'), name);
+        // Between steps the name is the last finished one (runs/dashboard/presenters.py now_step).
+        const finished = type === "step.done" || type === "step.failed";
+        setText(section.querySelector('[data-live="current-step"] dt'), finished ? "Last step" : "Current step");
       }
     }
     if (type.indexOf("run.") === 0) {
@@ -180,7 +183,8 @@
 
   function showSteps(section, done, total) {
     const counted = Number.isInteger(total) && total > 0;
-    setText(section.querySelector('[data-live="steps-done"] dd'), counted ? done + " of " + total : String(done));
+    setText(section.querySelector('[data-live="steps-done"] dd'),
+            counted ? done + " of " + total : done + (done === 1 ? " step" : " steps"));
     const bar = section.querySelector("progress");
     if (bar && counted) {
       bar.max = total;

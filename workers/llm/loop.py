@@ -1,10 +1,12 @@
 """The tool-calling loop, each model call and each tool call one checkpointed step.
 
 A model step stores only the assistant message it added; a tool step only
-what the model was told. On replay every step returns what it recorded, so
-the loop rebuilds the same conversation from the step log, deterministically
-and for free, and a run that died at its 9th model call makes the calls from
-the 9th on only.
+what the model was told; the first step ("Starting the agent") the model,
+the system prompt and the user's prompt. On replay every step returns what
+it recorded, so the loop rebuilds the same conversation from the step log,
+deterministically and for free, and a run that died at its 9th model call
+makes the calls from the 9th on only. The dashboard reads the same steps to
+show each model call as a transcript.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from workers.errors import StopRun
 from workers.llm import artifacts, conf, pricing
 from workers.llm.providers import ChatModel, Script, choose_model, model_for
 from workers.llm.tools import Tool, ToolError, tool
+from workers.proposals import UNKNOWN, Change, Proposal
 
 if TYPE_CHECKING:
     from workers.context import RunContext
@@ -72,7 +75,8 @@ def run_agent_loop(
 
     Each model call is one step (``kind="llm"``, named "Thinking (iteration
     N)") and each tool call one step (``kind="tool"``, "Calling <tool>");
-    a tool declared ``needs_approval`` waits for a person first, and a
+    a tool declared ``needs_approval`` waits for a person first (shown a
+    ``Proposal``: its ``propose`` function's, else the call's arguments), and a
     ``side_effect`` tool runs write-ahead with an idempotency key. Messages
     people send to the run join the conversation between iterations. A
     malformed call (arguments that are not valid JSON or do not fit the
@@ -83,12 +87,12 @@ def run_agent_loop(
     ``model`` is a ``ChatModel``, a model name for the configured provider,
     or None for ``LLM_MODEL``; with no provider configured (no
     ``LLM_BASE_URL``) a ``ScriptedModel`` driven by ``script`` stands in.
-    The model and the system prompt are recorded at the run's start and
-    kept for the whole run. ``max_iterations`` model calls without a final
-    answer fail the run (``step_limit``); the run's remaining budget caps
-    each call's output tokens (with ``max_output_tokens``, default
-    ``LLM_MAX_OUTPUT_TOKENS``). ``timeout`` overrides the step timeout of
-    model calls. While a model call runs, its text so far is shown on the
+    The model, the system prompt and ``user`` are recorded at the run's
+    start and kept for the whole run. ``max_iterations`` model calls
+    without a final answer fail the run (``step_limit``); the run's
+    remaining budget caps each call's output tokens (with
+    ``max_output_tokens``, default ``LLM_MAX_OUTPUT_TOKENS``). ``timeout``
+    overrides the step timeout of model calls. While a model call runs, its text so far is shown on the
     run's live event streams (``model.text`` events, never stored).
     """
     toolbox: dict[str, Tool] = {}
@@ -98,12 +102,15 @@ def run_agent_loop(
     specs = [t.spec() for t in toolbox.values()]
 
     chosen = choose_model(model, script=script)
-    setup = ctx.step("Starting the agent", lambda: {**chosen.describe(), "system": system})
+    setup = ctx.step("Starting the agent", lambda: {**chosen.describe(), "system": system, "user": user})
     chat = model if isinstance(model, ChatModel) else model_for(setup["provider"], setup["model"], script=script)
 
     step_timeout = ctx.step_timeout(timeout)
     cap = max_output_tokens or conf.get("LLM_MAX_OUTPUT_TOKENS")
-    conversation: list[dict] = [{"role": "system", "content": setup["system"]}, {"role": "user", "content": user}]
+    # Runs started before the prompt was recorded have none: theirs is the one passed in.
+    conversation: list[dict] = [
+        {"role": "system", "content": setup["system"]}, {"role": "user", "content": setup.get("user", user)},
+    ]
     calls_made: list[dict] = []
 
     for iteration in range(1, max_iterations + 2):
@@ -172,15 +179,24 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         # that the audit trail shows what the model was told.
         told = {"content": f"Error: {exc}", "error": True}
         # The name is the model's text: keep the step name short whatever it sent.
-        answer = ctx.step(f"Rejecting a call to {name[:80] or 'a tool'}", lambda: told, kind="tool")
+        answer = ctx.step(f"Rejecting a call to {name[:80] or 'a tool'}", lambda call: told, kind="tool",
+                          call={"id": outcome["id"], "name": name, "arguments": outcome["arguments"]})
         return outcome | answer
 
     if tool_.needs_approval:
-        decision = ctx.approval(f"Approve {name}", proposal={"tool": name, "arguments": arguments, "note": note})
+        proposal = _proposal(ctx, tool_, arguments, note=note)
+        if isinstance(proposal, str):  # the tool's propose refused the call
+            told = {"content": f"Error: {proposal}", "error": True}
+            answer = ctx.step(f"Rejecting a call to {name}", lambda call: told, kind="tool",
+                              call={"id": outcome["id"], "name": name, "arguments": arguments})
+            return outcome | answer
+        decision = ctx.approval(f"Approve {name}", proposal=proposal)
         outcome["approved"] = decision.approved
         if not decision.approved:
             reason = f": {decision.comment}" if decision.comment else ""
-            outcome |= {"error": True, "content": f"A person ({decision.by}) rejected this call{reason}. Do not retry it."}
+            who = decision.by_name or "a person"
+            who = who[:1].upper() + who[1:]
+            outcome |= {"error": True, "content": f"{who} rejected this call{reason}. Do not retry it."}
             return outcome
 
     def execute(call: dict) -> Any:
@@ -207,6 +223,32 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         side_effect=tool_.side_effect, idempotency_key=True if tool_.side_effect else None, timeout=tool_.timeout,
     )
     return outcome | answer
+
+
+def _proposal(ctx: RunContext, tool_: Tool, arguments: dict, *, note: str) -> Proposal | str:
+    """What the person approving a call of ``tool_`` is shown, or why the call cannot be made.
+
+    With the tool's ``propose`` it is that function's Proposal, worked out in
+    a recorded step (it may read the current values from a database or an
+    API); without, the call's arguments as changes whose before is unknown.
+    Either way the details keep the tool, its arguments and the model's note.
+    """
+    details = {"tool": tool_.name, "arguments": arguments, "note": note}
+    if tool_.propose is None:
+        changes = [Change(key, UNKNOWN, value) for key, value in arguments.items()]
+        return Proposal(summary=f"Call {tool_.name}", changes=changes, details=details)
+
+    def propose(arguments: dict) -> dict:
+        try:
+            return {"proposal": tool_.proposal(ctx, arguments).to_json()}
+        except ToolError as exc:
+            return {"error": str(exc)}
+
+    made = ctx.step(f"Proposing {tool_.name}", propose, arguments, timeout=tool_.timeout)
+    if "error" in made:
+        return made["error"]
+    proposed = Proposal.from_json(made["proposal"])
+    return Proposal(proposed.summary, proposed.target, proposed.changes, {**proposed.details, **details})
 
 
 class LiveText:

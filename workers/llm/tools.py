@@ -10,6 +10,11 @@ a tool error and the tool is not called.
 A tool that needs its run (for ``ctx.idempotency_key``, say) declares a
 first parameter ``ctx``; it is passed by the loop and is not part of the
 schema.
+
+A tool that ``needs_approval`` may say what a call would change with
+``propose=fn``: ``fn`` takes the tool's arguments (and ``ctx`` first if it
+declares it) and returns a ``Proposal`` with the current values as
+``before``, read in a recorded step so that replay reads nothing again.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from workers.proposals import Proposal
 
 
 class ToolError(Exception):
@@ -39,6 +46,7 @@ class Tool:
     needs_approval: bool = False
     takes_ctx: bool = False
     timeout: float | None = None
+    propose: Callable[..., Proposal] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -70,6 +78,16 @@ class Tool:
         values = self.validate(arguments)
         return self.fn(ctx, **values) if self.takes_ctx else self.fn(**values)
 
+    def proposal(self, ctx: Any, arguments: dict) -> Proposal:
+        """What a call with ``arguments`` would change, from ``propose`` (a ToolError means it cannot be made)."""
+        if self.propose is None:
+            raise TypeError(f"tool {self.name} has no propose function")
+        values = self.validate(arguments)
+        proposed = self.propose(ctx, **values) if _takes_ctx(self.propose) else self.propose(**values)
+        if not isinstance(proposed, Proposal):
+            raise TypeError(f"the propose function of tool {self.name} returned {type(proposed).__name__}, not a Proposal")
+        return proposed
+
 
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -79,6 +97,7 @@ def tool(
     side_effect: bool = False,
     needs_approval: bool = False,
     timeout: float | None = None,
+    propose: Callable[..., Proposal] | None = None,
 ) -> Any:
     """Declare a function as a tool for ``run_agent_loop``; use bare or with options.
 
@@ -88,14 +107,26 @@ def tool(
     pass to the system the tool writes to), so a crash re-executes it with
     the same key and never repeats the effect without it.
     ``needs_approval=True`` asks a person (``ctx.approval``) before each call;
-    a rejection is answered to the model. ``timeout`` (seconds) overrides
-    the kind's step timeout for this tool.
+    a rejection is answered to the model. ``propose=fn`` describes each
+    call to that person: ``fn`` takes the tool's arguments (and ``ctx``
+    first if it declares it) and returns a ``Proposal`` with before and
+    after values; the loop calls it in a recorded step ("Proposing <tool>"),
+    so it may read the database or an API, and a ``ToolError`` it raises is
+    answered to the model without asking anyone. Without it, the proposal
+    lists the call's arguments. ``timeout`` (seconds) overrides the kind's
+    step timeout for this tool (and for its ``propose``).
 
-        @tool(side_effect=True, needs_approval=True)
+        def describe(lead_id: int, stage: str) -> Proposal:
+            lead = crm.get(lead_id)
+            return Proposal(f"Update lead {lead.name}", changes=[Change("stage", lead.stage, stage)])
+
+        @tool(side_effect=True, needs_approval=True, propose=describe)
         def update_lead(ctx, lead_id: int, stage: Literal["won", "lost"]) -> dict:
             \"\"\"Change a lead's stage.\"\"\"
             return crm.update(lead_id, stage, idempotency_key=ctx.idempotency_key)
     """
+    if propose is not None and not needs_approval:
+        raise TypeError("propose= describes a call to the person who approves it: give needs_approval=True too")
 
     def decorate(func: Callable[..., Any]) -> Tool:
         model, takes_ctx = _arguments_model(func)
@@ -111,6 +142,7 @@ def tool(
             needs_approval=needs_approval,
             takes_ctx=takes_ctx,
             timeout=timeout,
+            propose=propose,
         )
 
     return decorate(fn) if fn is not None else decorate
@@ -123,7 +155,7 @@ def _arguments_model(func: Callable[..., Any]) -> tuple[type[BaseModel], bool]:
     # RunContext is often imported for type checking only: resolve it anyway.
     hints = get_type_hints(func, localns={"RunContext": RunContext}, include_extras=True)
     params = list(signature.parameters.values())
-    takes_ctx = bool(params) and (params[0].name == "ctx" or _is_run_context(hints.get(params[0].name)))
+    takes_ctx = _takes_ctx(func, hints)
     if takes_ctx:
         params = params[1:]
     fields: dict[str, Any] = {}
@@ -137,6 +169,17 @@ def _arguments_model(func: Callable[..., Any]) -> tuple[type[BaseModel], bool]:
         f"{func.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
     )
     return model, takes_ctx
+
+
+def _takes_ctx(func: Callable[..., Any], hints: dict | None = None) -> bool:
+    """Whether ``func``'s first parameter is the run's context (named ``ctx`` or annotated ``RunContext``)."""
+    params = list(inspect.signature(func).parameters.values())
+    if not params:
+        return False
+    if params[0].name == "ctx":
+        return True
+    annotation = params[0].annotation if hints is None else hints.get(params[0].name)
+    return _is_run_context(annotation) or annotation == "RunContext"
 
 
 def _is_run_context(annotation: Any) -> bool:
