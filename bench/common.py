@@ -56,6 +56,9 @@ class Database:
         # Settings refuse to start without a key when DEBUG is off, and the bench
         # measures with DEBUG off, as production runs: a throwaway key, this machine only.
         os.environ.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
+        # Plain HTTP on loopback, as the tests: no redirect to https, no secure-only cookies.
+        for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS"):
+            os.environ.setdefault(name, "0")
         import django
 
         django.setup()

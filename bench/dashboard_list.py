@@ -167,7 +167,7 @@ def run(args) -> None:
     from django.db import connection
     from django.test import Client
 
-    from runs import presenters
+    from runs.dashboard import presenters
     from runs.models import Membership, Run, Step, Tenant
 
     tenant = Tenant.objects.create(name="Acme", slug="acme", max_queued=10_000_000)

@@ -84,3 +84,23 @@ def test_money_under_a_cent_keeps_two_significant_digits(member):
     html = page(member, run)
     assert '<dd data-testid="cost">0.0042¢ of 0.0025¢ ceiling' in html
     assert "&lt; 0.01" not in html and "< 0.01" not in html
+
+
+def test_staff_get_a_link_to_the_run_in_the_admin_and_others_do_not(member):
+    run = steps_run(member, status="queued")
+    assert "Open in the admin" not in page(member, run)
+    member.user.is_staff = True
+    member.user.save(update_fields=["is_staff"])
+    assert f'href="/admin/runs/run/{run.id}/change/">Open in the admin</a>' in page(member, run)
+
+
+@pytest.mark.parametrize(("search", "is_id"), [
+    ("3f2a", True), ("DEADBEEF", True), ("0b1c-4d", True), ("cafe", False), ("decade", False),
+    ("acme renewal", False), ("3f2z", False),
+])
+def test_the_list_search_tells_a_run_id_from_words(search, is_id):
+    from runs.dashboard.forms import RunFilterForm
+
+    form = RunFilterForm({"q": search}, kinds=[])
+    assert form.is_valid()
+    assert (form.id_search is not None) == is_id

@@ -266,6 +266,10 @@ class RunFilterForm(forms.Form):
 
     @property
     def id_search(self) -> tuple | None:
-        """The id range a search names: 8 or more hex digits (with dashes), the start of a run id."""
+        """The id range a search names, the start of a run id: hex digits (and dashes), with a digit
+        among them or 8 and more of them; "cafe" or "decade" are words, "3f2a" is an id."""
         q = self.cleaned_data.get("q", "")
-        return id_range(q) if len(q.replace("-", "")) >= 8 else None
+        digits = q.replace("-", "")
+        if len(digits) < 8 and not any(c.isdigit() for c in digits):
+            return None
+        return id_range(q)
