@@ -36,6 +36,7 @@ from workers.errors import (
     StopRun,
     Suspend,
 )
+from workers.proposals import Proposal
 from workers.recording import StepMachinery, describe_args
 from workers.step_support import (
     Decision,
@@ -348,8 +349,6 @@ class RunContext(Workflow, StepMachinery):
         recorded in the step as JSON; replays return the same decision and
         never ask again.
         """
-        from workers.proposals import Proposal
-
         if isinstance(proposal, Proposal):
             proposal = proposal.to_json()
         seq = self._seq = self._seq + 1
