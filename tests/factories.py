@@ -34,3 +34,11 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     user = factory.SubFactory(UserFactory)
     tenant = factory.SubFactory(TenantFactory)
     role = Membership.Role.OPERATOR
+
+
+def make_lead(**fields):
+    """A lead of the CRM demo app: Kim Lee of Acme at the proposal stage, unless told otherwise."""
+    from crm.models import Lead
+
+    return Lead.objects.create(**({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
+                                   "stage": "proposal"} | fields))

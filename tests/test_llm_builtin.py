@@ -17,6 +17,7 @@ from runs.models import Step
 from runs.selectors import waiting_for
 from runs.services import Actor, submit_run
 from tests.conftest import fresh, wait_for
+from tests.factories import make_lead
 from tests.fake_openai import MODEL, drive, from_script
 from workers.llm.scripts import research_script
 
@@ -74,11 +75,6 @@ def test_research_through_the_anthropic_adapter(tenant, fake_llm, settings):
     assert last["system"].startswith("You are a careful research assistant")
     assert any(block["type"] == "tool_result" for turn in last["messages"] if isinstance(turn["content"], list)
                for block in turn["content"])
-
-
-def make_lead(**fields):
-    return Lead.objects.create(**({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
-                                   "stage": "proposal"} | fields))
 
 
 def crm_run_until_approval(tenant, lead):

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 import tests.agents_outcome  # noqa: F401  (registers the kinds in this process)
-from crm.models import Lead, LeadUpdate
+from crm.models import LeadUpdate
 from runs.control import approve_run, reject_run
 from runs.engine import claim as claims
 from runs.engine.exit import leave_running
@@ -20,6 +20,7 @@ from runs.services import Actor, submit_run
 from runs.states import RunOutcome
 from tests.agents import executions
 from tests.conftest import fresh, wait_for
+from tests.factories import make_lead
 from tests.fake_openai import drive
 
 pytest_plugins = ["tests.fake_openai"]  # the offline fixture
@@ -160,11 +161,6 @@ def test_the_api_shows_title_outcome_and_summary(tenant, api):
 
 
 # The built-in kinds.
-
-def make_lead(**fields):
-    return Lead.objects.create(**({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
-                                   "stage": "proposal"} | fields))
-
 
 def crm_until_approval(tenant, lead):
     run = submit_run(tenant=tenant, kind="crm_update",

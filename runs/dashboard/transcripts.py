@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from runs.actors import sentence_start
 from runs.dashboard.rendering import as_text, cut, readable
 
 # Transcripts of model calls --------------------------------------------------
@@ -128,9 +129,9 @@ def _added_before(earlier: list[Any], names: Mapping[str, str]) -> list[Transcri
             call = pending.pop(0) if pending else {}
             name = (call.get("function") or {}).get("name") or "the call"
             comment = step.output.get("comment") or ""
-            who = as_text(step.output.get("by_name")) or "a person"
+            who = sentence_start(as_text(step.output.get("by_name")) or "a person")
             # What the loop told the model (workers/llm/loop.py), in its words.
-            told = f"{who[:1].upper()}{who[1:]} rejected this call" + (f": {comment}" if comment else "") + ". Do not retry it."
+            told = f"{who} rejected this call" + (f": {comment}" if comment else "") + ". Do not retry it."
             entries.append(TranscriptEntry("tool", f"Result of {name}", told, error=True, seq=step.seq))
         elif step.kind == "message" and isinstance(step.output, list):
             for message in step.output:

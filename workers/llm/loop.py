@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runs.actors import sentence_start
 from workers.context import StepResult
 from workers.errors import StopRun
 from workers.llm import artifacts, conf, pricing
@@ -194,8 +195,7 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         outcome["approved"] = decision.approved
         if not decision.approved:
             reason = f": {decision.comment}" if decision.comment else ""
-            who = decision.by_name or "a person"
-            who = who[:1].upper() + who[1:]
+            who = sentence_start(decision.by_name or "a person")
             outcome |= {"error": True, "content": f"{who} rejected this call{reason}. Do not retry it."}
             return outcome
 
