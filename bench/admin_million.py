@@ -192,6 +192,32 @@ def fill(n: int) -> dict:
     return {"run_with_steps": with_steps, "idempotency_key": key}
 
 
+def publish_fleet(processes: int) -> str:
+    """Rows of ``processes`` workers' figures (three kinds, every step kind, retries); returns a metrics token."""
+    import uuid
+
+    from django.conf import settings
+
+    from runs.metrics import process
+    from runs.metrics.publish import Publisher
+    from runs.states import StepKind
+
+    for n in range(200):
+        kind = KINDS[n % len(KINDS)]
+        process.claimed(queue=QUEUES[n % len(QUEUES)], kind=kind, waited_seconds=n / 1000)
+        process.started(kind=kind, after_claim_seconds=n / 10000)
+        process.run_finished(queue=QUEUES[n % len(QUEUES)], kind=kind, status=("done", "failed", "cancelled")[n % 3])
+        for step_kind in StepKind.values:
+            process.step_finished(kind=kind, step_kind=step_kind, status="done" if n % 7 else "failed", seconds=n / 50)
+        process.retried(kind=kind, error_class=("Retryable", "HTTPError", "TimeoutError")[n % 3])
+    for _ in range(processes):
+        publisher = Publisher(role="worker")
+        publisher.process = uuid.uuid4()
+        publisher.publish()
+    settings.RUNS_METRICS_TOKEN = "bench-metrics-token"
+    return settings.RUNS_METRICS_TOKEN
+
+
 def measure(client, label: str, url: str, *, repeat: int, headers: dict | None = None) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -255,6 +281,8 @@ def main(argv=None) -> int:
             ("step changelist", "/admin/runs/step/", {}),
             ("tenant changelist", "/admin/runs/tenant/", {}),
             ("worker changelist", "/admin/runs/worker/", {}),
+            # Prometheus's scrape (runs.metrics), with 50 processes' published figures.
+            ("GET /metrics", "/metrics", {"Authorization": f"Bearer {publish_fleet(50)}"}),
         ]
         say()
         say(f"{'page':32} {'p50 ms':>8} {'max ms':>8} {'queries':>8}")
@@ -295,6 +323,7 @@ def bulk(client) -> None:
         started = time.perf_counter()
         response = client.post(f"/admin/runs/run/?{query}", {
             "action": action, "select_across": "1", "index": "0", "_selected_action": [str(ids[0])],
+            "apply": "1",  # past the confirmation page (runs.admin.confirmations)
         })
         seconds = time.perf_counter() - started
         changed = Run.objects.filter(pk__in=ids, status=reached).count()

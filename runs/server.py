@@ -15,21 +15,37 @@ is up, losing nothing), and lets other requests finish for
 from __future__ import annotations
 
 import asyncio
+import logging
+import multiprocessing
+import signal
+import socket
+import threading
 
 import uvicorn
-from uvicorn.supervisors import Multiprocess
 
+from runs import server_process
+from runs.metrics.publish import Publisher
 from runs.streams.hub import close_all
+
+logger = logging.getLogger(__name__)
 
 
 class Server(uvicorn.Server):
     """uvicorn's server, which ends the process's event streams when told to stop."""
 
     _loop: asyncio.AbstractEventLoop | None = None
+    _publisher: Publisher | None = None
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        # What this process counts (people's transitions: cancels, approvals) reaches /metrics (runs.metrics).
+        self._publisher = Publisher(role="web").start()
         await super().startup(sockets=sockets)
+
+    async def shutdown(self, sockets=None) -> None:
+        await super().shutdown(sockets=sockets)
+        if self._publisher is not None:
+            await asyncio.to_thread(self._publisher.stop)  # a database write: not on the event loop
 
     def handle_exit(self, sig, frame) -> None:
         super().handle_exit(sig, frame)
@@ -39,6 +55,7 @@ class Server(uvicorn.Server):
 
 def serve(*, host: str, port: int, workers: int = 1, graceful_seconds: float = 10.0,
           forwarded_allow_ips: str | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then stop gracefully and return (the process exits 0)."""
     config = uvicorn.Config(
         "config.asgi:application",
         host=host,
@@ -50,9 +67,66 @@ def serve(*, host: str, port: int, workers: int = 1, graceful_seconds: float = 1
         forwarded_allow_ips=forwarded_allow_ips,
         server_header=False,
         access_log=False,
+        log_config=None,  # uvicorn's lines go through the project's logging (config.logging): JSON in production
     )
-    server = Server(config)
+    # uvicorn re-raises the signal it stopped on once it has shut down, to
+    # whatever handler was there before it: a no-op one makes a graceful stop
+    # exit 0 rather than 143, which is what systemd and supervisors expect.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stopped)
     if workers > 1:
-        Multiprocess(config, target=server.run, sockets=[config.bind_socket()]).run()
+        Supervisor(config, workers=workers).run()
     else:
-        server.run()
+        Server(config).run()
+
+
+def _stopped(signum, frame) -> None:
+    """The handler uvicorn's re-raised signal reaches once it has stopped: nothing left to do."""
+
+
+def serve_process(config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+    """One web process of ``serve --workers N`` (spawned: a fresh interpreter, its own connections)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stopped)
+    config.configure_logging()  # as uvicorn's own spawned processes do (access_log=False among it)
+    Server(config).run(sockets=sockets)
+
+
+class Supervisor:
+    """``workers`` processes of ``Server`` sharing one listening socket; a process that dies is replaced.
+
+    Ours rather than uvicorn's ``Multiprocess``, which builds plain uvicorn
+    servers: each process here ends its event streams on SIGTERM and
+    publishes its metrics. SIGTERM or SIGINT stops every process gracefully,
+    then returns.
+    """
+
+    def __init__(self, config: uvicorn.Config, *, workers: int):
+        self.config = config
+        self.workers = workers
+        self.sockets = [config.bind_socket()]
+        self.stopping = threading.Event()
+        self.context = multiprocessing.get_context("spawn")
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+
+    def run(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stopping.set())
+        self.processes = [self._start() for _ in range(self.workers)]
+        while not self.stopping.wait(0.5):
+            for index, process in enumerate(self.processes):
+                if not process.is_alive():
+                    logger.warning("web process %s exited with %s; starting another", process.pid, process.exitcode)
+                    self.processes[index] = self._start()
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: a graceful stop
+        for process in self.processes:
+            process.join()
+        for sock in self.sockets:
+            sock.close()
+
+    def _start(self) -> multiprocessing.process.BaseProcess:
+        process = self.context.Process(target=server_process.run, args=(self.config, self.sockets), daemon=False)
+        process.start()
+        return process

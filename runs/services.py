@@ -29,6 +29,7 @@ from runs.notify import count_and_notify_after_commit, uncounted_submits
 from runs.registry import all_kinds, get_kind
 from runs.text import find_unstorable
 from runs.titles import title_for
+from runs.tracing import current_trace_context
 from runs.webhooks import targets
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ def submit(
         request_hash=digest,
         callback_url=callback_url,
         parent=parent,
+        # Traced under the submitting request's span, or a child under its parent's.
+        trace_context=current_trace_context() or (parent.trace_context if parent is not None else None),
         created_at=now,
         updated_at=now,
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),

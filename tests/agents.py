@@ -354,3 +354,22 @@ def fast_then_slow(ctx: RunContext, data: dict) -> dict:
     assert run_thread_connection.connection is not None  # the checkpoint's, kept for the next step
     released = ctx.step("slow", _released, run_thread_connection, float(data.get("within", 1.0)))
     return {"released": released}
+
+
+@agent("logs_in_step")
+def logs_in_step(ctx: RunContext, data: dict) -> dict:
+    """A step that logs from inside, as a library or agent code would, and opens a span; then a line between steps."""
+    import logging
+
+    def greet(name: str) -> dict:
+        logging.getLogger("tests.agents").info("greeting %s from inside the step", name)
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            return {"greeted": name}
+        with trace.get_tracer("tests.agents").start_as_current_span("inside greet"):
+            return {"greeted": name}
+
+    greeted = ctx.step("greet", greet, data.get("name", "world"))
+    logging.getLogger("tests.agents").info("greeted %s, between steps", greeted["greeted"])
+    return greeted

@@ -25,6 +25,7 @@ from runs.db import dumps, release_connection
 from runs.engine import marks
 from runs.engine import steps as checkpoint
 from runs.engine.steplog import RecordedStep, unconsumed_messages
+from runs.metrics import process as metrics
 from runs.states import RunOutcome
 from runs.streams import ephemeral
 from runs.titles import SUMMARY_MAX, one_line
@@ -45,6 +46,7 @@ from workers.step_support import (
     StepFailure,
     StepResult,
 )
+from workers.tracing import observed_step
 from workers.workflow import Workflow
 
 if TYPE_CHECKING:
@@ -275,14 +277,25 @@ class RunContext(Workflow, StepMachinery):
             idempotency_key=key or "",
             compensates=compensates,
         )
+        with observed_step(self, record):
+            return self._execute_step(record, fn, args, kwargs, side_effect=side_effect, key=key, timeout=timeout,
+                                      consumes_messages=consumes_messages, compensate=compensate)
+
+    def _execute_step(self, record, fn, args, kwargs, *, side_effect, key, timeout, consumes_messages,
+                      compensate) -> Any:
+        """Execute step ``record``: write it ahead if it has a side effect, call ``fn``, checkpoint its output."""
+        seq, name, kind = record.seq, record.name, record.kind
         if side_effect:
             self._write_ahead(record)
         self._idempotency_key = key
+        started = time.monotonic()
         try:
             value = self._call(fn, args, kwargs, record, self._timeout(timeout))
         except Suspend:
             raise
         except Exception as exc:
+            metrics.step_finished(kind=self._claimed.kind, step_kind=kind, status="failed",
+                                  seconds=time.monotonic() - started)
             self._step_failed(record, exc, uncertain_means_ambiguous=side_effect and not key)
             if self._deadline_left() <= 0:
                 raise StopRun("deadline", self._deadline_message()) from exc
@@ -319,6 +332,7 @@ class RunContext(Workflow, StepMachinery):
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
         cancel, pause, self._cost, output_json = answer
+        metrics.step_finished(kind=self._claimed.kind, step_kind=kind, status="done", seconds=time.monotonic() - started)
         self.progressed = True  # the checkpoint reset the run's failures to 0
         self._note_flags(cancel, pause)
         result = json.loads(output_json)

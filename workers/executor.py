@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from runs.control import cancel_children
 from runs.db import dumps_storable, is_transient, release_connection, with_retries
 from runs.engine.exit import leave_running
 from runs.engine.steplog import load_step_log
+from runs.metrics import process as metrics
 from runs.registry import get_kind
 from workers.classify import classify
 from workers.context import RunContext, RunControl
@@ -33,6 +35,7 @@ from workers.errors import (
 )
 from workers.saga import Rollback, recorded_plan
 from workers.step_support import Host
+from workers.tracing import observed_run
 
 if TYPE_CHECKING:
     from runs.engine.claim import ClaimedRun
@@ -63,14 +66,24 @@ class RunExecutor:
         self.ctx: RunContext | None = None  # what the agent reported (ctx.report) goes with the exit
 
     def execute(self) -> str | None:
-        """Run to the next exit from running; returns the status reached (None when the lease was lost)."""
+        """Run to the next exit from running; returns the status reached (None when the lease was lost).
+
+        In a context of its own, gone when it returns (this pool thread runs another run next): every
+        line logged meanwhile carries the run's fields, and with OpenTelemetry it is the span
+        ``run <kind>`` (workers.tracing).
+        """
         try:
-            return self._execute()
+            return observed_run(self.claimed, worker_id=self.worker.id, execute=self._execute)
         finally:
             release_connection()
 
     def _execute(self) -> str | None:
         claimed = self.claimed
+        if claimed.run_after is not None:
+            metrics.claimed(queue=claimed.queue, kind=claimed.kind,
+                            waited_seconds=(claimed.claimed_at - claimed.run_after).total_seconds())
+        # The database's clock against this host's: as good as the two agree.
+        metrics.started(kind=claimed.kind, after_claim_seconds=(datetime.now(UTC) - claimed.claimed_at).total_seconds())
         kind = get_kind(claimed.kind)
         if kind is None or not kind.can_resume(claimed.kind_version):
             # The claim takes only versions this worker can resume; reached
@@ -135,7 +148,8 @@ class RunExecutor:
             # retry budget bounds it.
             logger.warning("engine statement failed (%s); releasing the run", exc, extra=self.log_extra)
             return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
-                               error_kind="retryable", add_failure=True, delay=self.worker.poll)
+                               error_kind="retryable", add_failure=True, delay=self.worker.poll,
+                               error_class=type(exc).__name__)
         except Exception as exc:
             return self._fail(exc, ctx, kind)
 
@@ -166,7 +180,8 @@ class RunExecutor:
                 return self._roll_back(ctx, kind, reason="retry_budget", error=message, error_kind="retryable")
             delay = self._backoff(kind, failures + 1, retry_after)
             logger.info("retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra)
-            return self._leave("queued", reason="retry", error=message, error_kind="retryable", add_failure=True, delay=delay)
+            return self._leave("queued", reason="retry", error=message, error_kind="retryable", add_failure=True, delay=delay,
+                               error_class=type(exc).__name__)
         logger.info("run failed (%s): %s", error_kind, message, extra=self.log_extra)
         if self._rolls_back(ctx, kind, error_kind):
             return self._roll_back(ctx, kind, reason="error", error=message, error_kind=error_kind)
@@ -229,7 +244,8 @@ class RunExecutor:
                 # released, counted, and carried on by the next claim.
                 logger.warning("rollback interrupted (%s); releasing the run", exc, extra=self.log_extra)
                 return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
-                                   error_kind="retryable", add_failure=True, delay=self.worker.poll)
+                                   error_kind="retryable", add_failure=True, delay=self.worker.poll,
+                                   error_class=type(exc).__name__)
             position = failure.seq - plan.seq - 1  # compensation i is step plan.seq + i
             undoes = plan.plan[position] if 0 <= position < len(plan.plan) else {"seq": "?", "name": failure.name}
             message = (f"the compensation of step {undoes['seq']} ({undoes['name']}) failed, "
@@ -240,7 +256,7 @@ class RunExecutor:
                 delay = self._backoff(kind, (0 if ctx.progressed else self.claimed.failures) + 1, failure.retry_after)
                 logger.info("%s; retrying in %.1fs", message, delay, extra=self.log_extra)
                 return self._leave("queued", reason="compensation_retry", error=message, error_kind="retryable",
-                                   add_failure=True, delay=delay)
+                                   add_failure=True, delay=delay, error_class=type(exc).__name__)
             logger.warning("%s; a person decides", message, extra=self.log_extra)
             return self._leave("waiting_human", reason="compensation", error=message, error_kind=failure.error_kind)
         logger.info("rolled back: %s", done.error(), extra=self.log_extra)
@@ -250,7 +266,7 @@ class RunExecutor:
     def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
                error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0,
                wake_on_message: bool = False, wake_on_children: bool = False, wake_at=None,
-               compensation: str | None = None) -> str | None:
+               compensation: str | None = None, error_class: str | None = None) -> str | None:
         self.control.leaving.set()
         # What the agent reported, stored by the exit only if it ends the run (runs.engine.exit);
         # not after a rollback, which undid what it reported.
@@ -276,6 +292,7 @@ class RunExecutor:
                 give_slot=not self.worker.defers_slot_returns,
                 outcome=reported_outcome,
                 summary=summary,
+                error_class=error_class,
             ), what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.

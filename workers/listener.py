@@ -6,6 +6,7 @@ worker's poll interval keeps it claiming.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -23,7 +24,9 @@ class Listener:
         self.on_notify = on_notify
         self.on_control = on_control  # a person cancelled or paused a run: heartbeat now
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="listener", daemon=True)
+        # With its creator's context: its lines say which worker they come from.
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name="listener",
+                                        daemon=True)
         self._conn: psycopg.Connection | None = None
 
     def start(self) -> None:

@@ -1,6 +1,7 @@
 """The reaper loop: rescues runs of dead workers, stops runs past their deadline, expires runs
-nobody acted on, and keeps the tenant counters true. The transitions themselves are the run
-domain's (``runs.engine.reaping``); this is when and how often.
+nobody acted on, keeps the tenant counters true, and deletes runs past retention. The
+transitions themselves are the run domain's (``runs.engine.reaping``, ``runs.engine.retention``);
+this is when and how often.
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
 
 from runs.control import cancel_runs
 from runs.db import notify_queues, release_connection
-from runs.engine import family, reaping, timers
+from runs.engine import family, reaping, retention, timers
 from runs.engine.reaping import StaleLease
+from runs.metrics.publish import retire_silent
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +83,8 @@ class Reaper:
             # reaper failed it): cancelled now.
             report.orphans = cancel_runs(family.orphaned_children(batch=self.batch))
             report.tenants_fixed = reaping.reconcile_tenants(queued=check_queued)
+            # Metric rows of processes long gone, folded into one (their counts are kept).
+            retire_silent()
             if check_queued:
                 self._queued_checked_at = time.monotonic()
             if requeued_queues:
@@ -95,9 +102,43 @@ class Reaper:
         finally:
             release_connection()
 
+    def prune(self) -> int:
+        """Delete runs finished more than ``RUNS_RETENTION_DAYS`` ago (0: none), batch by batch; returns how many.
+
+        Batches of ``RUNS_RETENTION_BATCH`` runs with ``RUNS_RETENTION_PAUSE_SECONDS``
+        between them, until a batch comes back short (nothing more is due) or
+        ``RUNS_RETENTION_MAX_SECONDS`` of work, so rescues never wait long
+        behind a backlog: the next pass goes on with it. Stopping the reaper
+        stops it between batches.
+        """
+        days = settings.RUNS_RETENTION_DAYS
+        if days <= 0:
+            return 0
+        size = max(1, settings.RUNS_RETENTION_BATCH)
+        started = time.monotonic()
+        total = retention.PruneBatch()
+        more = True
+        while True:
+            try:
+                batch = retention.prune_finished(older_than=timedelta(days=days), batch=size)
+            finally:
+                release_connection()
+            total += batch
+            more = batch.runs >= size
+            if not more or time.monotonic() - started >= settings.RUNS_RETENTION_MAX_SECONDS:
+                break
+            if self.stopping.wait(settings.RUNS_RETENTION_PAUSE_SECONDS):
+                break
+        if total.runs:
+            logger.info("pruned runs finished over %g days ago in %.1fs%s: %s", days, time.monotonic() - started,
+                        " (more are due)" if more else "", total)
+        return total.runs
+
     def run(self, *, interval: float, timer_interval: float = 1.0) -> None:
-        """A full pass every ``interval`` seconds, and due timers every ``timer_interval``."""
+        """A full pass every ``interval`` seconds, due timers every ``timer_interval``, and
+        a retention pass every ``RUNS_RETENTION_INTERVAL_SECONDS``."""
         next_pass = 0.0
+        next_prune = 0.0
         while not self.stopping.is_set():
             if time.monotonic() >= next_pass:
                 try:
@@ -105,6 +146,12 @@ class Reaper:
                 except Exception:
                     logger.exception("reap pass failed")
                 next_pass = time.monotonic() + interval
+            if time.monotonic() >= next_prune and not self.stopping.is_set():
+                try:
+                    self.prune()
+                except Exception:
+                    logger.exception("retention pass failed")
+                next_prune = time.monotonic() + settings.RUNS_RETENTION_INTERVAL_SECONDS
             try:
                 self.wake_timers()
             except Exception:

@@ -6,6 +6,7 @@ and what is recorded when it is slow, writes ahead, fails or was interrupted.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 import traceback
@@ -138,7 +139,9 @@ class StepMachinery:
         """Run ``fn`` on the step thread; announce it when slow; give up on it after ``timeout``."""
         runner = StepThread.for_this_thread()
         started = time.monotonic()
-        box, finished = runner.submit(fn, args, kwargs)
+        # In a copy of this thread's context: the step's log lines carry the run's fields, its spans nest
+        # under the step's (workers.tracing).
+        box, finished = runner.submit(contextvars.copy_context().run, (fn, *args), kwargs)
         if not finished.wait(min(KEEP_CONNECTION_SECONDS, timeout)):
             release_connection()  # a run waiting on its step holds no connection
         if not finished.wait(max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))):

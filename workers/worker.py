@@ -8,6 +8,7 @@ listener thread owns the one dedicated LISTEN connection.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import signal
 import threading
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import structlog
 from django.conf import settings
 
 from runs.db import notify_queues, release_connection, with_retries
@@ -102,8 +104,14 @@ class Worker:
     # Lifecycle.
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until stopped (SIGTERM/SIGINT when installed, or stop()) or, with burst, until nothing is claimable."""
+        # In a context of its own that says on every line which worker wrote it; the heartbeat, the
+        # listener and each run start from a copy of it (a run's own fields: workers.tracing).
+        contextvars.copy_context().run(self._run, install_signal_handlers)
+
+    def _run(self, install_signal_handlers: bool) -> None:
         if not self.kinds:
             raise RuntimeError("no agent kinds are registered: nothing to run (see AGENT_MODULES)")
+        structlog.contextvars.bind_contextvars(worker=str(self.id))
         self._register()
         if install_signal_handlers:
             self._install_signal_handlers()
@@ -112,7 +120,8 @@ class Worker:
                 queues=set(self.options.queues), on_notify=self._wake.set, on_control=self._beat_now.set
             )
             self._listener.start()
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._heartbeat_thread = threading.Thread(target=contextvars.copy_context().run, args=(self._heartbeat_loop,),
+                                                  name="heartbeat", daemon=True)
         self._heartbeat_thread.start()
         logger.info(
             "worker %s started: queues=%s concurrency=%s kinds=%s",
@@ -193,7 +202,7 @@ class Worker:
             control = RunControl()
             with self._lock:
                 self._held[claimed.lease_token] = Held(run_id=claimed.id, control=control)
-            self._pool.submit(self._execute, claimed, control)
+            self._pool.submit(contextvars.copy_context().run, self._execute, claimed, control)
         return len(runs)
 
     def _execute(self, claimed, control: RunControl) -> None:

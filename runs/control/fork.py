@@ -23,6 +23,7 @@ from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.models import LIVE_STATUSES, Run, Step, StepKind, StepStatus
 from runs.notify import count_and_notify_after_commit
 from runs.services import check_queue_room, request_hash
+from runs.tracing import current_trace_context
 
 # The origin's steps before N, copied as the fork's generation 1: their
 # outputs replay, their tokens and cost stay with the origin, and no
@@ -71,6 +72,7 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
         cost_ceiling_cents=origin.cost_ceiling_cents,
         origin=origin,
         origin_step=from_step,
+        trace_context=current_trace_context() or origin.trace_context,  # the forking request's, else the origin's
         steps_done=steps_done,
         created_at=now,
         updated_at=now,

@@ -15,6 +15,7 @@ from runs.db import notify_control
 from runs.engine import family
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
+from runs.metrics import process as metrics
 from runs.models import TERMINAL_STATUSES, Run, RunStatus, Tenant
 from runs.notify import count_and_notify_after_commit
 
@@ -62,6 +63,8 @@ def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | N
         Tenant.objects.filter(pk=run.tenant_id).update(queued=F("queued") - 1)
     if to in TERMINAL_STATUSES:
         _family_after(run, to)
+        queue, kind = run.queue, run.kind
+        transaction.on_commit(lambda: metrics.run_finished(queue=queue, kind=kind, status=to))
     return run
 
 

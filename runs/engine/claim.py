@@ -40,18 +40,23 @@ class ClaimedRun:
     parent_id: UUID | None = None
     children_cost_cents: Decimal = Decimal(0)
     compensation: str = ""  # "running" while its saga rolls back (runs.engine.saga)
+    run_after: datetime | None = None  # when it became due: claimed_at - run_after is its wait in the queue
+    trace_context: dict | None = None  # the submitting request's W3C trace context (workers.tracing)
 
 
 _CLAIM_COLUMNS = (
     "id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation, "
     "deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents, "
     "cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL, queue, claimed_at, parent_id, "
-    "children_cost_cents, compensation"
+    "children_cost_cents, compensation, run_after, trace_context"
 )
 
 
 def _rows(cursor) -> list[ClaimedRun]:
-    return [ClaimedRun(*row[:4], loads(row[4]), *row[5:]) for row in cursor.fetchall()]
+    return [
+        ClaimedRun(*row[:4], loads(row[4]), *row[5:-1], trace_context=loads(row[-1]) if row[-1] else None)
+        for row in cursor.fetchall()
+    ]
 
 
 # Walk tenant by tenant: only tenants that are not paused and have a free

@@ -28,6 +28,7 @@ from django.db import connection, transaction
 from runs.db import sql, storable_text
 from runs.engine.family import child_finished
 from runs.events import event_ctes, next_seq
+from runs.metrics import process as metrics
 from runs.states import TERMINAL_STATUSES, RunOutcome, RunStatus
 from runs.titles import SUMMARY_MAX, one_line
 
@@ -39,6 +40,7 @@ class Exited(NamedTuple):
     queue: str
     at: datetime  # when (the database's clock)
     parent_id: UUID | None = None
+    kind: str = ""
     woke_parent: str | None = None  # the queue of a parent this exit woke: wake its workers
 
     @property
@@ -120,7 +122,8 @@ r AS (
     WHERE runs_run.id = cur.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
-              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation, runs_run.outcome, runs_run.summary
+              runs_run.cost_cents, runs_run.parent_id, runs_run.compensation, runs_run.outcome, runs_run.summary,
+              runs_run.kind
 ),
 t AS (
     UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
@@ -128,7 +131,7 @@ t AS (
     FROM r WHERE runs_tenant.id = r.tenant_id AND (%(give_slot)s OR r.status = {queued})
 ),
 {events}
-SELECT status, queue, statement_timestamp(), parent_id FROM r
+SELECT status, queue, statement_timestamp(), parent_id, kind FROM r
 """
 
 _EVENTS = event_ctes(
@@ -186,6 +189,7 @@ def leave_running(
     give_slot: bool = True,
     outcome: str | None = None,
     summary: str | None = None,
+    error_class: str | None = None,
 ) -> Exited | None:
     """Move a run out of ``running`` towards ``target``; see the module's docstring.
 
@@ -208,6 +212,9 @@ def leave_running(
     failed or cancelled); an exit that ends it without them clears any
     earlier report. ``summary`` is untrusted text and is made one bounded
     line here; an ``outcome`` that is not a ``RunOutcome`` raises ValueError.
+
+    ``error_class`` names the error of a retry (``add_failure`` back to the
+    queue) in the metrics (``agentruns_retries_total``); ``reason`` otherwise.
     """
     if outcome is not None and outcome not in RunOutcome.values:
         raise ValueError(f"unknown outcome {outcome!r}; use one of {RunOutcome.values}")
@@ -236,6 +243,7 @@ def leave_running(
     recheck = wake_on_message or wake_on_children
     if not recheck and parent_id is None:
         exited = _fetch(statement, params)
+        _count(exited, retry=add_failure, error_class=error_class or reason)
         if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
             # Not expected (a child's exit names its parent): tell the parent now, late but not lost.
             logger.warning("run %s left running without naming its parent %s", run_id, exited.parent_id)
@@ -250,9 +258,20 @@ def leave_running(
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
         exited = _fetch(statement, params)
+        _count(exited, retry=add_failure, error_class=error_class or reason)
         if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
             exited = exited._replace(woke_parent=_tell_parent(exited, run_id))
         return exited
+
+
+def _count(exited: Exited | None, *, retry: bool, error_class: str) -> None:
+    """The exit in this process's metrics (runs.metrics), once it is committed."""
+    if exited is None:
+        return
+    if exited.status in TERMINAL_STATUSES:
+        transaction.on_commit(lambda: metrics.run_finished(queue=exited.queue, kind=exited.kind, status=exited.status))
+    elif retry and exited.status == RunStatus.QUEUED:
+        transaction.on_commit(lambda: metrics.retried(kind=exited.kind, error_class=error_class))
 
 
 def _tell_parent(exited: Exited, run_id: UUID) -> str | None:

@@ -19,6 +19,8 @@ from runs.db import sql
 from runs.engine import family
 from runs.engine.exit import leave_running
 from runs.events import event_ctes, next_seq
+from runs.metrics import process as metrics
+from runs.states import RunStatus
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,13 @@ def rescue(stale: StaleLease, *, actor_type: str = "system", actor_id: str = "re
     outcome = leave_running(
         run_id=stale.run_id, token=stale.token, target="queued", reason=reason, actor_type=actor_type,
         actor_id=actor_id, error=error, add_failure=True, only_if_expired=True, parent_id=stale.parent_id,
+        error_class="LeaseExpired",
     )
-    return None if outcome is None else outcome[0]
+    if outcome is None:
+        return None
+    if reason == "lease_expired":
+        metrics.lease_rescued(queue=outcome.queue, status=outcome.status)
+    return outcome.status
 
 
 _PAST_DEADLINE_SQL = sql(
@@ -99,10 +106,10 @@ WITH r AS (
         LIMIT %(batch)s FOR UPDATE SKIP LOCKED
     )
     AND status IN {parked} AND expires_at < statement_timestamp()
-    RETURNING id, last_event_seq
+    RETURNING id, last_event_seq, queue, kind
 ),
 {events}
-SELECT count(*) FROM r
+SELECT queue, kind FROM r
 """,
     next_seq=next_seq(),
     events=event_ctes(
@@ -126,17 +133,20 @@ def expire_waiting(*, batch: int) -> int:
     """
     with connection.cursor() as cursor:
         cursor.execute(_EXPIRE_SQL, {"batch": batch, "only": None})
-        expired = cursor.fetchone()[0]
+        rows = cursor.fetchall()
         cursor.execute(_EXPIRED_CHILDREN_SQL, [batch])
         children = cursor.fetchall()
     for child_id, parent_id in children:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_EXPIRE_SQL, {"batch": 1, "only": child_id})
-            if cursor.fetchone()[0]:
-                expired += 1
+            row = cursor.fetchone()
+            if row:
+                rows.append(row)
                 family.wake_after_commit(family.child_finished(child_id=child_id, parent_id=parent_id,
                                                                succeeded=False))
-    return expired
+    for queue, kind in rows:
+        metrics.run_finished(queue=queue, kind=kind, status=RunStatus.FAILED)
+    return len(rows)
 
 
 # Tenants whose running counter disagrees with their running runs: the

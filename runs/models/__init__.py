@@ -1,6 +1,6 @@
 """Data model of DESIGN.md §4, one module per part: tenancy, the run, what it records, the fleet."""
 
-from runs.models.fleet import Worker
+from runs.models.fleet import MetricSnapshot, Worker
 from runs.models.notifications import (
     WEBHOOK_EVENT_TYPES,
     DeliveryStatus,
@@ -32,7 +32,7 @@ from runs.states import (
 
 __all__ = [
     "LIVE_STATUSES", "MONEY", "TERMINAL_STATUSES", "ApiKey", "Compensation", "Artifact", "ErrorKind", "Event", "KindState", "Membership",
-    "Message", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
+    "Message", "MetricSnapshot", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
     "StepStatus", "Tenant", "TenantDailyCost", "Worker", "default_expires_at",
     "WEBHOOK_EVENT_TYPES", "DeliveryStatus", "StreamWatch", "WebhookDelivery", "WebhookEndpoint",
 ]

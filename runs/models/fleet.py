@@ -25,3 +25,24 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}"
+
+
+class MetricSnapshot(models.Model):
+    """What one process counted (runs.metrics): its Prometheus samples, written every few seconds.
+
+    ``GET /metrics`` sums the rows of every process, live and gone, so a
+    counter never goes down when a worker restarts; the reaper folds rows of
+    processes long gone into one row (``RETIRED``) to keep the table small.
+    """
+
+    RETIRED = uuid.UUID(int=0)
+
+    process = models.UUIDField(primary_key=True)
+    role = models.CharField(max_length=32)  # worker, reaper, webhooks, web
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(default=0)
+    samples = models.JSONField(default=list)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.host}:{self.pid}"

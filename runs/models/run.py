@@ -182,6 +182,9 @@ class Run(models.Model):
     compensation = models.CharField(max_length=10, choices=Compensation.choices, blank=True, default="")
     generation = models.PositiveIntegerField(default=1)
     callback_url = models.URLField(max_length=2000, blank=True, default="")
+    # The W3C trace context of the request that submitted it ({"traceparent": ..., "tracestate": ...}),
+    # when OpenTelemetry is on (workers.tracing): every step becomes a span under that request's.
+    trace_context = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

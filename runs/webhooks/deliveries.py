@@ -26,6 +26,7 @@ from django.db import connection, transaction
 from runs.db import storable_text
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
+from runs.metrics import process as metrics
 from runs.models import DeliveryStatus, WebhookDelivery
 from runs.webhooks.signing import current_secret
 
@@ -141,7 +142,14 @@ def record(job: DeliveryJob, *, delivered: bool, permanent: bool, code: int | No
             "gap": retry_gap(job.attempt), "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS,
         })
         row = cursor.fetchone()
-    return None if row is None else row[0]
+    if row is None:
+        return None
+    metrics.webhook_attempt(result=ATTEMPT_RESULTS.get(row[0], row[0]))
+    return row[0]
+
+
+# A delivery's status after an attempt, as the metrics name the attempt's result.
+ATTEMPT_RESULTS = {"delivered": "delivered", "pending": "retry", "dead": "dead"}
 
 
 def _storable(text: str) -> str:

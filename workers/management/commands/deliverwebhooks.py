@@ -2,6 +2,7 @@ import signal
 
 from django.core.management.base import BaseCommand
 
+from runs.metrics.publish import publishing
 from workers.webhooks import DeliveryLoop
 
 
@@ -17,6 +18,7 @@ class Command(BaseCommand):
         loop = DeliveryLoop(concurrency=concurrency, poll=poll)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: loop.stopping.set())
-        attempts = loop.run(once=once)
+        with publishing(role="webhooks"):
+            attempts = loop.run(once=once)
         if once:
             self.stdout.write(f"attempts: {attempts}")

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from runs.metrics.publish import publishing
 from workers.worker import Worker, WorkerOptions
 
 
@@ -29,7 +30,8 @@ class Command(BaseCommand):
                 burst=options["burst"],
             )
             worker = Worker(worker_options)
-            worker.run(install_signal_handlers=True)
+            with publishing(role="worker"):
+                worker.run(install_signal_handlers=True)
         except (ValueError, RuntimeError) as exc:
             raise CommandError(str(exc)) from exc
         if worker.poisoned:

