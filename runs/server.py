@@ -14,43 +14,17 @@ is up, losing nothing), and lets other requests finish for
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import signal
-import socket
 import threading
 
 import uvicorn
 
 from runs import server_process
-from runs.metrics.publish import Publisher
-from runs.streams.hub import close_all
+from runs.web_server import Server, stopped
 
 logger = logging.getLogger(__name__)
-
-
-class Server(uvicorn.Server):
-    """uvicorn's server, which ends the process's event streams when told to stop."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _publisher: Publisher | None = None
-
-    async def startup(self, sockets=None) -> None:
-        self._loop = asyncio.get_running_loop()
-        # What this process counts (people's transitions: cancels, approvals) reaches /metrics (runs.metrics).
-        self._publisher = Publisher(role="web").start()
-        await super().startup(sockets=sockets)
-
-    async def shutdown(self, sockets=None) -> None:
-        await super().shutdown(sockets=sockets)
-        if self._publisher is not None:
-            await asyncio.to_thread(self._publisher.stop)  # a database write: not on the event loop
-
-    def handle_exit(self, sig, frame) -> None:
-        super().handle_exit(sig, frame)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(close_all)
 
 
 def serve(*, host: str, port: int, workers: int = 1, graceful_seconds: float = 10.0,
@@ -73,23 +47,11 @@ def serve(*, host: str, port: int, workers: int = 1, graceful_seconds: float = 1
     # whatever handler was there before it: a no-op one makes a graceful stop
     # exit 0 rather than 143, which is what systemd and supervisors expect.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _stopped)
+        signal.signal(sig, stopped)
     if workers > 1:
         Supervisor(config, workers=workers).run()
     else:
         Server(config).run()
-
-
-def _stopped(signum, frame) -> None:
-    """The handler uvicorn's re-raised signal reaches once it has stopped: nothing left to do."""
-
-
-def serve_process(config: uvicorn.Config, sockets: list[socket.socket]) -> None:
-    """One web process of ``serve --workers N`` (spawned: a fresh interpreter, its own connections)."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _stopped)
-    config.configure_logging()  # as uvicorn's own spawned processes do (access_log=False among it)
-    Server(config).run(sockets=sockets)
 
 
 class Supervisor:

@@ -12,6 +12,6 @@ def run(config, sockets) -> None:
     import django
 
     django.setup()
-    from runs.server import serve_process
+    from runs.web_server import serve_process
 
     serve_process(config, sockets)
