@@ -67,3 +67,71 @@ def bench_slow(ctx: RunContext, data: dict) -> dict:
     for i in range(n):
         ctx.step(f"slow{i + 1}", _slow, seconds)
     return {"steps": fast + n}
+
+
+# bench/chaos.py: runs with a keyed and an unkeyed side effect, drained while
+# workers are SIGKILLed. Each effect is a row written on the process's own
+# autocommit connection (not the engine's), committed before the step checkpoints.
+_chaos_conn = None
+_chaos_lock = None
+
+
+def _chaos_sql(query: str, params: tuple) -> None:
+    global _chaos_conn, _chaos_lock
+    import os
+    import threading
+
+    import psycopg
+
+    if _chaos_lock is None:
+        _chaos_lock = threading.Lock()
+    with _chaos_lock:
+        if _chaos_conn is None or _chaos_conn.closed:
+            _chaos_conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        _chaos_conn.execute(query, params)
+
+
+def _chaos_pause(base: float) -> None:
+    import random
+
+    time.sleep(base * random.uniform(0.66, 1.66))  # about 20-50 ms for base 0.03
+
+
+def _chaos_plain(sleep: float) -> dict:
+    _chaos_pause(sleep)
+    return {"ok": True}
+
+
+def _chaos_keyed(ctx: RunContext, run_id: str, sleep: float) -> dict:
+    """A callee idempotent by key: every attempt is logged, the effect applies once per key."""
+    import os
+
+    key = ctx.idempotency_key
+    _chaos_pause(sleep / 2)
+    _chaos_sql("INSERT INTO bench_chaos_attempts (run_id, step, key, pid) VALUES (%s, 'keyed', %s, %s)",
+               (run_id, key, os.getpid()))
+    _chaos_sql("INSERT INTO bench_chaos_keyed (key, run_id, pid) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
+               (key, run_id, os.getpid()))
+    _chaos_pause(sleep / 2)
+    return {"key": key}
+
+
+def _chaos_unkeyed(run_id: str, sleep: float) -> dict:
+    import os
+
+    _chaos_pause(sleep / 2)
+    _chaos_sql("INSERT INTO bench_chaos_unkeyed (run_id, pid) VALUES (%s, %s)", (run_id, os.getpid()))
+    _chaos_pause(sleep / 2)
+    return {"ok": True}
+
+
+@agent("bench_chaos", queue="bench_chaos")
+def bench_chaos(ctx: RunContext, data: dict) -> dict:
+    """Chaos kind: a plain step, a keyed side effect, an unkeyed side effect (each sleeps ~``data["sleep"]``)."""
+    sleep = float(data.get("sleep", 0.03))
+    run_id = str(ctx.run_id)
+    ctx.progress(total=3)
+    ctx.step("plain", _chaos_plain, sleep)
+    keyed = ctx.step("keyed", lambda: _chaos_keyed(ctx, run_id, sleep), side_effect=True, idempotency_key=True)
+    ctx.step("unkeyed", _chaos_unkeyed, run_id, sleep, side_effect=True)
+    return {"key": keyed["key"]}
