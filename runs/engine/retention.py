@@ -26,7 +26,7 @@ and three events; bench/retention.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -101,19 +101,10 @@ class PruneBatch:
     files: list[str] = field(default_factory=list)  # the artifacts' stored files
 
     def __add__(self, other: PruneBatch) -> PruneBatch:
-        return PruneBatch(
-            self.runs + other.runs, self.steps + other.steps, self.attempts + other.attempts,
-            self.events + other.events, self.messages + other.messages, self.artifacts + other.artifacts,
-            self.deliveries + other.deliveries, self.watches + other.watches,
-            self.forks_detached + other.forks_detached, self.files + other.files,
-        )
+        return PruneBatch(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def __str__(self) -> str:
-        return (
-            f"runs={self.runs} steps={self.steps} attempts={self.attempts} events={self.events} "
-            f"messages={self.messages} artifacts={self.artifacts} deliveries={self.deliveries} "
-            f"watches={self.watches} forks_detached={self.forks_detached}"
-        )
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "files")
 
 
 def prune_finished(*, older_than: timedelta | datetime, batch: int, webhook_give_up: timedelta | None = None

@@ -15,6 +15,7 @@ Two sources, each the natural one for what it measures:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 
@@ -25,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from runs.db import loads, sql
 from runs.metrics.process import REGISTRY
-from runs.metrics.publish import keyed, plus
+from runs.metrics.publish import keyed, summed
 from runs.states import LIVE_STATUSES, RunStatus
 
 # Counted exactly up to this many; past it the figure says "at least this many".
@@ -155,8 +156,7 @@ class DatabaseCollector:
         total: dict = {}
         reporting: dict[str, int] = {}
         for role, data, recent in cursor.fetchall():
-            for key, values in keyed(loads(data)).items():
-                total[key] = plus(total[key], values) if key in total else values
+            total = summed(total, keyed(loads(data)))
             if recent and role != "retired":
                 reporting[role] = reporting.get(role, 0) + 1
         processes = GaugeMetricFamily("agentruns_metrics_processes",
@@ -167,9 +167,15 @@ class DatabaseCollector:
         yield from summed_families(total)
 
 
+@functools.cache
+def help_texts() -> dict[str, str]:
+    """Each family's help text, as this code defines it (fixed: read once, not at every scrape)."""
+    return {family.name: family.documentation for family in REGISTRY.collect()}
+
+
 def summed_families(total: dict) -> Iterator[Metric]:
     """Metric families of the summed series, each with this code's help text."""
-    helps = {family.name: family.documentation for family in REGISTRY.collect()}
+    helps = help_texts()
     families: dict[tuple[str, str], list] = {}
     for (family, kind, labels, bounds), values in total.items():
         families.setdefault((family, kind), []).append((labels, bounds, values))
