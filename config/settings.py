@@ -167,8 +167,22 @@ def _database() -> dict:
     # run. Off by default behind a transaction-pooling proxy, which keeps
     # them only from PgBouncer 1.21 on with max_prepared_statements set
     # (then RUNS_DB_PREPARE=1 turns them back on).
+    # Session settings, sent when the connection starts (a transaction pooler
+    # refuses them: there, set them on the database role, README "PgBouncer").
+    # JIT off: it compiles any statement whose estimated cost passes
+    # jit_above_cost, which the claim's can at scale, and spends 100-250 ms
+    # doing it on every execution of a statement that runs in a millisecond.
+    session = ["-c jit=off"]
     if env_bool("RUNS_DB_PREPARE", not pooled):
         options.setdefault("prepare_threshold", env_int("RUNS_DB_PREPARE_THRESHOLD", 2))
+        # Only the engine's statements are prepared (runs.db.engine_cursor; the ORM's
+        # are bound on the client). Planned once: a checkpoint or exit of several
+        # runs takes its rows from arrays whose length a generic plan cannot know,
+        # and PostgreSQL would otherwise plan it again on every execution. Their
+        # generic plans find runs by primary key (runs.engine.steps.BATCH_GUARD).
+        session.append("-c plan_cache_mode=force_generic_plan")
+    if not pooled:
+        options.setdefault("options", " ".join(session))
     if env_bool("RUNS_DB_POOL", True):
         # psycopg's pool: a thread that waits on a model or a tool has handed
         # its connection back, so a worker with many runs in flight needs few.

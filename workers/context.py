@@ -309,14 +309,7 @@ class RunContext(Workflow, StepMachinery):
             record.tokens_out = value.tokens_out
             record.cost_cents = Decimal(str(value.cost_cents))
         try:
-            answer = checkpoint.checkpoint(
-                record,
-                output=output,
-                worker_id=self._worker.id,
-                lease=self._worker.lease,
-                steps_total=self._steps_total,
-                consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
-            )
+            answer = self._checkpoint(record, output, consumes_messages)
         except TypeError as exc:  # the output is not JSON: nothing was written
             release_connection()
             error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
@@ -325,9 +318,9 @@ class RunContext(Workflow, StepMachinery):
         except BaseException:
             release_connection()
             raise
-        # The run keeps its connection while it is busy with fast steps; a
-        # step not done within KEEP_CONNECTION_SECONDS hands it back (see
-        # _call), and so does leaving running.
+        # A checkpoint written here (not by the committer) keeps the run's
+        # connection while it is busy with fast steps; a step not done within
+        # KEEP_CONNECTION_SECONDS hands it back (see _call), and so does leaving running.
         if answer is None:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
@@ -341,6 +334,21 @@ class RunContext(Workflow, StepMachinery):
         self._remember_compensation(seq, name, compensate, result, key or "")
         self._check_budget()
         return result
+
+    def _checkpoint(self, record: checkpoint.StepRecord, output: Any, consumes_messages: bool):
+        """Commit the finished step: with the worker's other runs' (workers.committer), or alone."""
+        committer = self._worker.committer
+        if not consumes_messages and record.compensates is None and committer.running:
+            return committer.checkpoint(checkpoint.Checkpoint(step=record, output=output,
+                                                              steps_total=self._steps_total))
+        return checkpoint.checkpoint(
+            record,
+            output=output,
+            worker_id=self._worker.id,
+            lease=self._worker.lease,
+            steps_total=self._steps_total,
+            consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
+        )
 
     # Deterministic values, recorded as steps so replay sees the same ones.
     def now(self) -> datetime:

@@ -16,7 +16,7 @@ from django.db import DatabaseError
 
 from runs.control import cancel_children
 from runs.db import dumps_storable, is_transient, release_connection, with_retries
-from runs.engine.exit import leave_running
+from runs.engine.exit import exit_row, leave_running
 from runs.engine.steplog import load_step_log
 from runs.metrics import process as metrics
 from runs.registry import get_kind
@@ -272,28 +272,39 @@ class RunExecutor:
         # not after a rollback, which undid what it reported.
         reported = self.ctx.reported if self.ctx is not None and compensation is None else None
         reported_outcome, summary = reported or (None, None)
+        arguments = dict(
+            run_id=self.claimed.id,
+            token=self.claimed.lease_token,
+            target=target,
+            reason=reason,
+            actor_id=str(self.worker.id),
+            result_json=result_json,
+            error=error,
+            error_kind=error_kind,
+            add_failure=add_failure,
+            delay_seconds=delay,
+            wake_on_message=wake_on_message,
+            wake_on_children=wake_on_children,
+            wake_at=wake_at,
+            compensation=compensation,
+            give_slot=not self.worker.defers_slot_returns,
+            outcome=reported_outcome,
+            summary=summary,
+            error_class=error_class,
+        )
+        committer = self.worker.committer
+        if self.claimed.parent_id is None and not (wake_on_message or wake_on_children) and committer.running:
+            # With the worker's other writes; a child's exit (which tells its parent) and a
+            # wait that re-checks its wake-up under a lock take a transaction of their own.
+            row = exit_row(**arguments)
+
+            def leave():
+                return committer.leave(row)
+        else:
+            def leave():
+                return leave_running(**arguments, parent_id=self.claimed.parent_id)
         try:
-            outcome = with_retries(lambda: leave_running(
-                run_id=self.claimed.id,
-                token=self.claimed.lease_token,
-                target=target,
-                reason=reason,
-                actor_id=str(self.worker.id),
-                result_json=result_json,
-                error=error,
-                error_kind=error_kind,
-                add_failure=add_failure,
-                delay_seconds=delay,
-                wake_on_message=wake_on_message,
-                wake_on_children=wake_on_children,
-                wake_at=wake_at,
-                compensation=compensation,
-                parent_id=self.claimed.parent_id,
-                give_slot=not self.worker.defers_slot_returns,
-                outcome=reported_outcome,
-                summary=summary,
-                error_class=error_class,
-            ), what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
+            outcome = with_retries(leave, what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.
             logger.exception("could not leave running (%s); the reaper will rescue the run", target, extra=self.log_extra)

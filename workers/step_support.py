@@ -14,10 +14,13 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from runs.db import release_connection
+
+if TYPE_CHECKING:
+    from workers.committer import Committer
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Host(Protocol):
     # True while the worker's claim loop runs: an exit then leaves the tenant
     # slot to be given back by the next claim (slot_returned).
     defers_slot_returns: bool
+    # Writes checkpoints and exits of the worker's runs together (workers.committer), while it runs.
+    committer: Committer
 
     def slot_returned(self, tenant_id: UUID, left_at: datetime) -> None:
         """A run of ``tenant_id`` left running at ``left_at`` keeping its slot: give it back with the next claim."""

@@ -14,7 +14,6 @@ from uuid import UUID, uuid4
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -47,6 +46,7 @@ from runs.dashboard.forms import (
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from runs.models import Run, RunStatus
 from runs.registry import all_kinds, get_kind
+from runs.streams.views import streams_served
 from runs.text import find_unstorable
 
 # htmx stops polling when a response has this status (a terminal run, a list with no live run).
@@ -146,9 +146,8 @@ def render_run_page(
         context["submitted_by"] = first[0].who
     if request.user.is_staff:
         context["admin_url"] = reverse("admin:runs_run_change", args=[run.id])
-    if not run.is_terminal and isinstance(request, ASGIRequest):
-        # Under WSGI an event stream is not sent until it ends (Django buffers
-        # an async body there), so only an ASGI server's page follows one.
+    if not run.is_terminal and streams_served(request):
+        # Only a page an ASGI server answered follows an event stream (runs.streams.views).
         context["stream_url"] = _stream_url(run)
         context["status_labels"] = presenters.STATUS_LABELS
     return render(request, "runs/detail.html", context, status=status)

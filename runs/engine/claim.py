@@ -9,9 +9,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-
-from runs.db import loads, sql
+from runs.db import engine_cursor, loads, sql
 from runs.events import event_ctes, next_seq
 
 
@@ -210,6 +208,8 @@ _EVENTS = event_ctes(
     payload="jsonb_build_object('from', {queued}, 'attempt', claimed.attempt)",
 )
 
+_CLAIM_STATEMENT = sql(_CLAIM_SQL, columns=_CLAIM_COLUMNS, events=_EVENTS, next_seq=next_seq("r"))
+
 
 def claim(
     *,
@@ -231,7 +231,6 @@ def claim(
     returned = list(returned)
     if (n <= 0 and not returned) or not kinds or not queues:
         return []
-    statement = sql(_CLAIM_SQL, columns=_CLAIM_COLUMNS, events=_EVENTS, next_seq=next_seq("r"))
     names = list(kinds)
     pairs = sorted({(k, kinds[k]) for k in names} | {(k, v) for k, vs in (resumes or {}).items() for v in vs})
     params = {
@@ -246,8 +245,8 @@ def claim(
         "ret_times": [at for _, at in returned],
         "lease": lease,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
+    with engine_cursor() as cursor:
+        cursor.execute(_CLAIM_STATEMENT, params)
         return _rows(cursor)
 
 
@@ -264,7 +263,7 @@ def claimed_but_not_held(*, worker_id: UUID, held: Iterable[UUID]) -> list[Claim
     broke after COMMIT) leaves such runs; a worker retrying the claim adopts
     them first instead of leaving them to the reaper.
     """
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(_HELD_ELSEWHERE_SQL, {"worker": worker_id, "held": list(held)})
         return _rows(cursor)
 
@@ -296,7 +295,7 @@ def heartbeat(*, worker_id: UUID, held: dict[int, UUID], lease: float) -> dict[i
     flags; a token missing from the answer has lost its lease.
     """
     tokens = list(held)
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(
             _HEARTBEAT_SQL,
             {"ids": [held[t] for t in tokens], "tokens": tokens, "lease": lease, "worker": worker_id},

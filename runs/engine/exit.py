@@ -23,10 +23,11 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
-from runs.db import sql, storable_text
+from runs.db import engine_cursor, sql, storable_text
 from runs.engine.family import child_finished
+from runs.engine.steps import BATCH_GUARD
 from runs.events import event_ctes, next_seq
 from runs.metrics import process as metrics
 from runs.states import TERMINAL_STATUSES, RunOutcome, RunStatus
@@ -49,62 +50,78 @@ class Exited(NamedTuple):
         return self.status in (RunStatus.FAILED, RunStatus.CANCELLED)
 
 
+# One exit or several (of different runs): a worker commits the exits of
+# its runs that end at the same time in one statement (``leave_many``). One
+# row of ``p`` per exit; its columns are prefixed ``a_`` (an argument) so
+# that none is mistaken for the run's column of the same name.
 _EXIT_SQL = """
-WITH cur AS (
-    SELECT id, tenant_id, claimed_at, heartbeat_at,
+WITH p AS (
+    SELECT * FROM unnest(%(run)s::uuid[], %(token)s::bigint[], %(target)s::text[], %(add_failure)s::int[],
+                         %(delay)s::float8[], %(wake_at)s::timestamptz[], %(result)s::text[], %(error)s::text[],
+                         %(error_kind)s::text[], %(actor_type)s::text[], %(actor_id)s::text[], %(reason)s::text[],
+                         %(wake_on_message)s::bool[], %(wake_on_children)s::bool[], %(compensation)s::text[],
+                         %(give_slot)s::bool[], %(outcome)s::text[], %(summary)s::text[])
+        AS p(run, token, a_target, a_add_failure, a_delay, a_wake_at, a_result, a_error, a_error_kind, a_actor_type,
+             a_actor_id, a_reason, a_wake_on_message, a_wake_on_children, a_compensation, a_give_slot, a_outcome,
+             a_summary)
+),
+cur AS (
+    SELECT runs_run.id, runs_run.tenant_id, runs_run.claimed_at, runs_run.heartbeat_at, p.*,
         CASE
             -- A rollback in progress is not stopped by a cancel: the run ends
             -- cancelled once its compensations ran (runs.engine.saga).
-            WHEN %(target)s::text NOT IN {terminal} AND cancel_requested_at IS NOT NULL
-                 AND compensation = 'requested'
+            WHEN p.a_target NOT IN {terminal} AND runs_run.cancel_requested_at IS NOT NULL
+                 AND runs_run.compensation = 'requested'
                 THEN {queued}
-            WHEN %(target)s::text NOT IN {terminal} AND cancel_requested_at IS NOT NULL
-                 AND compensation <> 'running'
+            WHEN p.a_target NOT IN {terminal} AND runs_run.cancel_requested_at IS NOT NULL
+                 AND runs_run.compensation <> 'running'
                 THEN {cancelled}
-            WHEN %(target)s::text = {queued} AND failures + %(add_failure)s >= max_attempts
-                THEN CASE WHEN compensation = 'running' THEN {waiting_human} ELSE {failed} END
-            WHEN %(target)s::text = {queued} AND pause_requested_at IS NOT NULL
+            WHEN p.a_target = {queued} AND runs_run.failures + p.a_add_failure >= runs_run.max_attempts
+                THEN CASE WHEN runs_run.compensation = 'running' THEN {waiting_human} ELSE {failed} END
+            WHEN p.a_target = {queued} AND runs_run.pause_requested_at IS NOT NULL
                 THEN {paused}
             -- Parking to wait for a message, or for children, re-checks under
             -- the row lock: a message that arrived meanwhile, or a child that
             -- finished, is not missed (runs.engine.family).
-            WHEN %(target)s::text = {waiting} AND %(wake_on_message)s AND EXISTS (
+            WHEN p.a_target = {waiting} AND p.a_wake_on_message AND EXISTS (
                 SELECT 1 FROM runs_message m WHERE m.run_id = runs_run.id AND m.consumed_by_step_id IS NULL)
                 THEN {queued}
-            WHEN %(target)s::text = {waiting} AND %(wake_on_children)s AND (
-                children_pending = 0
-                OR (children_needed IS NOT NULL AND (children_needed = 0 OR children_pending < children_needed))
-                OR (cost_ceiling_cents IS NOT NULL AND cost_cents + children_cost_cents > cost_ceiling_cents))
+            WHEN p.a_target = {waiting} AND p.a_wake_on_children AND (
+                runs_run.children_pending = 0
+                OR (runs_run.children_needed IS NOT NULL
+                    AND (runs_run.children_needed = 0 OR runs_run.children_pending < runs_run.children_needed))
+                OR (runs_run.cost_ceiling_cents IS NOT NULL
+                    AND runs_run.cost_cents + runs_run.children_cost_cents > runs_run.cost_ceiling_cents))
                 THEN {queued}
-            ELSE %(target)s::text
+            ELSE p.a_target
         END AS new_status
-    FROM runs_run
-    WHERE id = %(run)s AND status = {running} AND lease_token = %(token)s
+    FROM runs_run JOIN p ON true
+    WHERE {batch_guard}
       {reaper_guard}
-    FOR UPDATE
+    FOR UPDATE OF runs_run
 ),
 r AS (
     UPDATE runs_run SET
         status = cur.new_status,
         lease_token = NULL, locked_by = NULL, locked_until = NULL,
-        running_seconds = running_seconds + GREATEST(0, EXTRACT(EPOCH FROM
+        running_seconds = runs_run.running_seconds + GREATEST(0, EXTRACT(EPOCH FROM
             ({running_until}) - cur.claimed_at)),
-        failures = runs_run.failures + %(add_failure)s,
-        run_after = CASE WHEN cur.new_status = {queued} AND %(target)s::text = {queued} AND %(wake_at)s IS NOT NULL
-                         THEN %(wake_at)s::timestamptz
+        failures = runs_run.failures + cur.a_add_failure,
+        run_after = CASE WHEN cur.new_status = {queued} AND cur.a_target = {queued} AND cur.a_wake_at IS NOT NULL
+                         THEN cur.a_wake_at
                          WHEN cur.new_status = {queued}
-                         THEN statement_timestamp() + make_interval(secs => %(delay)s) ELSE runs_run.run_after END,
-        wake_at = CASE WHEN cur.new_status = {waiting} THEN %(wake_at)s::timestamptz END,
-        compensation = COALESCE(%(compensation)s, CASE
+                         THEN statement_timestamp() + make_interval(secs => cur.a_delay) ELSE runs_run.run_after END,
+        wake_at = CASE WHEN cur.new_status = {waiting} THEN cur.a_wake_at END,
+        compensation = COALESCE(cur.a_compensation, CASE
             WHEN cur.new_status IN {terminal} AND runs_run.compensation = 'requested' THEN ''
             ELSE runs_run.compensation END),
-        result = CASE WHEN cur.new_status = {done} THEN %(result)s::jsonb ELSE runs_run.result END,
-        error = CASE WHEN %(error)s::text IS NOT NULL THEN %(error)s::text ELSE runs_run.error END,
+        result = CASE WHEN cur.new_status = {done} THEN cur.a_result::jsonb ELSE runs_run.result END,
+        error = COALESCE(cur.a_error, runs_run.error),
         error_kind = CASE
-            WHEN cur.new_status = {failed} AND %(target)s::text = {queued} THEN 'retryable'
-            WHEN cur.new_status = {failed} THEN COALESCE(%(error_kind)s, 'fatal')
+            WHEN cur.new_status = {failed} AND cur.a_target = {queued} THEN 'retryable'
+            WHEN cur.new_status = {failed} THEN COALESCE(cur.a_error_kind, 'fatal')
             WHEN cur.new_status = {done} THEN ''
-            ELSE COALESCE(%(error_kind)s, runs_run.error_kind) END,
+            ELSE COALESCE(cur.a_error_kind, runs_run.error_kind) END,
         expires_at = CASE WHEN cur.new_status IN {parked}
                           THEN statement_timestamp() + make_interval(secs => %(expires)s)
                           ELSE runs_run.expires_at END,
@@ -112,9 +129,9 @@ r AS (
         current_step = CASE WHEN cur.new_status = {done} THEN '' ELSE runs_run.current_step END,
         -- What the agent reported (ctx.report) belongs to the execution that ends the run:
         -- written by the exit that makes it terminal, blank when that one reported nothing.
-        outcome = CASE WHEN cur.new_status IN {terminal} THEN COALESCE(%(outcome)s::text, '')
+        outcome = CASE WHEN cur.new_status IN {terminal} THEN COALESCE(cur.a_outcome, '')
                        ELSE runs_run.outcome END,
-        summary = CASE WHEN cur.new_status IN {terminal} THEN COALESCE(%(summary)s::text, '')
+        summary = CASE WHEN cur.new_status IN {terminal} THEN COALESCE(cur.a_summary, '')
                        ELSE runs_run.summary END,
         updated_at = statement_timestamp(),
         {next_seq}
@@ -123,28 +140,33 @@ r AS (
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
               runs_run.cost_cents, runs_run.parent_id, runs_run.compensation, runs_run.outcome, runs_run.summary,
-              runs_run.kind
+              runs_run.kind, cur.a_reason, cur.a_error, cur.a_result, cur.a_wake_at, cur.a_actor_type, cur.a_actor_id,
+              cur.a_give_slot
 ),
+-- Each tenant's row once, whatever number of its runs left: the slots given
+-- back now, and the runs back in the queue.
 t AS (
-    UPDATE runs_tenant SET running = CASE WHEN %(give_slot)s THEN GREATEST(running - 1, 0) ELSE running END,
-                           queued = queued + (r.status = {queued})::int
-    FROM r WHERE runs_tenant.id = r.tenant_id AND (%(give_slot)s OR r.status = {queued})
+    UPDATE runs_tenant SET running = GREATEST(runs_tenant.running - n.given, 0), queued = runs_tenant.queued + n.requeued
+    FROM (SELECT r.tenant_id, count(*) FILTER (WHERE r.a_give_slot) AS given,
+                 count(*) FILTER (WHERE r.status = {queued}) AS requeued
+          FROM r GROUP BY r.tenant_id) n
+    WHERE runs_tenant.id = n.tenant_id AND (n.given > 0 OR n.requeued > 0)
 ),
 {events}
-SELECT status, queue, statement_timestamp(), parent_id, kind FROM r
+SELECT id, status, queue, statement_timestamp(), parent_id, kind FROM r
 """
 
 _EVENTS = event_ctes(
-    "r", type="'run.' || r.status", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
+    "r", type="'run.' || r.status", actor_type="r.a_actor_type", actor_id="r.a_actor_id",
     # What a stream's client and a webhook's receiver need to show the end
     # (or the wait) without asking again: the result, or the error and why.
     payload=(
-        "jsonb_build_object('from', {running}, 'reason', %(reason)s::text,"
-        " 'error_kind', NULLIF(r.error_kind, ''), 'error', left(%(error)s::text, 500),"
+        "jsonb_build_object('from', {running}, 'reason', r.a_reason,"
+        " 'error_kind', NULLIF(r.error_kind, ''), 'error', left(r.a_error, 500),"
         " 'steps_done', r.steps_done, 'steps_total', r.steps_total, 'cost_cents', r.cost_cents)"
-        " || CASE WHEN r.status = {done} THEN jsonb_build_object('result', %(result)s::jsonb) ELSE '{{}}' END"
-        " || CASE WHEN %(wake_at)s IS NOT NULL AND r.status IN ({queued}, {waiting})"
-        " THEN jsonb_build_object('wake_at', %(wake_at)s::timestamptz) ELSE '{{}}' END"
+        " || CASE WHEN r.status = {done} THEN jsonb_build_object('result', r.a_result::jsonb) ELSE '{{}}' END"
+        " || CASE WHEN r.a_wake_at IS NOT NULL AND r.status IN ({queued}, {waiting})"
+        " THEN jsonb_build_object('wake_at', r.a_wake_at) ELSE '{{}}' END"
         " || CASE WHEN r.compensation <> '' THEN jsonb_build_object('compensation', r.compensation) ELSE '{{}}' END"
         " || CASE WHEN r.outcome <> '' THEN jsonb_build_object('outcome', r.outcome, 'summary', r.summary)"
         " ELSE '{{}}' END"
@@ -155,9 +177,10 @@ _EVENTS = event_ctes(
 def _statement(*, only_if_expired: bool) -> str:
     return sql(
         _EXIT_SQL,
-        reaper_guard="AND locked_until < statement_timestamp()" if only_if_expired else "",
+        reaper_guard="AND runs_run.locked_until < statement_timestamp()" if only_if_expired else "",
         # A rescued run was last alive at its last heartbeat, not now.
         running_until="cur.heartbeat_at" if only_if_expired else "statement_timestamp()",
+        batch_guard=BATCH_GUARD,
         next_seq=next_seq(),
         events=_EVENTS,
     )
@@ -216,34 +239,19 @@ def leave_running(
     ``error_class`` names the error of a retry (``add_failure`` back to the
     queue) in the metrics (``agentruns_retries_total``); ``reason`` otherwise.
     """
-    if outcome is not None and outcome not in RunOutcome.values:
-        raise ValueError(f"unknown outcome {outcome!r}; use one of {RunOutcome.values}")
-    params = {
-        "run": run_id,
-        "token": token,
-        "target": target,
-        "add_failure": 1 if add_failure else 0,
-        "delay": delay_seconds,
-        "wake_at": wake_at,
-        "result": result_json,
-        "error": storable_text(error),
-        "error_kind": error_kind,
-        "actor_type": actor_type,
-        "actor_id": actor_id,
-        "reason": reason,
-        "expires": settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds,
-        "wake_on_message": wake_on_message,
-        "wake_on_children": wake_on_children,
-        "compensation": compensation,
-        "give_slot": give_slot,
-        "outcome": outcome,
-        "summary": None if summary is None else one_line(summary, limit=SUMMARY_MAX),
-    }
+    row = exit_row(
+        run_id=run_id, token=token, target=target, reason=reason, actor_type=actor_type, actor_id=actor_id,
+        result_json=result_json, error=error, error_kind=error_kind, add_failure=add_failure,
+        delay_seconds=delay_seconds, wake_at=wake_at, wake_on_message=wake_on_message,
+        wake_on_children=wake_on_children, compensation=compensation, give_slot=give_slot, outcome=outcome,
+        summary=summary, error_class=error_class,
+    )
+    expires = settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds
     statement = _STATEMENTS[only_if_expired]
     recheck = wake_on_message or wake_on_children
     if not recheck and parent_id is None:
-        exited = _fetch(statement, params)
-        _count(exited, retry=add_failure, error_class=error_class or reason)
+        exited = _execute(statement, [row], expires=expires).get(run_id)
+        _count(exited, row)
         if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
             # Not expected (a child's exit names its parent): tell the parent now, late but not lost.
             logger.warning("run %s left running without naming its parent %s", run_id, exited.parent_id)
@@ -255,31 +263,103 @@ def leave_running(
             # The checks must see a message or a child's finish committed while
             # we waited for the row (post_message and child_finished hold it):
             # take the lock first, then decide in a statement with a fresh snapshot.
-            with connection.cursor() as cursor:
+            with engine_cursor() as cursor:
                 cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
-        exited = _fetch(statement, params)
-        _count(exited, retry=add_failure, error_class=error_class or reason)
+        exited = _execute(statement, [row], expires=expires).get(run_id)
+        _count(exited, row)
         if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
             exited = exited._replace(woke_parent=_tell_parent(exited, run_id))
         return exited
 
 
-def _count(exited: Exited | None, *, retry: bool, error_class: str) -> None:
+def exit_row(
+    *,
+    run_id: UUID,
+    token: int,
+    target: str,
+    reason: str,
+    actor_type: str = "worker",
+    actor_id: str = "",
+    result_json: str | None = None,
+    error: str | None = None,
+    error_kind: str | None = None,
+    add_failure: bool = False,
+    delay_seconds: float = 0.0,
+    wake_at: datetime | None = None,
+    wake_on_message: bool = False,
+    wake_on_children: bool = False,
+    compensation: str | None = None,
+    give_slot: bool = True,
+    outcome: str | None = None,
+    summary: str | None = None,
+    error_class: str | None = None,
+) -> dict[str, Any]:
+    """One exit's arguments (those of ``leave_running``), checked and made storable, for ``leave_many``."""
+    if outcome is not None and outcome not in RunOutcome.values:
+        raise ValueError(f"unknown outcome {outcome!r}; use one of {RunOutcome.values}")
+    return {
+        "run": run_id,
+        "token": token,
+        "target": target,
+        "add_failure": 1 if add_failure else 0,
+        "delay": float(delay_seconds),
+        "wake_at": wake_at,
+        "result": result_json,
+        "error": storable_text(error),
+        "error_kind": error_kind,
+        "actor_type": actor_type,
+        "actor_id": actor_id,
+        "reason": reason,
+        "wake_on_message": wake_on_message,
+        "wake_on_children": wake_on_children,
+        "compensation": compensation,
+        "give_slot": give_slot,
+        "outcome": outcome,
+        "summary": None if summary is None else one_line(summary, limit=SUMMARY_MAX),
+        "error_class": error_class or reason,  # the metrics' name of a retry's error, not a column
+    }
+
+
+def leave_many(rows: list[dict[str, Any]]) -> list[Exited | None]:
+    """Several runs leave running in one statement, each as ``leave_running`` would make it leave.
+
+    ``rows`` are ``exit_row()``s of different runs, none of a child run and
+    none parking to wait for a message or children (those take
+    ``leave_running``, which re-checks under a lock or tells the parent).
+    The answers are in the rows' order, None where the guard did not match.
+    """
+    if len({row["run"] for row in rows}) != len(rows):
+        raise ValueError("leave_many takes one exit per run")
+    if any(row["wake_on_message"] or row["wake_on_children"] for row in rows):
+        raise ValueError("an exit that re-checks its wake-up takes leave_running")
+    found = _execute(_STATEMENTS[False], rows, expires=settings.RUNS_EXPIRES_SECONDS)
+    answers = [found.get(row["run"]) for row in rows]
+    for row, exited in zip(rows, answers, strict=True):
+        _count(exited, row)
+    return answers
+
+
+_ROW_PARAMS = ("run", "token", "target", "add_failure", "delay", "wake_at", "result", "error", "error_kind",
+               "actor_type", "actor_id", "reason", "wake_on_message", "wake_on_children", "compensation",
+               "give_slot", "outcome", "summary")
+
+
+def _execute(statement: str, rows: list[dict[str, Any]], *, expires: float) -> dict[UUID, Exited]:
+    params = {name: [row[name] for row in rows] for name in _ROW_PARAMS}
+    with engine_cursor() as cursor:
+        cursor.execute(statement, params | {"expires": float(expires), "running": RunStatus.RUNNING})
+        return {found[0]: Exited(*found[1:]) for found in cursor.fetchall()}
+
+
+def _count(exited: Exited | None, row: dict[str, Any]) -> None:
     """The exit in this process's metrics (runs.metrics), once it is committed."""
     if exited is None:
         return
     if exited.status in TERMINAL_STATUSES:
         transaction.on_commit(lambda: metrics.run_finished(queue=exited.queue, kind=exited.kind, status=exited.status))
-    elif retry and exited.status == RunStatus.QUEUED:
-        transaction.on_commit(lambda: metrics.retried(kind=exited.kind, error_class=error_class))
+    elif row["add_failure"] and exited.status == RunStatus.QUEUED:
+        transaction.on_commit(lambda: metrics.retried(kind=exited.kind, error_class=row["error_class"]))
 
 
 def _tell_parent(exited: Exited, run_id: UUID) -> str | None:
     return child_finished(child_id=run_id, parent_id=exited.parent_id, succeeded=exited.status == "done")
-
-
-def _fetch(statement: str, params: dict[str, Any]) -> Exited | None:
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        row = cursor.fetchone()
-    return None if row is None else Exited(*row)

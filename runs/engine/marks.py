@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.db import connection
-
-from runs.db import sql, storable_text
+from runs.db import engine_cursor, sql, storable_text
 from runs.engine.steps import RUN_GUARD, STEP_COLUMNS, StepRecord
 from runs.events import event_ctes, next_seq
 
@@ -53,7 +51,7 @@ SELECT 1 FROM r
 
 def begin_side_effect(step: StepRecord, *, steps_total: int | None, worker_id: UUID) -> bool:
     """Commit the step as `running` before its side effect. False when the lease is lost."""
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(_BEGIN_SQL, step.params() | {"steps_total": steps_total, "worker": worker_id})
         return cursor.fetchone() is not None
 
@@ -78,7 +76,7 @@ def announce_step(
 
     Returns the run's (cancel requested, pause requested), or None when the lease is lost.
     """
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(_ANNOUNCE_SQL, {"run": run_id, "token": token, "seq": seq, "name": storable_text(name),
                                        "kind": kind, "steps_total": steps_total, "worker": worker_id})
         row = cursor.fetchone()
@@ -119,7 +117,7 @@ _STILL_HELD_SQL = sql("SELECT 1 FROM runs_run WHERE {guard}", guard=sql(RUN_GUAR
 
 def record_pending(step: StepRecord) -> bool:
     """Write a step that waits for a person (an approval), unless it is already pending. False: lease lost."""
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(_AWAIT_SQL, step.params())
         if cursor.fetchone() is not None:
             return True
@@ -144,7 +142,7 @@ SELECT 1 FROM r
 
 def record_progress(*, run_id: UUID, token: int, message: str, steps_total: int | None, worker_id: UUID) -> bool:
     """A progress message the agent reported, as a ``progress`` Event. False when the lease is lost."""
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(_PROGRESS_SQL, {"run": run_id, "token": token, "message": storable_text(message)[:2000],
                                        "steps_total": steps_total, "worker": worker_id})
         return cursor.fetchone() is not None

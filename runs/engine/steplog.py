@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-
-from runs.db import loads
+from runs.db import engine_cursor, loads
 
 # At most this many messages are handed to one `message` step; the rest wait
 # for the next one (a run's inbox is read in bounded pages).
@@ -27,7 +25,7 @@ class RecordedStep:
 
 def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
     """The run's recorded steps in its current generation, read once per claim."""
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(
             "SELECT seq, name, status, output, idempotency_key, kind FROM runs_step"
             " WHERE run_id = %s AND generation = %s ORDER BY seq",
@@ -42,7 +40,7 @@ def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
 
 def unconsumed_messages(run_id: UUID, *, limit: int = MESSAGES_PER_STEP) -> list[dict]:
     """The run's oldest messages no step consumed yet, at most ``limit``."""
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(
             "SELECT id, text, author_type, author_id, created_at FROM runs_message"
             " WHERE run_id = %s AND consumed_by_step_id IS NULL ORDER BY id LIMIT %s",

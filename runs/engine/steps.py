@@ -20,10 +20,9 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-
-from runs.db import dumps_storable, sql, storable_text
+from runs.db import dumps_storable, engine_cursor, sql, storable_text
 from runs.events import event_ctes, next_seq
+from runs.states import RunStatus
 
 
 @dataclass
@@ -71,6 +70,15 @@ class StepRecord:
 
 RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 
+# RUN_GUARD of the rows of a statement's parameter table ``p`` (one step or
+# exit per row): the runs are found by primary key, always. A prepared
+# statement's generic plan cannot know how many rows the arrays hold (it
+# guesses 10) and would rather scan every running run through the partial
+# index on status, which the statistics may think holds a handful; the
+# status compared with a parameter, unlike a literal, cannot pick that index.
+BATCH_GUARD = ("runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = p.run AND runs_run.lease_token = p.token"
+               " AND runs_run.status = %(running)s::text")
+
 # Adds the step's cost to the tenant's spend of the day (UTC), only when
 # there is a cost: a no-op checkpoint does not touch the row.
 _DAILY_COST_CTE = """
@@ -92,29 +100,43 @@ STEP_COLUMNS = (
     " cost_cents, status, executions, error, text_replaced, started_at"
 )
 
+# The checkpoint of one step or of many (each of another run): a worker
+# commits the checkpoints of its runs that finished a step at the same time
+# in one statement (``checkpoint_many``). One row of ``p`` per step.
 _CHECKPOINT_TEMPLATE = """
-WITH r AS (
+WITH p AS (
+    SELECT * FROM unnest(%(run)s::uuid[], %(token)s::bigint[], %(generation)s::int[], %(seq)s::int[],
+                         %(name)s::text[], %(kind)s::text[], %(input)s::text[], %(output)s::text[], %(key)s::text[],
+                         %(tokens_in)s::bigint[], %(tokens_out)s::bigint[], %(cost)s::numeric[],
+                         %(started_at)s::timestamptz[], %(text_replaced)s::bool[], %(steps_total)s::int[])
+        AS p(run, token, generation, seq, name, kind, input, output, key, tokens_in, tokens_out, cost,
+             started_at, text_replaced, steps_total)
+),
+r AS (
     UPDATE runs_run SET
         -- A compensation undoes a step: it is not progress.
-        steps_done = steps_done + (%(kind)s::text <> 'compensation')::int,
-        steps_total = COALESCE(%(steps_total)s, steps_total),
-        current_step = %(name)s,
-        cost_cents = cost_cents + %(cost)s,
+        steps_done = runs_run.steps_done + (p.kind <> 'compensation')::int,
+        steps_total = COALESCE(p.steps_total, runs_run.steps_total),
+        current_step = p.name,
+        cost_cents = runs_run.cost_cents + p.cost,
         failures = 0,
         locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
         heartbeat_at = statement_timestamp(),
         updated_at = statement_timestamp(),
         {next_seq}
-    WHERE {guard}
-    RETURNING id, tenant_id, last_event_seq, cancel_requested_at IS NOT NULL AS cancel,
-              pause_requested_at IS NOT NULL AS pause, cost_cents + children_cost_cents AS spent,
-              steps_done, steps_total
+    FROM p
+    WHERE {batch_guard}
+    RETURNING runs_run.id, runs_run.tenant_id, runs_run.last_event_seq,
+              runs_run.cancel_requested_at IS NOT NULL AS cancel, runs_run.pause_requested_at IS NOT NULL AS pause,
+              runs_run.cost_cents + runs_run.children_cost_cents AS spent, runs_run.steps_done, runs_run.steps_total,
+              p.generation, p.seq, p.name, p.kind, p.input, p.output, p.key, p.tokens_in, p.tokens_out, p.cost,
+              p.started_at, p.text_replaced
 ),
 s AS (
     INSERT INTO runs_step ({columns}, ended_at)
-    SELECT r.id, %(generation)s, %(seq)s, %(name)s, %(kind)s, %(input)s::jsonb, %(output)s::jsonb,
-           %(key)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, {step_done}, 1, '', %(text_replaced)s,
-           %(started_at)s, statement_timestamp()
+    SELECT r.id, r.generation, r.seq, r.name, r.kind, r.input::jsonb, r.output::jsonb,
+           r.key, r.tokens_in, r.tokens_out, r.cost, {step_done}, 1, '', r.text_replaced,
+           r.started_at, statement_timestamp()
     FROM r
     ON CONFLICT (run_id, generation, seq) DO UPDATE SET
         output = EXCLUDED.output, status = {step_done}, error = '',
@@ -130,19 +152,20 @@ s AS (
     RETURNING id
 ),
 {extra}{events}{daily_cost}
-SELECT cancel, pause, spent FROM r
+SELECT id, cancel, pause, spent FROM r
 """
 
 # A checkpoint writes only what it has: most steps consume no messages, undo
 # nothing, and many cost nothing; each CTE a statement carries costs planning
 # and execution even when it touches no row (0.3 ms of a 2 ms no-op
-# checkpoint, measured with the statement alone in a loop).
+# checkpoint, measured with the statement alone in a loop). The first two
+# are for one step at a time (``checkpoint``).
 _MESSAGES_CTE = """-- Messages a `message` step read are consumed with its checkpoint (ack
 -- after persist): a crash before this statement delivers them again.
 m AS (
     UPDATE runs_message SET consumed_by_step_id = s.id
     FROM s
-    WHERE runs_message.run_id = %(run)s AND runs_message.id = ANY(%(message_ids)s::bigint[])
+    WHERE runs_message.run_id = (SELECT run FROM p) AND runs_message.id = ANY(%(message_ids)s::bigint[])
       AND runs_message.consumed_by_step_id IS NULL
 ),
 """
@@ -150,15 +173,26 @@ m AS (
 _UNDONE_CTE = """-- A compensation's checkpoint marks the step it undid (runs.engine.saga).
 undone AS (
     UPDATE runs_step SET status = {step_compensated}
-    WHERE run_id = %(run)s AND generation = %(generation)s
+    WHERE run_id = (SELECT run FROM p) AND generation = (SELECT generation FROM p)
       AND seq = %(compensates)s::int AND status = {step_done} AND EXISTS (SELECT 1 FROM s)
 ),
 """
 
+# Adds the steps' cost to their tenants' spend of the day (UTC), one row per
+# tenant; only in the statement when a step has a cost.
+_BATCH_DAILY_COST_CTE = """
+d AS (
+    INSERT INTO runs_tenantdailycost (tenant_id, day, cost_cents)
+    SELECT r.tenant_id, (statement_timestamp() AT TIME ZONE 'UTC')::date, sum(r.cost)
+    FROM r WHERE r.cost > 0 GROUP BY r.tenant_id
+    ON CONFLICT (tenant_id, day) DO UPDATE SET cost_cents = runs_tenantdailycost.cost_cents + EXCLUDED.cost_cents
+)"""
 
 _CHECKPOINT_EVENTS = event_ctes(
     "r", type="'step.done'", actor_type="'worker'", actor_id="%(worker)s::text",
-    payload=_STEP_PAYLOAD + (
+    payload=(
+        "jsonb_build_object('seq', r.seq, 'name', r.name, 'kind', r.kind,"
+        " 'tokens_in', r.tokens_in, 'tokens_out', r.tokens_out, 'cost_cents', r.cost)"
         " || jsonb_build_object('steps_done', r.steps_done, 'steps_total', r.steps_total)"
         " || CASE WHEN cardinality(%(message_ids)s::bigint[]) > 0"
         " THEN jsonb_build_object('messages', to_jsonb(%(message_ids)s::bigint[])) ELSE '{{}}' END"
@@ -168,14 +202,48 @@ _CHECKPOINT_EVENTS = event_ctes(
 
 def _checkpoint_sql(*, messages: bool, undoes: bool, costs: bool) -> str:
     return sql(_CHECKPOINT_TEMPLATE, extra=sql((_MESSAGES_CTE if messages else "") + (_UNDONE_CTE if undoes else "")),
-               next_seq=next_seq(), guard=sql(RUN_GUARD), columns=STEP_COLUMNS,
-               daily_cost=",\n" + _DAILY_COST_CTE if costs else "", events=_CHECKPOINT_EVENTS)
+               next_seq=next_seq(), columns=STEP_COLUMNS, batch_guard=BATCH_GUARD,
+               daily_cost=",\n" + _BATCH_DAILY_COST_CTE if costs else "", events=_CHECKPOINT_EVENTS)
 
 
 _CHECKPOINT_SQL = {
     (messages, undoes, costs): _checkpoint_sql(messages=messages, undoes=undoes, costs=costs)
     for messages in (False, True) for undoes in (False, True) for costs in (False, True)
 }
+
+# A checkpoint's answer: (cancel requested, pause requested, run cost, the output as stored, in JSON).
+Checkpointed = tuple[bool, bool, Decimal, str]
+
+
+@dataclass
+class Checkpoint:
+    """A finished step to record: ``checkpoint_many`` takes several, of different runs."""
+
+    step: StepRecord
+    output: Any
+    steps_total: int | None = None
+    # Set by prepare(): the output as stored, and the step's parameters.
+    output_json: str = ""
+    row: dict[str, Any] | None = None
+
+    def prepare(self) -> Checkpoint:
+        """Make the output storable; raises TypeError when it is not JSON (then nothing can be written)."""
+        if self.row is None:
+            self.output_json, replaced = dumps_storable(self.output)
+            self.step.text_replaced = self.step.text_replaced or replaced
+            self.row = self.step.params() | {"output": self.output_json, "steps_total": self.steps_total}
+        return self
+
+
+_ROW_PARAMS = ("run", "token", "generation", "seq", "name", "kind", "input", "output", "key", "tokens_in",
+               "tokens_out", "cost", "started_at", "text_replaced", "steps_total")
+
+
+def _execute_checkpoints(statement_key, rows: list[dict[str, Any]], scalars: dict[str, Any]) -> dict[UUID, tuple]:
+    params = {name: [row[name] for row in rows] for name in _ROW_PARAMS} | scalars | {"running": RunStatus.RUNNING}
+    with engine_cursor() as cursor:
+        cursor.execute(_CHECKPOINT_SQL[statement_key], params)
+        return {row[0]: row[1:] for row in cursor.fetchall()}
 
 
 def checkpoint(
@@ -186,7 +254,7 @@ def checkpoint(
     lease: float,
     steps_total: int | None,
     consumed_message_ids: list[int] | None = None,
-) -> tuple[bool, bool, Decimal, str] | None:
+) -> Checkpointed | None:
     """Record a finished step with the run's progress, cost and lease extension, in one statement.
 
     ``output`` is made storable first (raises TypeError when it is not
@@ -194,22 +262,39 @@ def checkpoint(
     as stored, in JSON) or None when the lease is lost, in which case nothing
     at all was written. The run's cost includes what its finished children spent.
     """
-    output_json, replaced = dumps_storable(output)
-    step.text_replaced = step.text_replaced or replaced
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CHECKPOINT_SQL[bool(consumed_message_ids), step.compensates is not None, step.cost_cents > 0],
-            step.params()
-            | {
-                "output": output_json,
-                "lease": lease,
-                "worker": worker_id,
-                "steps_total": steps_total,
-                "message_ids": consumed_message_ids or [],
-            },
-        )
-        row = cursor.fetchone()
-    return None if row is None else (row[0], row[1], row[2], output_json)
+    item = Checkpoint(step=step, output=output, steps_total=steps_total).prepare()
+    key = (bool(consumed_message_ids), step.compensates is not None, step.cost_cents > 0)
+    found = _execute_checkpoints(key, [item.row], {
+        "lease": lease, "worker": worker_id, "message_ids": consumed_message_ids or [],
+        "compensates": step.compensates,
+    })
+    answer = found.get(step.run_id)
+    return None if answer is None else (*answer, item.output_json)
+
+
+def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float) -> list[Checkpointed | None]:
+    """Record finished steps of different runs, in one statement: what ``checkpoint`` does for each.
+
+    For steps that consume no messages and undo nothing (``checkpoint``
+    does those); an output that is not JSON raises TypeError before
+    anything is written (``Checkpoint.prepare`` finds it first). The
+    answers are in the items' order, None for a run whose lease is lost
+    (nothing of it was written; the others are).
+    """
+    rows = [item.prepare().row for item in items]
+    if len({item.step.run_id for item in items}) != len(items):
+        raise ValueError("checkpoint_many takes one step per run")
+    if any(item.step.compensates is not None for item in items):
+        raise ValueError("a compensation is checkpointed alone (checkpoint)")
+    costs = any(item.step.cost_cents > 0 for item in items)
+    found = _execute_checkpoints((False, False, costs), rows, {
+        "lease": lease, "worker": worker_id, "message_ids": [], "compensates": None,
+    })
+    answers: list[Checkpointed | None] = []
+    for item in items:
+        answer = found.get(item.step.run_id)
+        answers.append(None if answer is None else (*answer, item.output_json))
+    return answers
 
 
 _STEP_FAILED_SQL = sql("""
@@ -269,7 +354,7 @@ def record_step_failure(
     """
     error_text = storable_text(error) or ""
     step.text_replaced = step.text_replaced or error_text != error
-    with connection.cursor() as cursor:
+    with engine_cursor() as cursor:
         cursor.execute(
             _STEP_FAILED_SQL,
             step.params() | {"error": error_text, "error_kind": error_kind, "worker": worker_id, "status": status},

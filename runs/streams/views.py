@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 from uuid import UUID
 
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, StreamingHttpResponse
 
 from runs.states import TERMINAL_EVENT_TYPES
 from runs.streams import ephemeral
@@ -24,6 +25,18 @@ from runs.streams.hub import StoredEvent, get_hub
 
 # How long a client waits before reconnecting, in ms (the SSE `retry:` field).
 RECONNECT_MS = 2000
+
+
+def streams_served(request: HttpRequest) -> bool:
+    """Whether the server that answered ``request`` can send an event stream as it happens.
+
+    An ASGI server can: Django's ASGI handler answered the request, or
+    ``config.asgi`` handed it to Django's WSGI handler in a thread (its
+    streams stay on the event loop; the request carries the ASGI scope).
+    Under a plain WSGI server an event stream is not sent until it ends
+    (Django buffers an async body there).
+    """
+    return isinstance(request, ASGIRequest) or request.META.get("asgi.scope") is not None
 
 
 def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool) -> StreamingHttpResponse:

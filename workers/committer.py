@@ -1,0 +1,160 @@
+"""Group commit: one thread of the worker writes its runs' checkpoints and exits, many per transaction.
+
+A run's thread hands its finished step (or its exit) to the committer and
+waits until it is committed: the rule does not change, a step's checkpoint
+is durable before the next step starts. What changes is that the runs of a
+worker that finish a step while a commit is under way are written together,
+in one statement of each kind and one commit, instead of one statement and
+one WAL flush each (``runs.engine.steps.checkpoint_many``,
+``runs.engine.exit.leave_many``). Nothing waits to fill a batch: a lone
+checkpoint is written at once, and batches grow only under load.
+
+A batch that fails is rolled back and its requests are written one by one,
+so that an error is raised to the run that caused it and no other (a
+deadlock with another worker's claim on a tenant row, a value a column
+refuses, a connection lost: each caller's own handling applies).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import queue
+import threading
+from contextlib import nullcontext
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from runs.db import release_connection
+from runs.engine.exit import Exited, leave_many
+from runs.engine.steps import Checkpoint, Checkpointed, checkpoint_many
+
+logger = logging.getLogger(__name__)
+
+# At most this many requests per transaction: bounded statements, and a
+# commit that lets the first ones go on soon.
+MAX_BATCH = 100
+
+
+class _Request:
+    __slots__ = ("item", "is_exit", "done", "value", "error")
+
+    def __init__(self, item: Any, is_exit: bool) -> None:
+        self.item = item
+        self.is_exit = is_exit
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+_STOP = object()
+
+
+class Committer:
+    """Writes checkpoints and exits of a worker's runs, those that arrive together in one transaction."""
+
+    def __init__(self, *, worker_id: UUID, lease: float) -> None:
+        self.worker_id = worker_id
+        self.lease = lease
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.batches = 0
+        self.requests = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._serve,),
+                                        name="committer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Write what was handed over, then end the thread."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # What a run's thread calls: each returns once the write is committed (or raises its error).
+    def checkpoint(self, item: Checkpoint) -> Checkpointed | None:
+        """``checkpoint_many`` of one step, committed with those of the worker's other runs."""
+        return self._submit(_Request(item.prepare(), is_exit=False))
+
+    def leave(self, row: dict[str, Any]) -> Exited | None:
+        """``leave_many`` of one exit (an ``exit_row``), committed with the worker's other writes."""
+        return self._submit(_Request(row, is_exit=True))
+
+    def _submit(self, request: _Request):
+        if not self.running:
+            raise RuntimeError("the committer is not running")
+        self._queue.put(request)
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.value
+
+    # The committer's thread.
+    def _serve(self) -> None:
+        try:
+            while True:
+                first = self._queue.get()
+                if first is _STOP:
+                    return
+                batch = [first]
+                stop = False
+                while len(batch) < MAX_BATCH:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is _STOP:
+                        stop = True
+                        break
+                    batch.append(more)
+                self._commit(batch)
+                if stop:
+                    return
+                if self._queue.empty():
+                    # Idle: its connection goes back to the pool, where a run's
+                    # own statements may need it (a pool can be that small).
+                    release_connection()
+        finally:
+            release_connection()
+
+    def _commit(self, batch: list[_Request]) -> None:
+        self.batches += 1
+        self.requests += len(batch)
+        if len(batch) > 1:
+            try:
+                values = self._write(batch)
+            except BaseException:  # noqa: BLE001 - written one by one below, each raising its own error
+                logger.debug("a batch of %s writes failed; writing them one by one", len(batch), exc_info=True)
+                release_connection()
+            else:
+                for request, value in zip(batch, values, strict=True):
+                    request.value = value
+                    request.done.set()
+                return
+        for request in batch:
+            try:
+                request.value = self._write([request])[0]
+            except BaseException as exc:  # noqa: BLE001 - handed to the run's thread
+                request.error = exc
+                release_connection()  # a broken connection goes back to the pool to be discarded
+            finally:
+                request.done.set()
+
+    def _write(self, batch: list[_Request]) -> list[Any]:
+        checkpoints = [r for r in batch if not r.is_exit]
+        exits = [r for r in batch if r.is_exit]
+        with transaction.atomic() if len(batch) > 1 else nullcontext():
+            done = checkpoint_many([r.item for r in checkpoints], worker_id=self.worker_id,
+                                   lease=self.lease) if checkpoints else []
+            left = leave_many([r.item for r in exits]) if exits else []
+        values = dict(zip(map(id, checkpoints), done, strict=True)) | dict(zip(map(id, exits), left, strict=True))
+        return [values[id(r)] for r in batch]
