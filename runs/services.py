@@ -12,10 +12,12 @@ from decimal import Decimal
 from typing import Any, TypedDict, Unpack
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
-from runs.events import SYSTEM, Actor, append_event
+from runs.db import dumps
+from runs.events import SYSTEM, Actor, event_ctes
 from runs.exceptions import (
     IdempotencyConflict,
     InvalidAgentInput,
@@ -91,10 +93,14 @@ def submit(
     callback_url: str = "",
     actor: Actor = SYSTEM,
     parent: Run | None = None,
+    tenant_is_fresh: bool = False,
 ) -> Submitted:
     """``submit_run`` that also tells whether the run was created or found by its idempotency key.
 
     ``parent`` makes the run a child of that run (``spawn_child``).
+    ``tenant_is_fresh`` says that ``tenant`` was read in this request (the
+    API's key lookup reads it): backpressure then takes its queued counter
+    from it instead of reading the row again.
     """
     _check_text(kind=kind, queue=queue, idempotency_key=idempotency_key, callback_url=callback_url, input=input)
     agent_kind = get_kind(kind)
@@ -143,7 +149,7 @@ def submit(
         if existing is not None:
             return Submitted(run=existing, created=False)
     # After the idempotency lookup, so that a retried submit still gets its run.
-    check_queue_room(tenant)
+    check_queue_room(tenant, fresh=tenant_is_fresh)
 
     now = timezone.now()
     run = Run(
@@ -167,23 +173,52 @@ def submit(
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
         last_event_seq=1,
     )
-    try:
-        # A savepoint, so that losing an idempotency race inside the
-        # caller's transaction leaves that transaction usable.
-        with transaction.atomic():
-            run.save(force_insert=True)
-            append_event(run_id=run.pk, type="run.queued", actor=actor, first=True,
-                         payload={"kind": kind, "queue": queue, "priority": priority}
-                         | ({"parent": str(parent.pk)} if parent is not None else {}))
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-        existing = _existing(tenant, idempotency_key, digest)
+    payload = {"kind": kind, "queue": queue, "priority": priority} | (
+        {"parent": str(parent.pk)} if parent is not None else {})
+    if not _insert_queued(run, actor=actor, payload=payload):
+        # The idempotency key was taken meanwhile (a concurrent submit of the same request).
+        existing = _existing(tenant, idempotency_key, digest) if idempotency_key is not None else None
         if existing is None:
-            raise
+            raise IntegrityError(f"run {run.pk} could not be inserted")
         return Submitted(run=existing, created=False)
     count_and_notify_after_commit(tenant_id=tenant.pk, queue=queue)
     return Submitted(run=run, created=True)
+
+
+# The run's row and its first Event (run.queued, which no webhook takes) in
+# one statement: one round trip in autocommit, no transaction to open and
+# commit, and no savepoint inside a caller's transaction, since losing an
+# idempotency race inserts nothing instead of raising.
+_BORN_EVENT = (
+    event_ctes("born", type="'run.queued'", actor_type="%s", actor_id="%s", payload="%s::jsonb")
+    + " SELECT * FROM born"
+)
+
+
+def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
+    """Insert ``run`` (``last_event_seq = 1``) with its run.queued Event; False when a unique key was taken.
+
+    What ``save()`` would do for the row: every concrete field but generated
+    ones, ``pre_save`` applied, and the columns the database fills
+    (``db_default``) read back into ``run``.
+    """
+    fields = [f for f in Run._meta.local_concrete_fields if not f.generated]
+    filled = [f for f in Run._meta.db_returning_fields if f.column != "id"]
+    query = InsertQuery(Run)
+    query.insert_values(fields, [run])
+    [(insert, params)] = query.get_compiler(connection=connection).as_sql()
+    returning = ", ".join(["id", "last_event_seq", *(connection.ops.quote_name(f.column) for f in filled)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH born AS ({insert} ON CONFLICT DO NOTHING RETURNING {returning}), {_BORN_EVENT}",
+                       [*params, actor.type, actor.id, dumps(payload)])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    for field, value in zip(filled, row[2:], strict=True):
+        setattr(run, field.attname, value)
+    run._state.adding = False
+    run._state.db = connection.alias
+    return True
 
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
@@ -232,9 +267,15 @@ def known_queues() -> set[str]:
     return names | set(Queue.objects.values_list("name", flat=True))
 
 
-def check_queue_room(tenant: Tenant) -> None:
-    """Backpressure: 429 when the tenant already has max_queued runs waiting (its approximate counter)."""
-    queued, max_queued = Tenant.objects.filter(pk=tenant.pk).values_list("queued", "max_queued").get()
+def check_queue_room(tenant: Tenant, *, fresh: bool = False) -> None:
+    """Backpressure: 429 when the tenant already has max_queued runs waiting (its approximate counter).
+
+    With ``fresh`` the counter is the one ``tenant`` was read with (moments ago, in this request).
+    """
+    if fresh:
+        queued, max_queued = tenant.queued, tenant.max_queued
+    else:
+        queued, max_queued = Tenant.objects.filter(pk=tenant.pk).values_list("queued", "max_queued").get()
     # Submits of this process still waiting in the debounced counter update count too.
     queued += uncounted_submits(tenant.pk)
     if queued >= max_queued:

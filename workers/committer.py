@@ -30,6 +30,7 @@ from django.db import transaction
 from runs.db import release_connection
 from runs.engine.exit import Exited, leave_many
 from runs.engine.steps import Checkpoint, Checkpointed, checkpoint_many
+from workers.step_support import Signal
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class _Request:
     def __init__(self, item: Any, is_exit: bool) -> None:
         self.item = item
         self.is_exit = is_exit
-        self.done = threading.Event()
+        self.done = Signal()
         self.value: Any = None
         self.error: BaseException | None = None
 

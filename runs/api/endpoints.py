@@ -70,6 +70,7 @@ def submit_run(
         deadline_seconds=payload.deadline_seconds,
         callback_url=payload.callback_url or "",
         actor=services.Actor(type="api_key", id=str(request.auth.pk)),
+        tenant_is_fresh=True,  # read with the key, just now
     )
     response["Location"] = f"/api/runs/{submitted.run.id}"
     return Status(202 if submitted.created else 200, submitted.run)

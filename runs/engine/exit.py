@@ -25,7 +25,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from runs.db import engine_cursor, sql, storable_text
+from runs.db import engine_cursor, param_rows, sql, storable_text
 from runs.engine.family import child_finished
 from runs.engine.steps import BATCH_GUARD
 from runs.events import event_ctes, next_seq
@@ -56,14 +56,15 @@ class Exited(NamedTuple):
 # that none is mistaken for the run's column of the same name.
 _EXIT_SQL = """
 WITH p AS (
-    SELECT * FROM unnest(%(run)s::uuid[], %(token)s::bigint[], %(target)s::text[], %(add_failure)s::int[],
-                         %(delay)s::float8[], %(wake_at)s::timestamptz[], %(result)s::text[], %(error)s::text[],
-                         %(error_kind)s::text[], %(actor_type)s::text[], %(actor_id)s::text[], %(reason)s::text[],
-                         %(wake_on_message)s::bool[], %(wake_on_children)s::bool[], %(compensation)s::text[],
-                         %(give_slot)s::bool[], %(outcome)s::text[], %(summary)s::text[])
-        AS p(run, token, a_target, a_add_failure, a_delay, a_wake_at, a_result, a_error, a_error_kind, a_actor_type,
-             a_actor_id, a_reason, a_wake_on_message, a_wake_on_children, a_compensation, a_give_slot, a_outcome,
-             a_summary)
+    SELECT run, token, target AS a_target, add_failure AS a_add_failure, delay AS a_delay, wake_at AS a_wake_at,
+           result AS a_result, error AS a_error, error_kind AS a_error_kind, actor_type AS a_actor_type,
+           actor_id AS a_actor_id, reason AS a_reason, wake_on_message AS a_wake_on_message,
+           wake_on_children AS a_wake_on_children, compensation AS a_compensation, give_slot AS a_give_slot,
+           outcome AS a_outcome, summary AS a_summary
+    FROM json_to_recordset(%(rows)s::json)
+        AS x(run uuid, token bigint, target text, add_failure int, delay float8, wake_at timestamptz, result text,
+             error text, error_kind text, actor_type text, actor_id text, reason text, wake_on_message bool,
+             wake_on_children bool, compensation text, give_slot bool, outcome text, summary text)
 ),
 cur AS (
     SELECT runs_run.id, runs_run.tenant_id, runs_run.claimed_at, runs_run.heartbeat_at, p.*,
@@ -345,9 +346,10 @@ _ROW_PARAMS = ("run", "token", "target", "add_failure", "delay", "wake_at", "res
 
 
 def _execute(statement: str, rows: list[dict[str, Any]], *, expires: float) -> dict[UUID, Exited]:
-    params = {name: [row[name] for row in rows] for name in _ROW_PARAMS}
+    params = {"rows": param_rows(rows, _ROW_PARAMS), "run": [row["run"] for row in rows],
+              "expires": float(expires), "running": RunStatus.RUNNING}
     with engine_cursor() as cursor:
-        cursor.execute(statement, params | {"expires": float(expires), "running": RunStatus.RUNNING})
+        cursor.execute(statement, params)
         return {found[0]: Exited(*found[1:]) for found in cursor.fetchall()}
 
 

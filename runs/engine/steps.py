@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from runs.db import dumps_storable, engine_cursor, sql, storable_text
+from runs.db import dumps_storable, engine_cursor, param_rows, sql, storable_text
 from runs.events import event_ctes, next_seq
 from runs.states import RunStatus
 
@@ -105,12 +105,10 @@ STEP_COLUMNS = (
 # in one statement (``checkpoint_many``). One row of ``p`` per step.
 _CHECKPOINT_TEMPLATE = """
 WITH p AS (
-    SELECT * FROM unnest(%(run)s::uuid[], %(token)s::bigint[], %(generation)s::int[], %(seq)s::int[],
-                         %(name)s::text[], %(kind)s::text[], %(input)s::text[], %(output)s::text[], %(key)s::text[],
-                         %(tokens_in)s::bigint[], %(tokens_out)s::bigint[], %(cost)s::numeric[],
-                         %(started_at)s::timestamptz[], %(text_replaced)s::bool[], %(steps_total)s::int[])
-        AS p(run, token, generation, seq, name, kind, input, output, key, tokens_in, tokens_out, cost,
-             started_at, text_replaced, steps_total)
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS p(run uuid, token bigint, generation int, seq int, name text, kind text, input text, output text, key text,
+             tokens_in bigint, tokens_out bigint, cost numeric, started_at timestamptz, text_replaced bool,
+             steps_total int)
 ),
 r AS (
     UPDATE runs_run SET
@@ -240,7 +238,8 @@ _ROW_PARAMS = ("run", "token", "generation", "seq", "name", "kind", "input", "ou
 
 
 def _execute_checkpoints(statement_key, rows: list[dict[str, Any]], scalars: dict[str, Any]) -> dict[UUID, tuple]:
-    params = {name: [row[name] for row in rows] for name in _ROW_PARAMS} | scalars | {"running": RunStatus.RUNNING}
+    params = {"rows": param_rows(rows, _ROW_PARAMS), "run": [row["run"] for row in rows], "running": RunStatus.RUNNING}
+    params |= scalars
     with engine_cursor() as cursor:
         cursor.execute(_CHECKPOINT_SQL[statement_key], params)
         return {row[0]: row[1:] for row in cursor.fetchall()}
