@@ -135,3 +135,18 @@ def bench_chaos(ctx: RunContext, data: dict) -> dict:
     keyed = ctx.step("keyed", lambda: _chaos_keyed(ctx, run_id, sleep), side_effect=True, idempotency_key=True)
     ctx.step("unkeyed", _chaos_unkeyed, run_id, sleep, side_effect=True)
     return {"key": keyed["key"]}
+
+
+# bench/peers.py: the dispatch probe measured side by side with the peers
+# (Procrastinate, PGQueuer, django-tasks-db), whose tasks run the same body.
+def _ping(seq: int, port: int) -> dict:
+    from bench.peer_ping import send_ping
+
+    send_ping(seq, port)
+    return {"seq": seq}
+
+
+@agent("bench_ping", queue="bench_ping")
+def bench_ping(ctx: RunContext, data: dict) -> dict:
+    """Peers dispatch probe: its first step sends a UDP datagram with ``data["seq"]`` to 127.0.0.1:``data["port"]``."""
+    return ctx.step("ping", _ping, int(data["seq"]), int(data["port"]))

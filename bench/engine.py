@@ -60,8 +60,6 @@ MANAGE = str(ROOT / "manage.py")
 # Targets from the issue, printed next to the figures.
 TARGET_ACCEPT_P99_MS = 60.0  # with 16 clients (issue 15)
 TARGET_DISPATCH_P50_MS = 10.0
-PROCRASTINATE_JOBS_S = 1100
-PGQUEUER_JOBS_S = 9000
 
 
 # Small helpers.
@@ -813,7 +811,7 @@ class Bench:
                 active = f"{value['active_runs_s']:.0f}" if value["active_runs_s"] else "?"
                 say(f"throughput {s[1:]}-step, concurrency {c[1:]}, {t[1:]} tenant(s): {value['runs_s']:.0f} runs/s wall, "
                     f"{active} runs/s active, HOT {value['hot']:.0f}%, {'verified' if value['ok'] else 'NOT VERIFIED'}   "
-                    f"[Procrastinate ~{PROCRASTINATE_JOBS_S}/s, PGQueuer ~{PGQUEUER_JOBS_S}/s]")
+                    "[the peers, side by side: bench/peers.py]")
 
 
 def parse_args(argv=None):

@@ -1,9 +1,10 @@
 """The production web server: uvicorn serving ``config.asgi``, so that event streams are served live.
 
 One process runs one event loop: a request that waits on the database
-waits in a thread (Django runs sync views and middleware there), and an
-event stream waits on the process's hub, holding no database connection.
-It does keep an idle thread: Django gives every ASGI request its own
+waits in a thread (``config.asgi`` hands every request but an event stream
+to Django's WSGI handler in a thread pool), and an event stream waits on
+the process's hub, holding no database connection.
+A stream does keep an idle thread: Django gives every ASGI request its own
 executor thread for the sync parts (middleware, signal handlers), which
 lives as long as the request does (bench/streams.py: 500 streams, 511
 threads, about 72 KB each). On SIGTERM the server stops accepting, ends every open stream

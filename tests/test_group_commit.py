@@ -113,3 +113,20 @@ def test_the_committer_raises_a_failing_write_to_its_run_only(tenant):
     done = set(Step.objects.filter(status="done").values_list("run_id", flat=True))
     assert done == {claimed.id for i, claimed in enumerate(runs) if i != 3}
     assert Run.objects.get(pk=runs[3].id).steps_done == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_engine_statements_are_planned_once_per_connection_without_jit(tenant):
+    from runs.db import engine_cursor
+
+    runs = claim_runs(tenant, 4)
+    for claimed in runs:  # one checkpoint at a time, as a lone run's
+        assert checkpoint.checkpoint_many([finished_step(claimed)], worker_id=WORKER_ID, lease=60)[0] is not None
+    with engine_cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "off"
+        cursor.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                       " WHERE statement LIKE %s", ["%json_to_recordset%INSERT INTO runs_step%"])
+        plans = cursor.fetchall()
+    # Prepared after RUNS_DB_PREPARE_THRESHOLD executions, then never planned again.
+    assert plans and all(custom == 0 and generic >= 1 for generic, custom in plans), plans

@@ -174,8 +174,11 @@ def test_connections_of_their_own_prepare_statements_only_when_django_does(pgbou
     executions), a web process behind PgBouncer would fail to read Events
     ("prepared statement "_pg3_0" does not exist") and its streams would lag.
     """
-    if not pgbouncer.max_prepared_statements:  # what RUNS_DB_PREPARE=0 leaves in the settings
-        monkeypatch.delitem(connections["default"].settings_dict["OPTIONS"], "prepare_threshold", raising=False)
+    options = connections["default"].settings_dict["OPTIONS"]
+    # What RUNS_LISTEN=0 leaves in the settings: no startup options (PgBouncer refuses them) ...
+    monkeypatch.delitem(options, "options", raising=False)
+    if not pgbouncer.max_prepared_statements:  # ... and, with RUNS_DB_PREPARE=0, no prepare threshold
+        monkeypatch.delitem(options, "prepare_threshold", raising=False)
     through_pgbouncer = {"host": "127.0.0.1", "port": pgbouncer.port, "dbname": "web"}
     # Open transactions side by side, so that PgBouncer has several server connections to rotate through.
     others = [psycopg.connect(**connection_kwargs() | through_pgbouncer) for _ in range(POOL_SIZE)]
