@@ -28,12 +28,15 @@ from runs.text import scrub
 
 logger = logging.getLogger(__name__)
 
-# psycopg caches how it turns a statement's %(name)s placeholders into $n
-# only for statements up to 4096 characters; the claim and the exit are
-# longer, and parsing them again cost a worker more CPU than anything else
-# of theirs. The engine's statements are a fixed handful: let them be cached.
+# psycopg caches how it turns a statement's placeholders into $n (or merges
+# the parameters in) only for statements up to 4096 characters and 50
+# parameters; the claim and the exit are longer, a submit's insert has more,
+# and parsing them again cost a worker and a submit more CPU than anything
+# else of theirs. They are a fixed handful: let them be cached.
 if getattr(psycopg_queries, "MAX_CACHED_STATEMENT_LENGTH", 0) < 16384:
     psycopg_queries.MAX_CACHED_STATEMENT_LENGTH = 16384
+if getattr(psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 0) < 200:
+    psycopg_queries.MAX_CACHED_STATEMENT_PARAMS = 200
 
 # The one channel of the wake-ups: the payload is a queue name, or "control"
 # (a person cancelled or paused a running run: heartbeat now).
