@@ -30,7 +30,7 @@ from django.db import transaction
 from runs.db import release_connection
 from runs.engine.exit import Exited, leave_many
 from runs.engine.steps import Checkpoint, Checkpointed, checkpoint_many
-from workers.step_support import Signal
+from workers.handoff import Signal
 
 logger = logging.getLogger(__name__)
 
