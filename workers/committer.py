@@ -53,6 +53,14 @@ class _Request:
 _STOP = object()
 
 
+def _release() -> None:
+    # Never the end of the thread: a request handed over after it would wait forever.
+    try:
+        release_connection()
+    except Exception:  # noqa: BLE001
+        logger.exception("could not hand the committer's connection back")
+
+
 class Committer:
     """Writes checkpoints and exits of a worker's runs, those that arrive together in one transaction."""
 
@@ -123,9 +131,9 @@ class Committer:
                 if self._queue.empty():
                     # Idle: its connection goes back to the pool, where a run's
                     # own statements may need it (a pool can be that small).
-                    release_connection()
+                    _release()
         finally:
-            release_connection()
+            _release()
 
     def _commit(self, batch: list[_Request]) -> None:
         self.batches += 1
@@ -135,7 +143,7 @@ class Committer:
                 values = self._write(batch)
             except BaseException:  # noqa: BLE001 - written one by one below, each raising its own error
                 logger.debug("a batch of %s writes failed; writing them one by one", len(batch), exc_info=True)
-                release_connection()
+                _release()
             else:
                 for request, value in zip(batch, values, strict=True):
                     request.value = value
@@ -146,7 +154,7 @@ class Committer:
                 request.value = self._write([request])[0]
             except BaseException as exc:  # noqa: BLE001 - handed to the run's thread
                 request.error = exc
-                release_connection()  # a broken connection goes back to the pool to be discarded
+                _release()  # a broken connection goes back to the pool to be discarded
             finally:
                 request.done.set()
 
