@@ -40,8 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Database, say, sql  # noqa: E402
-from bench.engine import Children  # noqa: E402
+from bench.common import Children, Database, say, sql  # noqa: E402
 
 PY = sys.executable
 MANAGE = str(ROOT / "manage.py")

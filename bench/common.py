@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BENCH_SECRET_KEY = "bench-insecure-not-a-secret-0123456789abcdefghijklmnop"
 
@@ -107,3 +113,49 @@ def cpu_times() -> tuple[float, float]:
         return 0.0, 0.0
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
     return sum(fields) - idle, sum(fields)
+
+
+class Children:
+    """Every subprocess a bench starts, each logging to a file; stop() ends them (TERM, then KILL after a grace)."""
+
+    def __init__(self, logdir: Path, env: dict | None = None):
+        self.logdir = logdir
+        self.env = env
+        self.procs: list[subprocess.Popen] = []
+        self.count = 0
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        """Start ``argv`` in the repository with ``env`` (the bench's own by default)."""
+        self.count += 1
+        path = self.logdir / f"{self.count:03d}-{name}.log"
+        with open(path, "wb") as log:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        proc.log_path = path  # type: ignore[attr-defined]
+        proc.bench_name = name  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def tail(self, proc, lines: int = 30) -> str:
+        try:
+            text = Path(proc.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, procs=None, *, grace: float = 15.0) -> None:
+        procs = list(self.procs if procs is None else procs)
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        self.procs = [p for p in self.procs if p.poll() is None]

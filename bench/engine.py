@@ -52,7 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import BENCH_SECRET_KEY, cpu_times, drop_database  # noqa: E402
+from bench.common import BENCH_SECRET_KEY, Children, cpu_times, drop_database  # noqa: E402
 
 PY = sys.executable
 MANAGE = str(ROOT / "manage.py")
@@ -83,44 +83,6 @@ def free_port() -> int:
 def with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + name))
-
-
-class Children:
-    """Every subprocess the bench starts; stop() ends them by pid (TERM, then KILL)."""
-
-    def __init__(self, logdir: Path, env: dict):
-        self.logdir = logdir
-        self.env = env
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.logdir / f"{len(self.procs):02d}-{name}.log", "wb")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        proc.log_path = log.name  # type: ignore[attr-defined]
-        proc.bench_name = name  # type: ignore[attr-defined]
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def tail(self, proc, lines: int = 30) -> str:
-        try:
-            text = Path(proc.log_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, procs=None, *, grace: float = 15.0) -> None:
-        procs = list(self.procs if procs is None else procs)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
 
 
 def tree_cpu_seconds(root: int) -> float:

@@ -53,7 +53,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import BENCH_SECRET_KEY, Database, drop_database, pct, say, with_database  # noqa: E402
+from bench.common import (  # noqa: E402
+    BENCH_SECRET_KEY,
+    Children,
+    Database,
+    drop_database,
+    pct,
+    say,
+    with_database,
+)
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -74,49 +82,6 @@ def package_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "not installed"
-
-
-class Children:
-    """Every subprocess the bench starts; stop() ends them by pid (TERM, then KILL after a grace)."""
-
-    def __init__(self, logdir: Path):
-        self.logdir = logdir
-        self.procs: list[subprocess.Popen] = []
-        self.count = 0
-
-    def start(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
-        self.count += 1
-        path = self.logdir / f"{self.count:03d}-{name}.log"
-        with open(path, "wb") as log:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        proc.log_path = path  # type: ignore[attr-defined]
-        proc.bench_name = name  # type: ignore[attr-defined]
-        self.procs.append(proc)
-        return proc
-
-    def tail(self, proc, lines: int = 25) -> str:
-        try:
-            text = Path(proc.log_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, procs=None, *, grace: float = 15.0) -> None:
-        procs = list(self.procs if procs is None else procs)
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        self.procs = [p for p in self.procs if p.poll() is None]
 
 
 def connect(url: str):
