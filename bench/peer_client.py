@@ -4,7 +4,7 @@
     .venv/bin/python bench/peer_client.py SYSTEM enqueue --n 2000 --warmup 20
     .venv/bin/python bench/peer_client.py SYSTEM dispatch --n 200 --warmup 10 --pause 0.02
 
-SYSTEM is agentruns, procrastinate, pgqueuer or django-tasks-db; the
+SYSTEM is agentruns, agentruns-tasks, procrastinate, pgqueuer or django-tasks-db; the
 environment (set by bench/peers.py) names its database. Every system gets
 the same process, the same timing loop and the same clock
 (``time.perf_counter``); only the one submit call differs:
@@ -15,6 +15,8 @@ the same process, the same timing loop and the same clock
   as in its worker (bench/peer_pgqueuer.py: asyncpg, or psycopg 3), awaited
   on a persistent event loop (``run_until_complete``: about 15 us a call)
 - django-tasks-db: ``task.enqueue(...)`` (autocommit: one commit each)
+- agentruns-tasks: the same ``task.enqueue(...)`` of the same module, on this
+  project's django.tasks backend
 
 ``bulk`` enqueues the drain's jobs in one transaction (one statement per
 1,000 jobs where the library has a batch call), untimed. ``enqueue`` submits
@@ -157,8 +159,24 @@ class DjangoTasksDB:
         connections.close_all()
 
 
+class AgentRunsTasks(DjangoTasksDB):
+    """The same ``@task`` functions and calls as django-tasks-db's, on this project's backend (config.settings)."""
+
+    def __init__(self) -> None:
+        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+        import django
+
+        django.setup()
+        from django.db import transaction
+
+        from bench.peer_djtasks import noop, ping
+
+        self.transaction, self.noop, self.ping_task = transaction, noop, ping
+
+
 ADAPTERS = {
     "agentruns": AgentRuns,
+    "agentruns-tasks": AgentRunsTasks,
     "procrastinate": Procrastinate,
     "pgqueuer": PGQueuer,
     "django-tasks-db": DjangoTasksDB,

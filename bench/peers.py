@@ -67,9 +67,9 @@ PY = sys.executable
 BIN = Path(PY).parent
 MANAGE = str(ROOT / "manage.py")
 CLIENT = str(ROOT / "bench" / "peer_client.py")
-SYSTEMS = ["agentruns", "procrastinate", "pgqueuer", "django-tasks-db"]
-LABELS = {"agentruns": "agentruns (this project)", "procrastinate": "Procrastinate", "pgqueuer": "PGQueuer",
-          "django-tasks-db": "django-tasks-db"}
+SYSTEMS = ["agentruns", "agentruns-tasks", "procrastinate", "pgqueuer", "django-tasks-db"]
+LABELS = {"agentruns": "agentruns (this project)", "agentruns-tasks": "agentruns django.tasks backend",
+          "procrastinate": "Procrastinate", "pgqueuer": "PGQueuer", "django-tasks-db": "django-tasks-db"}
 PACKAGES = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer", "django-tasks-db": "django-tasks-db"}
 POLL = 0.02  # seconds between the drain's done-count queries
 ORIGINAL_DATABASE_URL = os.environ.get("DATABASE_URL", "")  # for the command printed in the document
@@ -210,6 +210,43 @@ class AgentRuns(System):
         return scalar(conn, "SELECT count(*) FROM runs_run WHERE status = 'queued'")
 
 
+class AgentRunsTasks(AgentRuns):
+    """This project's django.tasks backend (runs.tasks) running bench/peer_djtasks.py's @task functions.
+
+    The very module django-tasks-db runs: under config.settings its ``@task``
+    decorators take this project's backend, under bench.peer_settings
+    django-tasks-db's. Each task is a one-step run, checkpointed.
+    """
+
+    name = "agentruns-tasks"
+    steps_supported = (1,)
+    kind = "bench.peer_djtasks.noop"
+
+    def create(self) -> None:
+        # Django is set up once per process, on one bench database: shared with the agentruns system
+        # when both are measured (their measurements run one after the other, each on cleared tables).
+        shared = next((x for x in self.bench.systems if type(x) is AgentRuns and x.created), None)
+        if shared is None:
+            super().create()
+        else:
+            self.db_name, self.url = shared.db_name, shared.url
+        from runs.tenants import ensure_tenant
+
+        ensure_tenant(slug="bench-tasks", max_running=1000, max_queued=10_000_000)
+
+    def drop(self) -> None:
+        if getattr(self, "database", None) is not None:
+            super().drop()
+
+    def env(self) -> dict:
+        env = super().env()
+        env.update({"AGENT_MODULES": "bench.agents,bench.peer_djtasks", "RUNS_TASK_TENANT": "bench-tasks"})
+        return env
+
+    def worker_argv(self, purpose: str) -> list[str]:
+        return [PY, MANAGE, "runworker", "--queues", "default", "--concurrency", str(self.args.concurrency)]
+
+
 class Procrastinate(System):
     name = "procrastinate"
 
@@ -334,7 +371,7 @@ class DjangoTasksDB(System):
         return scalar(conn, f"SELECT count(*) FROM {self.table} WHERE status = 'READY'")
 
 
-CLASSES = {c.name: c for c in (AgentRuns, Procrastinate, PGQueuer, DjangoTasksDB)}
+CLASSES = {c.name: c for c in (AgentRuns, AgentRunsTasks, Procrastinate, PGQueuer, DjangoTasksDB)}
 
 
 # The bench.

@@ -235,6 +235,16 @@ LOGGING = logging_config(debug=DEBUG, level=os.environ.get("LOG_LEVEL", "INFO"),
 # Agent kinds: installed apps' agents.py plus these modules (web and worker).
 AGENT_MODULES = env_list("AGENT_MODULES")
 
+# Django's task API (django.tasks) on this engine: @task functions enqueued with .enqueue() run on
+# runworker as one-step runs, with leases, classified retries and crash recovery (runs.tasks).
+TASKS = {
+    "default": {
+        "BACKEND": "runs.tasks.DurableTaskBackend",
+        "QUEUES": env_list("RUNS_TASK_QUEUES"),  # empty: a task may name any queue
+        "OPTIONS": {"TENANT": os.environ.get("RUNS_TASK_TENANT") or "tasks"},
+    },
+}
+
 # Engine defaults (DESIGN.md §6); every one can be set as RUNS_<NAME>.
 RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 300)
 RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 30)

@@ -9,7 +9,7 @@ class UnknownKind(RunsError):
     pass
 
 
-class InvalidRunInput(RunsError):
+class InvalidRunInput(RunsError, ValueError):
     def __init__(self, message: str, errors: list | None = None):
         super().__init__(message)
         self.errors = errors or []

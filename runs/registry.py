@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from runs.exceptions import InvalidAgentInput
 
+# What a queue may be called (the worker's --queues, a kind's queue, a task backend's QUEUES).
+QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
 _registry: dict[str, AgentKind] = {}
+_declared_queues: set[str] = set()
 
 # The errors a run can fail on for good while a worker holds it, and so roll back on.
 COMPENSABLE_ERRORS = frozenset({"fatal", "retryable", "budget", "deadline", "step_limit", "nondeterministic"})
@@ -43,6 +48,11 @@ class AgentKind:
     # How a run's title is made from its input (runs.titles): a callable of the input dict, an input
     # field's name, or None for the first string field.
     title: Callable[[dict], str] | str | None = None
+    # Called in the worker after the exit that ends one of its runs committed (done, failed or
+    # cancelled there): ``after_exit(ctx, status, result, at)``, ``result`` the stored result or None,
+    # ``at`` the exit's time (the database's clock).
+    # The django.tasks backend sends Django's task_finished from it (runs.tasks).
+    after_exit: Callable[[Any, str, Any, Any], None] | None = None
 
     def validate_input(self, data: Any) -> Any:
         """Return the normalised JSON input; raise InvalidAgentInput when it does not validate."""
@@ -155,6 +165,27 @@ def agent(
     return decorator
 
 
+def register(kind: AgentKind) -> AgentKind:
+    """Register a kind built by code rather than by ``@agent`` (the django.tasks backend's kinds).
+
+    Registering the same name again replaces the entry only if it runs the same function.
+    """
+    existing = _registry.get(kind.name)
+    if existing is not None and _qualname(existing.func) != _qualname(kind.func):
+        raise ValueError(f"agent kind {kind.name!r} is registered twice ({_qualname(existing.func)} and {_qualname(kind.func)})")
+    _registry[kind.name] = kind
+    return kind
+
+
+def declare_queues(names: Iterable[str]) -> None:
+    """Queues runs may be submitted to although no kind uses them by default (a task backend's QUEUES)."""
+    _declared_queues.update(names)
+
+
+def declared_queues() -> frozenset[str]:
+    return frozenset(_declared_queues)
+
+
 def _qualname(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
@@ -174,3 +205,7 @@ def autodiscover() -> None:
     autodiscover_modules("agents")
     for module in settings.AGENT_MODULES:
         importlib.import_module(module)
+    # Django tasks on this project's backend become kinds as their @task runs (runs.tasks).
+    from runs.tasks import autodiscover_tasks
+
+    autodiscover_tasks()

@@ -6,9 +6,8 @@ import functools
 import hashlib
 import json
 import logging
-import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypedDict, Unpack
 
@@ -29,16 +28,13 @@ from runs.exceptions import (
 from runs.limits import checked_cents, checked_deadline, checked_int
 from runs.models import Run, Tenant
 from runs.notify import count_and_notify_after_commit, uncounted_submits
-from runs.registry import all_kinds, get_kind
+from runs.registry import QUEUE_NAME, all_kinds, declared_queues, get_kind
 from runs.text import find_unstorable
 from runs.titles import title_for
 from runs.tracing import current_trace_context
 from runs.webhooks import targets
 
 logger = logging.getLogger(__name__)
-
-QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-
 
 @dataclass(frozen=True)
 class Submitted:
@@ -64,6 +60,7 @@ class SubmitOptions(TypedDict, total=False):
     deadline_seconds: int | None
     callback_url: str
     actor: Actor
+    run_after: datetime | None
 
 
 def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[SubmitOptions]) -> Run:
@@ -75,7 +72,8 @@ def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[Submi
     with another request raises ``IdempotencyConflict``. Options:
     ``queue``, ``priority`` (0-9, lower first), ``idempotency_key``,
     ``max_attempts``, ``cost_ceiling_cents``, ``deadline_seconds``,
-    ``callback_url``, ``actor`` (recorded on the run's first event).
+    ``callback_url``, ``actor`` (recorded on the run's first event),
+    ``run_after`` (an aware datetime: the run waits in the queue until then).
     """
     return submit(tenant=tenant, kind=kind, input=input, **options).run
 
@@ -93,6 +91,7 @@ def submit(
     deadline_seconds: int | None = None,
     callback_url: str = "",
     actor: Actor = SYSTEM,
+    run_after: datetime | None = None,
     parent: Run | None = None,
     tenant_is_fresh: bool = False,
 ) -> Submitted:
@@ -136,6 +135,8 @@ def submit(
         cost_ceiling_cents = tenant.default_cost_ceiling_cents
     if cost_ceiling_cents is not None:
         cost_ceiling_cents = checked_cents(cost_ceiling_cents, field="cost_ceiling_cents")
+    if run_after is not None and (not isinstance(run_after, datetime) or timezone.is_naive(run_after)):
+        raise InvalidRunInput("run_after must be an aware datetime")
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
     if callback_url:
@@ -174,6 +175,8 @@ def submit(
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
         last_event_seq=1,
     )
+    if run_after is not None:
+        run.run_after = run_after  # else the database's now(), its db_default
     payload = {"kind": kind, "queue": queue, "priority": priority} | (
         {"parent": str(parent.pk)} if parent is not None else {})
     if not _insert_queued(run, actor=actor, payload=payload):
@@ -280,7 +283,7 @@ def known_queues() -> set[str]:
     """Queues a run may be submitted to: kinds' default queues, RUNS_QUEUES, and operator-made queues."""
     from runs.models import Queue
 
-    names = {kind.queue for kind in all_kinds()} | set(settings.RUNS_QUEUES)
+    names = {kind.queue for kind in all_kinds()} | set(settings.RUNS_QUEUES) | declared_queues()
     return names | set(Queue.objects.values_list("name", flat=True))
 
 

@@ -98,6 +98,16 @@ class RunContext(Workflow, StepMachinery):
         return self._claimed.tenant_id
 
     @property
+    def claim(self) -> ClaimedRun:
+        """The run as this attempt's claim returned it (kind, queue, attempt, timestamps, input)."""
+        return self._claimed
+
+    @property
+    def worker_id(self) -> UUID:
+        """The id of the worker process executing this attempt (its ``Worker`` row)."""
+        return self._worker.id
+
+    @property
     def attempt(self) -> int:
         return self._claimed.attempt
 

@@ -15,11 +15,12 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from runs.control import cancel_children
-from runs.db import dumps_storable, is_transient, release_connection, with_retries
+from runs.db import dumps_storable, is_transient, loads, release_connection, with_retries
 from runs.engine.exit import exit_row, leave_running
 from runs.engine.steplog import load_step_log
 from runs.metrics import process as metrics
 from runs.registry import get_kind
+from runs.states import TERMINAL_STATUSES
 from workers.classify import classify
 from workers.context import RunContext, RunControl
 from workers.errors import (
@@ -64,6 +65,7 @@ class RunExecutor:
         self.control = control
         self.log_extra = {"run_id": str(claimed.id), "tenant": str(claimed.tenant_id), "kind": claimed.kind}
         self.ctx: RunContext | None = None  # what the agent reported (ctx.report) goes with the exit
+        self.kind: AgentKind | None = None
 
     def execute(self) -> str | None:
         """Run to the next exit from running; returns the status reached (None when the lease was lost).
@@ -84,7 +86,7 @@ class RunExecutor:
                             waited_seconds=(claimed.claimed_at - claimed.run_after).total_seconds())
         # The database's clock against this host's: as good as the two agree.
         metrics.started(kind=claimed.kind, after_claim_seconds=(datetime.now(UTC) - claimed.claimed_at).total_seconds())
-        kind = get_kind(claimed.kind)
+        kind = self.kind = get_kind(claimed.kind)
         if kind is None or not kind.can_resume(claimed.kind_version):
             # The claim takes only versions this worker can resume; reached
             # only if the registry changed under it. Hand it back, spending
@@ -332,4 +334,15 @@ class RunExecutor:
                 logger.exception("could not cancel the children of the run", extra=self.log_extra)
             finally:
                 release_connection()
+        if status in TERMINAL_STATUSES and self.ctx is not None and self.kind is not None and self.kind.after_exit:
+            self._after_exit(status, result_json, left_at)
         return status
+
+    def _after_exit(self, status: str, result_json: str | None, at: datetime) -> None:
+        """The kind's hook on a run that ended here (runs.registry.AgentKind.after_exit); its errors are logged."""
+        try:
+            self.kind.after_exit(self.ctx, status, None if result_json is None else loads(result_json), at)
+        except Exception:
+            logger.exception("the after_exit hook of kind %s failed", self.claimed.kind, extra=self.log_extra)
+        finally:
+            release_connection()

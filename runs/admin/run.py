@@ -9,6 +9,7 @@ which call the services, never by saving the row.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.conf import settings
@@ -200,8 +201,9 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.display(description="kind", ordering="kind")
     def kind_name(self, run: Run) -> str:
-        # A narrow column may break a long kind at its underscores ("approve_<wbr>then_<wbr>act").
-        return format_html_join(mark_safe("_<wbr>"), "{}", ((part,) for part in run.kind.split("_")))
+        # A narrow column may break a long kind after its underscores and dots ("approve_<wbr>then_<wbr>act",
+        # a task's "crm.<wbr>tasks.<wbr>pipeline_<wbr>report").
+        return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in re.split(r"(?<=[_.])", run.kind)))
 
     @admin.display(description="status", ordering="status")
     def status_column(self, run: Run) -> str:

@@ -40,6 +40,9 @@ class ClaimedRun:
     children_cost_cents: Decimal = Decimal(0)
     compensation: str = ""  # "running" while its saga rolls back (runs.engine.saga)
     run_after: datetime | None = None  # when it became due: claimed_at - run_after is its wait in the queue
+    created_at: datetime | None = None  # when it was submitted
+    started_at: datetime | None = None  # its first claim's time
+    priority: int = 5
     trace_context: dict | None = None  # the submitting request's W3C trace context (workers.tracing)
 
 
@@ -47,7 +50,7 @@ _CLAIM_COLUMNS = (
     "id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation, "
     "deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents, "
     "cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL, queue, claimed_at, parent_id, "
-    "children_cost_cents, compensation, run_after, trace_context"
+    "children_cost_cents, compensation, run_after, created_at, started_at, priority, trace_context"
 )
 
 

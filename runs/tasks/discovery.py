@@ -1,0 +1,71 @@
+"""How task functions become kinds without anyone registering them.
+
+A ``@task`` on this backend is validated by the backend as the decorator
+runs (Django calls ``validate_task``), and the backend registers the kind
+then: one kind per task function, named by its dotted path
+(``myapp.tasks.send_welcome_email``). For a worker to claim a task it must
+have imported the function, so the web process and the worker import the
+``tasks`` modules of installed apps (with ``agents`` modules and
+``AGENT_MODULES``, runs.registry.autodiscover) whenever a ``TASKS`` backend
+is this one. A task defined elsewhere is found if its module is imported by
+one of those, or named in ``AGENT_MODULES``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from django.utils.module_loading import import_string
+
+if TYPE_CHECKING:
+    from django.tasks import Task
+
+_tasks: dict[str, Task] = {}
+_lock = threading.Lock()
+
+
+def remember(task: Task) -> bool:
+    """Keep the task under its dotted path; True the first time (the caller registers its kind then)."""
+    with _lock:
+        if task.module_path in _tasks:
+            return False
+        _tasks[task.module_path] = task
+        return True
+
+
+def task_for(kind: str) -> Task | None:
+    """The task whose kind is ``kind``: one this process defined, else one its dotted path imports; or None."""
+    task = _tasks.get(kind)
+    if task is not None:
+        return task
+    from django.tasks import Task
+
+    try:
+        found = import_string(kind)
+    except ImportError:
+        return None
+    return found if isinstance(found, Task) else None
+
+
+def uses_this_backend() -> bool:
+    from django.conf import settings
+
+    from runs.tasks.backend import DurableTaskBackend
+
+    for params in getattr(settings, "TASKS", {}).values():
+        try:
+            backend = import_string(params.get("BACKEND", ""))
+        except ImportError:
+            continue
+        if isinstance(backend, type) and issubclass(backend, DurableTaskBackend):
+            return True
+    return False
+
+
+def autodiscover_tasks() -> None:
+    """Import every installed app's ``tasks`` module when a ``TASKS`` backend is this one."""
+    if uses_this_backend():
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("tasks")
