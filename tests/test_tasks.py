@@ -237,9 +237,22 @@ def test_what_django_or_the_engine_cannot_take_is_refused_before_anything_is_wri
         tasks.add.using(queue_name="Not A Queue")
     with pytest.raises(TypeError):
         tasks.add.enqueue(object(), 1)
-    with pytest.raises(ValueError, match="NUL|U\\+0000|cannot"):
-        tasks.add.enqueue("a\x00b", 1)
+    deep: list = []
+    for _ in range(200):
+        deep = [deep]
+    for hostile in ("a\x00b", "lone \ud800", float("nan"), deep):
+        with pytest.raises(ValueError) as refused:
+            tasks.add.enqueue(hostile, 1)
+        assert "input.args[0]" in str(refused.value), refused.value
     assert Run.objects.count() == 0
+
+
+def test_django_checks_refuse_a_queue_the_engine_cannot_name(settings):
+    from django.core.checks import run_checks
+
+    settings.TASKS = {"default": {"BACKEND": "runs.tasks.DurableTaskBackend", "QUEUES": ["default", "Bulk Mail"]}}
+    errors = [e for e in run_checks() if e.id == "runs.E101"]
+    assert len(errors) == 1 and "'Bulk Mail'" in errors[0].msg
 
 
 def test_tasks_of_installed_apps_are_found_without_being_named(processes):
