@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.tasks import task_backends
 from django.utils import timezone
 
 from runs.keys import create_api_key
 from runs.models import ApiKey, Membership
+from runs.tasks.discovery import durable_aliases
 from runs.tenants import ensure_tenant
 
 DEMO_KEY_NAME = "demo (manage.py up)"
@@ -31,6 +33,10 @@ def seed_demo(*, slug: str = "demo", username: str = "demo", password: str = "de
     if user is None:
         user = User.objects.create_user(username=username, password=password, is_staff=True, is_superuser=True)
     Membership.objects.update_or_create(user=user, tenant=tenant, defaults={"role": Membership.Role.APPROVER})
+    # Django tasks run in their backend's tenant (runs.tasks): the demo user sees them on the dashboard too.
+    for alias in durable_aliases():
+        Membership.objects.update_or_create(user=user, tenant=task_backends[alias].tenant(),
+                                            defaults={"role": Membership.Role.APPROVER})
     # The secret of an earlier key cannot be shown again: issue a new one
     # and revoke the previous demo keys.
     ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).update(revoked_at=timezone.now())

@@ -75,6 +75,15 @@ def test_up_serves_the_api_runs_a_worker_and_stops_on_ctrl_c(processes):
     run = Run.objects.get(pk=body["id"])
     assert run.result["topic"] == "Acme"
     assert run.steps_done == run.steps_total == 7
+    # Django's task API works out of the box, and the demo user sees the tasks' tenant on the dashboard.
+    from crm.tasks import pipeline_report
+    from runs.models import Membership
+
+    task = pipeline_report.enqueue()
+    wait_for(lambda: pipeline_report.get_result(task.id).is_finished, timeout=60, message="the task to run")
+    assert pipeline_report.get_result(task.id).return_value["new"] >= 0
+    assert set(Membership.objects.filter(user__username="demo").values_list("tenant__slug", flat=True)) == {
+        "demo", "tasks"}
 
     up.send_signal(signal.SIGINT)
     assert up.wait(60) == 0, processes.output(up)

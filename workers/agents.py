@@ -18,6 +18,8 @@ returns the same data and costs nothing.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import re
 import time
 
@@ -201,3 +203,20 @@ def synthesise(questions: list[str], outcomes: list[dict]) -> StepResult:
     report = {"summary": summary, "sections": sections, "sources": [{"doc_id": k, "title": v} for k, v in sources.items()],
               "unanswered": unanswered}
     return StepResult(report, usage.tokens_in, usage.tokens_out, usage.cost_cents)
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+# The framework adapters' built-in example kinds, where their extra is installed (agentruns[pydantic-ai],
+# agentruns[openai-agents]). Each imports its framework on its first run, not here: every web and worker
+# process imports this module.
+if importlib.util.find_spec("pydantic_ai") is not None:
+    import workers.frameworks.pydantic_ai_example  # noqa: E402, F401 - registers pydantic_ai_demo
+if _installed("openai-agents"):  # its package is named "agents": ask for the distribution, not the name
+    import workers.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo

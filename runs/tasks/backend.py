@@ -84,7 +84,7 @@ class DurableTaskBackend(BaseTaskBackend):
         data = normalize_json({"args": args, "kwargs": kwargs})  # TypeError for what JSON cannot hold
         if self.alias != "default":
             data["backend"] = self.alias
-        tenant = self._tenant()
+        tenant = self.tenant()
         run = submit_run(
             tenant=tenant, kind=task.module_path, input=data, queue=task.queue_name,
             priority=results.run_priority(task.priority), run_after=task.run_after,
@@ -109,7 +109,8 @@ class DurableTaskBackend(BaseTaskBackend):
         return results.from_run(found.run, task=task, alias=self.alias, errors=found.errors,
                                 worker_ids=found.worker_ids)
 
-    def _tenant(self) -> Tenant:
+    def tenant(self) -> Tenant:
+        """The tenant this backend's runs belong to, created (with MAX_RUNNING, MAX_QUEUED) on first use."""
         # Read on every enqueue (one indexed lookup; its counters serve the backpressure check):
         # a cached row goes stale when the tenant is deleted and made again.
         from runs.models import Tenant

@@ -48,24 +48,26 @@ def task_for(kind: str) -> Task | None:
     return found if isinstance(found, Task) else None
 
 
-def uses_this_backend() -> bool:
+def durable_aliases() -> list[str]:
+    """The ``TASKS`` aliases whose backend is this one."""
     from django.conf import settings
 
     from runs.tasks.backend import DurableTaskBackend
 
-    for params in getattr(settings, "TASKS", {}).values():
+    aliases = []
+    for alias, params in getattr(settings, "TASKS", {}).items():
         try:
             backend = import_string(params.get("BACKEND", ""))
         except ImportError:
             continue
         if isinstance(backend, type) and issubclass(backend, DurableTaskBackend):
-            return True
-    return False
+            aliases.append(alias)
+    return aliases
 
 
 def autodiscover_tasks() -> None:
     """Import every installed app's ``tasks`` module when a ``TASKS`` backend is this one."""
-    if uses_this_backend():
+    if durable_aliases():
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("tasks")
