@@ -38,7 +38,7 @@ from workers.errors import (
     Suspend,
 )
 from workers.proposals import Proposal
-from workers.recording import StepMachinery, describe_args
+from workers.recording import BETWEEN_STEPS, StepMachinery, describe_args
 from workers.step_support import (
     Decision,
     Host,
@@ -57,6 +57,15 @@ logger = logging.getLogger(__name__)
 
 # Steps written as `waiting` while the run sleeps or waits (not ahead of a side effect).
 WAITING_KINDS = frozenset({"sleep", "message", "child"})
+
+def current_run() -> RunContext | None:
+    """The run whose agent function is executing here, between its steps.
+
+    None inside a step (the step records whatever happens in it) and outside
+    any run. Framework adapters use it to refuse what would run unrecorded.
+    """
+    return BETWEEN_STEPS.get()
+
 
 class RunContext(Workflow, StepMachinery):
     """The API an agent function uses: steps, progress, and what it may know of its run."""

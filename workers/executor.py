@@ -34,6 +34,7 @@ from workers.errors import (
     StopRun,
     Suspend,
 )
+from workers.recording import BETWEEN_STEPS
 from workers.saga import Rollback, recorded_plan
 from workers.step_support import Host
 from workers.tracing import observed_run
@@ -107,7 +108,7 @@ class RunExecutor:
             return self._resume_rollback(ctx, kind, agent_input)
 
         try:
-            result = kind.func(ctx, agent_input)
+            result = self._call_agent(kind, ctx, agent_input)
         except LeaseLost as exc:
             logger.warning("abandoning run: %s", exc, extra=self.log_extra)
             return None
@@ -160,6 +161,14 @@ class RunExecutor:
         except TypeError as exc:
             return self._leave("failed", reason="result", error=f"the agent returned a result that is not JSON-serialisable: {exc}", error_kind="fatal")
         return self._leave("done", reason="finished", result_json=result_json)
+
+    @staticmethod
+    def _call_agent(kind: AgentKind, ctx: RunContext, agent_input):
+        marked = BETWEEN_STEPS.set(ctx)  # workers.context.current_run()
+        try:
+            return kind.func(ctx, agent_input)
+        finally:
+            BETWEEN_STEPS.reset(marked)
 
     def _fail(self, exc: Exception, ctx: RunContext, kind: AgentKind) -> str | None:
         failure = ctx.last_failure
@@ -216,7 +225,7 @@ class RunExecutor:
         """Replay the run, no step allowed to run, to learn its compensations; then carry the rollback on."""
         ctx._rollback = "replay"
         try:
-            kind.func(ctx, agent_input)
+            self._call_agent(kind, ctx, agent_input)
         except LeaseLost:
             return None
         except (Suspend, Exception):  # noqa: BLE001 - any way out ends the replay

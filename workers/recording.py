@@ -41,6 +41,10 @@ ANNOUNCE_AFTER_SECONDS = 0.2
 # second (bench/inflight.py).
 KEEP_CONNECTION_SECONDS = 0.002
 
+# The run whose kind code is executing in this context between its steps (set by the executor around
+# the agent function), None inside a step and outside any run: workers.context.current_run().
+BETWEEN_STEPS: contextvars.ContextVar[Any] = contextvars.ContextVar("agentruns_between_steps", default=None)
+
 
 @dataclass(frozen=True)
 class Compensator:
@@ -141,7 +145,9 @@ class StepMachinery:
         started = time.monotonic()
         # In a copy of this thread's context: the step's log lines carry the run's fields, its spans nest
         # under the step's (workers.tracing).
-        box, finished = runner.submit(contextvars.copy_context().run, (fn, *args), kwargs)
+        step_context = contextvars.copy_context()
+        step_context.run(BETWEEN_STEPS.set, None)  # inside a step: the step records what happens
+        box, finished = runner.submit(step_context.run, (fn, *args), kwargs)
         if not finished.wait(min(KEEP_CONNECTION_SECONDS, timeout)):
             release_connection()  # a run waiting on its step holds no connection
         if not finished.wait(max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))):
