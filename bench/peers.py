@@ -911,6 +911,12 @@ def document(bench: Bench, s: dict, *, png_name: str | None, wall: float, load0:
             f"`--concurrency {C}`: runs in flight per process, each in a thread of its pool",
             "Django's psycopg 3 pool + one LISTEN connection", "LISTEN/NOTIFY on commit (1 s poll as backstop)",
             "`submit_run(...)` in `transaction.atomic()`"),
+        "agentruns-tasks": (
+            "the same commit", "`manage.py migrate` (the same database as the row above)",
+            f"`manage.py runworker --queues default --concurrency {C}`",
+            f"`--concurrency {C}`: as above; each task is a one-step run of kind `bench.peer_djtasks.noop`",
+            "as above", "as above",
+            "`task.enqueue(...)` of bench/peer_djtasks.py, the module django-tasks-db runs (autocommit)"),
         "procrastinate": (
             package_version("procrastinate"), "`procrastinate schema --apply`",
             f"`procrastinate --app=bench.peer_procrastinate.app --log-level=warning worker --queues bench "

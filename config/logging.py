@@ -108,5 +108,8 @@ def logging_config(*, debug: bool, level: str, log_format: str | None = None) ->
             # these a second time, unstructured: through the root handler only.
             "django": {"handlers": [], "level": "INFO", "propagate": True},
             "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+            # A line per task started and finished (Django's task signals' receivers): at LOG_LEVEL like
+            # the engine's own lines, not at the "django" logger's INFO whatever LOG_LEVEL says.
+            "django.tasks": {"handlers": [], "level": level, "propagate": True},
         },
     }

@@ -7,7 +7,10 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # The web process and the worker know the same kinds: both import
-        # installed apps' agents.py and AGENT_MODULES here.
+        # installed apps' agents.py and AGENT_MODULES here, and their tasks.py when
+        # TASKS names this project's backend (each @task on it becomes a kind, runs.tasks).
         from runs.registry import autodiscover
+        from runs.tasks import autodiscover_tasks
 
         autodiscover()
+        autodiscover_tasks()

@@ -205,7 +205,3 @@ def autodiscover() -> None:
     autodiscover_modules("agents")
     for module in settings.AGENT_MODULES:
         importlib.import_module(module)
-    # Django tasks on this project's backend become kinds as their @task runs (runs.tasks).
-    from runs.tasks import autodiscover_tasks
-
-    autodiscover_tasks()

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from runs.keys import create_api_key
 from runs.models import ApiKey, Membership
-from runs.tasks.discovery import durable_aliases
+from runs.tasks import durable_aliases
 from runs.tenants import ensure_tenant
 
 DEMO_KEY_NAME = "demo (manage.py up)"

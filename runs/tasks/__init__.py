@@ -8,7 +8,6 @@ one-step run of its own kind (named by the function's dotted path); see
 priorities and statuses map.
 """
 
-from runs.tasks.backend import DurableTaskBackend
-from runs.tasks.discovery import autodiscover_tasks
+from runs.tasks.backend import DurableTaskBackend, autodiscover_tasks, durable_aliases
 
-__all__ = ["DurableTaskBackend", "autodiscover_tasks"]
+__all__ = ["DurableTaskBackend", "autodiscover_tasks", "durable_aliases"]

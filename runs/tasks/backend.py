@@ -31,6 +31,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
 
 from runs.registry import QUEUE_NAME, declare_queues
 from runs.tasks import results
@@ -131,3 +132,26 @@ class DurableTaskBackend(BaseTaskBackend):
                     id="runs.E101",
                 ))
         return messages
+
+
+def durable_aliases() -> list[str]:
+    """The ``TASKS`` aliases whose backend is this one."""
+    from django.conf import settings
+
+    aliases = []
+    for alias, params in getattr(settings, "TASKS", {}).items():
+        try:
+            backend = import_string(params.get("BACKEND", ""))
+        except ImportError:
+            continue
+        if isinstance(backend, type) and issubclass(backend, DurableTaskBackend):
+            aliases.append(alias)
+    return aliases
+
+
+def autodiscover_tasks() -> None:
+    """Import every installed app's ``tasks`` module when a ``TASKS`` backend is this one."""
+    if durable_aliases():
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("tasks")

@@ -5,10 +5,11 @@ runs (Django calls ``validate_task``), and the backend registers the kind
 then: one kind per task function, named by its dotted path
 (``myapp.tasks.send_welcome_email``). For a worker to claim a task it must
 have imported the function, so the web process and the worker import the
-``tasks`` modules of installed apps (with ``agents`` modules and
-``AGENT_MODULES``, runs.registry.autodiscover) whenever a ``TASKS`` backend
-is this one. A task defined elsewhere is found if its module is imported by
-one of those, or named in ``AGENT_MODULES``.
+``tasks`` modules of installed apps whenever a ``TASKS`` backend is this one
+(``runs.tasks.backend.autodiscover_tasks``, after the ``agents`` modules and
+``AGENT_MODULES``, in ``RunsConfig.ready``). A task defined elsewhere is
+found if its module is imported by one of those, or named in
+``AGENT_MODULES``.
 """
 
 from __future__ import annotations
@@ -46,28 +47,3 @@ def task_for(kind: str) -> Task | None:
     except ImportError:
         return None
     return found if isinstance(found, Task) else None
-
-
-def durable_aliases() -> list[str]:
-    """The ``TASKS`` aliases whose backend is this one."""
-    from django.conf import settings
-
-    from runs.tasks.backend import DurableTaskBackend
-
-    aliases = []
-    for alias, params in getattr(settings, "TASKS", {}).items():
-        try:
-            backend = import_string(params.get("BACKEND", ""))
-        except ImportError:
-            continue
-        if isinstance(backend, type) and issubclass(backend, DurableTaskBackend):
-            aliases.append(alias)
-    return aliases
-
-
-def autodiscover_tasks() -> None:
-    """Import every installed app's ``tasks`` module when a ``TASKS`` backend is this one."""
-    if durable_aliases():
-        from django.utils.module_loading import autodiscover_modules
-
-        autodiscover_modules("tasks")

@@ -31,8 +31,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from django.tasks import Task, TaskResult
-
-    from runs.tasks.backend import DurableTaskBackend
+    from django.tasks.backends.base import BaseTaskBackend
 
 
 def register_kind(task: Task, *, step_timeout: float | None) -> None:
@@ -77,7 +76,7 @@ def arguments(data: Any) -> tuple[list, dict]:
     return args, kwargs
 
 
-def _backend(data: dict, task: Task) -> DurableTaskBackend:
+def _backend(data: dict, task: Task) -> BaseTaskBackend:
     return task_backends[data.get("backend") or task.backend]
 
 
@@ -100,7 +99,7 @@ def _execute(ctx, data: dict, *, module_path: str) -> Any:
     return ctx.step(task.name, call, timeout=backend.timeout)
 
 
-def _running_result(ctx, task: Task, backend: DurableTaskBackend, args: list, kwargs: dict) -> TaskResult:
+def _running_result(ctx, task: Task, backend: BaseTaskBackend, args: list, kwargs: dict) -> TaskResult:
     """This attempt's ``TaskResult`` (RUNNING): built from the claim on a first attempt, read on a retry."""
     claim = ctx.claim
     if claim.attempt > 1:

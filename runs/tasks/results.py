@@ -15,6 +15,7 @@ or ready to run again after a retry's backoff); ``running`` is RUNNING;
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import replace
@@ -58,8 +59,13 @@ def task_status(run_status: str) -> TaskResultStatus:
     return _STATUS.get(run_status, TaskResultStatus.READY)
 
 
+@functools.lru_cache(maxsize=1024)
 def as_enqueued(task: Task, *, queue: str, priority: int, alias: str) -> Task:
-    """The task as its run was enqueued: its queue, its priority read back, the backend alias."""
+    """The task as its run was enqueued: its queue, its priority read back, the backend alias.
+
+    Cached (a ``Task`` is frozen): ``using()`` has Django validate the copy again, signature included,
+    which cost more than the rest of a no-op task's bookkeeping.
+    """
     try:
         return task.using(priority=task_priority(priority), queue_name=queue, backend=alias)
     except InvalidTask:  # an operator moved the run to a queue the backend does not list
