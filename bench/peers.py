@@ -758,7 +758,8 @@ def chart(bench: Bench, s: dict, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     systems = bench.systems
-    labels = [x.label.replace(" (this project)", "\n(this project)") for x in systems]
+    labels = [x.label.replace(" (this project)", "\n(this project)").replace(" django.tasks backend", "\ndjango.tasks\nbackend")
+              for x in systems]
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.8), gridspec_kw={"width_ratios": [1.25, 1, 1.45]})
     colors = {"1": "#4C72B0", "3": "#DD8452", "enq": "#55A868", "p50": "#4C72B0", "p95": "#8172B3", "p99": "#C44E52"}
 
