@@ -313,3 +313,17 @@ def test_step_attempts_are_the_results_errors(processes, tmp_path):
     result = tasks.flaky.enqueue(str(tmp_path / "m"))
     drain_until_finished(processes, result)
     assert StepAttempt.objects.filter(run_id=result.id).count() == len(tasks.flaky.get_result(result.id).errors) == 1
+
+
+def test_a_task_kind_submitted_like_any_run_is_retried_in_its_own_tenant(tenant, processes, tmp_path):
+    # Through submit_run (or POST /api/runs) a task kind runs in the caller's tenant, not the backend's:
+    # its retry still reads its history, and it finishes.
+    run = submit_run(tenant=tenant, kind="tests.django_tasks.flaky", input={"args": [str(tmp_path / "m")]})
+    for _ in range(10):
+        drain(processes)
+        run.refresh_from_db()
+        if run.status == "done":
+            break
+    assert (run.status, run.attempt, run.result) == ("done", 2, "sent")
+    with pytest.raises(TaskResultDoesNotExist):  # not one of the backend's own tasks
+        tasks.flaky.get_result(str(run.pk))

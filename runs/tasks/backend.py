@@ -101,9 +101,13 @@ class DurableTaskBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's run as a ``TaskResult``; ``TaskResultDoesNotExist`` for any id that is not one of its tasks."""
+        return self.result_of(result_id, tenant_slug=self.tenant_slug)
+
+    def result_of(self, result_id: str, *, tenant_slug: str | None) -> TaskResult:
+        """``get_result`` in ``tenant_slug`` (None: any tenant, for the worker running a task's run of any tenant)."""
         from runs.tasks.history import task_run
 
-        found = task_run(result_id, tenant_slug=self.tenant_slug)
+        found = task_run(result_id, tenant_slug=tenant_slug)
         task = task_for(found.run.kind) if found is not None else None
         if task is None:
             raise TaskResultDoesNotExist(result_id)

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from django.tasks import Task, TaskResult
-    from django.tasks.backends.base import BaseTaskBackend
 
 
 def register_kind(task: Task, *, step_timeout: float | None) -> None:
@@ -76,7 +75,7 @@ def arguments(data: Any) -> tuple[list, dict]:
     return args, kwargs
 
 
-def _backend(data: dict, task: Task) -> BaseTaskBackend:
+def _backend(data: dict, task: Task) -> Any:
     return task_backends[data.get("backend") or task.backend]
 
 
@@ -99,12 +98,12 @@ def _execute(ctx, data: dict, *, module_path: str) -> Any:
     return ctx.step(task.name, call, timeout=backend.timeout)
 
 
-def _running_result(ctx, task: Task, backend: BaseTaskBackend, args: list, kwargs: dict) -> TaskResult:
+def _running_result(ctx, task: Task, backend: Any, args: list, kwargs: dict) -> TaskResult:
     """This attempt's ``TaskResult`` (RUNNING): built from the claim on a first attempt, read on a retry."""
     claim = ctx.claim
     if claim.attempt > 1:
         # The workers that claimed it before and the errors they met are in the database.
-        return backend.get_result(claim.id)
+        return backend.result_of(claim.id, tenant_slug=None)
     return results.build_result(
         task=results.as_enqueued(task, queue=claim.queue, priority=claim.priority, alias=backend.alias),
         run_id=claim.id, status=TaskResultStatus.RUNNING, enqueued_at=claim.created_at,
@@ -123,5 +122,5 @@ def _after_exit(ctx, status: str, result: Any, at: datetime, *, module_path: str
         running = _running_result(ctx, task, backend, args, kwargs)
         ended = results.finished(running, status=TaskResultStatus.SUCCESSFUL, at=at, return_value=result)
     else:  # a failure, or a run claimed before: what the database knows, errors and workers included
-        ended = backend.get_result(ctx.claim.id)
+        ended = backend.result_of(ctx.claim.id, tenant_slug=None)
     task_finished.send(type(backend), task_result=ended)

@@ -18,16 +18,19 @@ class TaskRun:
     worker_ids: list[str]  # the worker of each claim, in order
 
 
-def task_run(result_id: str, *, tenant_slug: str) -> TaskRun | None:
-    """The run ``result_id`` of the backend's tenant, or None (also for an id that is not a UUID)."""
+def task_run(result_id: str, *, tenant_slug: str | None) -> TaskRun | None:
+    """The run ``result_id`` of the backend's tenant (any, with None), or None (also for an id that is not a UUID)."""
     try:
         run_id = uuid.UUID(str(result_id))
     except ValueError:
         return None
     claims = Event.objects.filter(run=OuterRef("pk"), type="run.running").order_by("seq").values("actor_id")
     errors = StepAttempt.objects.filter(run=OuterRef("pk")).order_by("pk").values("error")
+    runs = Run.objects.filter(pk=run_id)
+    if tenant_slug is not None:
+        runs = runs.filter(tenant__slug=tenant_slug)
     run = (
-        Run.objects.filter(pk=run_id, tenant__slug=tenant_slug)
+        runs
         .annotate(claim_workers=ArraySubquery(claims), attempt_errors=ArraySubquery(errors))
         .first()
     )
