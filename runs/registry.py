@@ -138,10 +138,7 @@ def agent(
         raise TypeError(f"title must be a function of the input, the name of an input field, or None; not {title!r}")
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-        existing = _registry.get(name)
-        if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
-            raise ValueError(f"agent kind {name!r} is registered twice ({_qualname(existing.func)} and {_qualname(func)})")
-        _registry[name] = AgentKind(
+        register(AgentKind(
             name=name,
             func=func,
             queue=queue,
@@ -159,19 +156,20 @@ def agent(
             compensate_on=frozenset(compensate_on),
             description=inspect.cleandoc(func.__doc__ or ""),
             title=title,
-        )
+        ))
         return func
 
     return decorator
 
 
 def register(kind: AgentKind) -> AgentKind:
-    """Register a kind built by code rather than by ``@agent`` (the django.tasks backend's kinds).
+    """Register a kind: what ``@agent`` does, for kinds built by code (the django.tasks backend's).
 
-    Registering the same name again replaces the entry only if it runs the same function.
+    Registering the same name again replaces the entry only if it runs the same function (the same
+    object, or one of the same dotted name: a module imported twice).
     """
     existing = _registry.get(kind.name)
-    if existing is not None and _qualname(existing.func) != _qualname(kind.func):
+    if existing is not None and existing.func is not kind.func and _qualname(existing.func) != _qualname(kind.func):
         raise ValueError(f"agent kind {kind.name!r} is registered twice ({_qualname(existing.func)} and {_qualname(kind.func)})")
     _registry[kind.name] = kind
     return kind
