@@ -94,14 +94,14 @@ def list_runs(
         runs = runs.filter(created_at__lte=created).filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
     if without_payloads:
         runs = runs.defer("input", "result", "error")
-    items = search_runs(runs, terms, limit=limit + 1) if terms else list(runs[: limit + 1])
+    items = search_runs(runs, terms, tenant=tenant, limit=limit + 1) if terms else list(runs[: limit + 1])
     next_cursor = encode_cursor(items[limit - 1]) if len(items) > limit else None
     return Page(items=items[:limit], next_cursor=next_cursor)
 
 
 SEARCH_MAX_CHARS = 200
 SEARCH_MAX_WORDS = 8
-# Letters or digits, three in a row: what a trigram index can look up (pg_trgm ignores the rest).
+# Letters or digits, three in a row: what the search index can look up (runs.models.run.SearchKeys).
 _INDEXABLE = re.compile(r"[^\W_]{3}")
 
 
@@ -110,7 +110,7 @@ def search_terms(search: str) -> list[str]:
 
     Any text is accepted, hostile or not: NUL and control characters count
     as spaces, ``%``, ``_`` and ``\\`` match themselves. At least one word
-    must have three letters or digits in a row, which the trigram index can
+    must have three letters or digits in a row, which the search index can
     look up; shorter words then narrow what it found. A search the index
     cannot serve (only short words or punctuation), or longer than
     ``SEARCH_MAX_CHARS`` characters or ``SEARCH_MAX_WORDS`` words, raises
@@ -128,36 +128,38 @@ def search_terms(search: str) -> list[str]:
     return terms
 
 
-# How many of the newest runs a search reads through before it asks the trigram index (bench/list_search.py).
+# How many of the newest runs a search reads through before it asks the search index (bench/list_search.py).
 SEARCH_WINDOW = 2000
 
 
-def search_runs(runs: RunQuerySet, terms: list[str], *, limit: int) -> list[Run]:
-    """The first ``limit`` of ``runs`` (newest first, filtered) that match every one of ``terms``.
+def search_runs(runs: RunQuerySet, terms: list[str], *, tenant: Tenant, limit: int) -> list[Run]:
+    """The first ``limit`` of ``runs`` (``tenant``'s, newest first, filtered) that match every one of ``terms``.
 
     Each statement has one plan it can take, because no single plan is fast
     for every word and PostgreSQL, choosing from statistics of the whole
     table, chose badly: a word common in other tenants but absent from this
     one made it read all of this tenant's runs (2.3 s for 600,000 of them).
     A word common here is found soonest by reading the newest runs until
-    ``limit`` match; a rare one through the trigram index, which has every
+    ``limit`` match; a rare one through the search index, which has every
     match at once. So: where the newest ``SEARCH_WINDOW`` runs begin (one
     index-only read), then those runs, read in order (a few ms at most);
     then, only if they held too few matches, the older ones, through the
-    index (tenant and trigrams) and sorted. Two statements, or three.
+    index's entries of ``tenant`` (never another tenant's) and sorted. Two
+    statements, or three. None reads another tenant's runs or index entries,
+    so what they cost depends on this tenant's runs only.
     """
     edge = runs.values_list("created_at", flat=True)[SEARCH_WINDOW - 1 : SEARCH_WINDOW].first()
     if edge is None:  # fewer runs than the window: it holds them all
-        return list(runs.matching(terms, use_index=False)[:limit])
+        return list(runs.matching(terms)[:limit])
     # A range PostgreSQL sees the bounds of: it reads these runs through the index of newest runs.
-    found = list(runs.filter(created_at__gte=edge).matching(terms, use_index=False)[:limit])
+    found = list(runs.filter(created_at__gte=edge).matching(terms)[:limit])
     if len(found) >= limit:
         return found
     # created_at through an expression that no index has, so that PostgreSQL can neither walk
     # the index of newest runs (the slow plan) nor scan one for the range (as costly): it takes
-    # the matches from the trigram index, then sorts them, newest first.
+    # the matches from the search index, then sorts them, newest first.
     unindexed = F("created_at") + timedelta(0)
-    older = (runs.alias(created=unindexed).filter(created__lt=edge).matching(terms)
+    older = (runs.alias(created=unindexed).filter(created__lt=edge).matching(terms, tenant=tenant)
              .order_by(F("created").desc(), "-id"))
     return found + list(older[: limit - len(found)])
 

@@ -14,9 +14,10 @@ import uuid
 from decimal import Decimal
 
 from django.conf import settings
-from django.contrib.postgres.indexes import GinIndex, OpClass
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import ExpressionWrapper, F, Func, Q, TextField, Value
+from django.db.models import ExpressionWrapper, F, Func, Q, TextField, UUIDField, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -30,29 +31,66 @@ INPUT_STRINGS_PATH = 'strict $.** ? (@.type() == "string")'
 class SearchText(Func):
     """What a run search matches: the title, then the input's string values (a JSON array's text).
 
-    The expression of the trigram index ``run_search_trgm_idx``: a query must
-    spell it exactly so for PostgreSQL to use the index. Built-in immutable
-    functions over ``title`` and ``input`` only, columns that only a submit
-    writes, so heartbeats and checkpoints stay HOT updates (a stored generated
-    column would be rewritten by every UPDATE of the row).
+    Built-in immutable functions over ``title`` and ``input`` only, columns
+    that only a submit writes, so heartbeats and checkpoints stay HOT updates
+    (a stored generated column would be rewritten by every UPDATE of the row).
     """
 
     output_field = TextField()
 
-    def __init__(self, *, indexed: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__(F("title"), F("input"))
-        self.indexed = indexed
 
     def as_sql(self, compiler, connection, **extra_context):
         title, title_params = compiler.compile(self.source_expressions[0])
         data, data_params = compiler.compile(self.source_expressions[1])
         text = f"{title} || ' ' || jsonb_path_query_array({data}, '{INPUT_STRINGS_PATH}'::jsonpath)::text"
-        # indexed=False: the same text, spelt so that it no longer matches the index's expression.
-        return f"({text})" if self.indexed else f"({text} || '')", [*title_params, *data_params]
+        return f"({text})", [*title_params, *data_params]
+
+
+class SearchKeys(Func):
+    """The search index's keys of a run, each naming its tenant: ``<tenant>:`` and ``<tenant>:<3 letters>``.
+
+    The expression of ``run_search_keys_idx`` (``runs_search_keys``, SQL
+    function of migration 0018): every three letters or digits in a row of
+    the lowercased ``SearchText``, prefixed with the tenant's id. So each
+    tenant has posting lists of its own, and a search reads only its own
+    tenant's entries: how many runs of other tenants hold a word can neither
+    slow it down nor speed it up (bench/search_isolation.py).
+    """
+
+    function = "runs_search_keys"
+    output_field = ArrayField(TextField())
+
+    def __init__(self) -> None:
+        super().__init__(F("tenant"), SearchText())
+
+
+class SearchQueryKeys(Func):
+    """The keys a run must all have to contain ``text`` (``runs_search_query``, migration 0018).
+
+    The same three letters in a row as ``SearchKeys``, for one tenant, or just
+    ``<tenant>:`` (all its runs) if ``text`` has none: never an empty array,
+    which would make the index read every tenant's entries.
+    """
+
+    function = "runs_search_query"
+    output_field = ArrayField(TextField())
+
+    def __init__(self, tenant_id, text: str) -> None:
+        super().__init__(Value(tenant_id, output_field=UUIDField()), Value(text, output_field=TextField()))
+
+
+class Contains(Func):
+    """``array @> array``: every key of the right one is in the left one (what a GIN index of arrays serves)."""
+
+    arg_joiner = " @> "
+    template = "(%(expressions)s)"
+    output_field = models.BooleanField()
 
 
 class ILike(Func):
-    """``expression ILIKE pattern`` (Django's icontains says ``UPPER(x) LIKE UPPER(p)``, which no trigram index serves)."""
+    """``expression ILIKE pattern`` (Django's icontains says ``UPPER(x) LIKE UPPER(p)``)."""
 
     arg_joiner = " ILIKE "
     template = "(%(expressions)s)"
@@ -94,20 +132,25 @@ class RunQuerySet(models.QuerySet):
     def newest_first(self) -> RunQuerySet:
         return self.order_by("-created_at", "-id")
 
-    def matching(self, terms: list[str], *, use_index: bool = True) -> RunQuerySet:
+    def matching(self, terms: list[str], *, tenant=None) -> RunQuerySet:
         """Runs whose title or input text contains every one of ``terms``, case-insensitively.
 
         Each term is a literal substring (``%``, ``_`` and ``\\`` match
-        themselves); the trigram index serves terms with 3 letters or digits
-        in a row. ``use_index=False`` keeps PostgreSQL from using it, for a
-        query that must read the runs in another index's order instead
-        (``runs.selectors.search_runs``).
+        themselves). Without ``tenant`` no index can serve this: a query that
+        reads the runs in another index's order (``runs.selectors.search_runs``).
+        With it, the search index finds ``tenant``'s runs that hold every three
+        letters or digits in a row of the terms (only that tenant's: keys name
+        their tenant), and the same ILIKE then keeps the exact matches.
         """
         runs = self
+        if tenant is not None:
+            # Each term's first spelling: its letters and digits are those of the JSON one.
+            letters = " ".join(like_patterns(term)[0] for term in terms)
+            runs = runs.filter(Contains(SearchKeys(), SearchQueryKeys(tenant.pk, letters)))
         for term in terms:
             either = Q()
             for pattern in like_patterns(term):
-                either |= Q(ILike(SearchText(indexed=use_index), Value(pattern)))
+                either |= Q(ILike(SearchText(), Value(pattern)))
             runs = runs.filter(either)
         return runs
 
@@ -265,11 +308,12 @@ class Run(models.Model):
             ),
             # ...and runs finished in the last hour (throughput and failure rate).
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_idx"),
-            # Search by title and input text (runs.selectors.search_runs): trigrams serve ILIKE
-            # '%term%' for any term with 3 letters or digits in a row, and the tenant (btree_gin) in
-            # the same index keeps a word common in other tenants only from costing anything here.
-            # bench/list_search.py chose it over full text, and over the trigrams alone.
-            GinIndex(F("tenant"), OpClass(SearchText(), name="gin_trgm_ops"), name="run_search_trgm_idx"),
+            # Search by title and input text (runs.selectors.search_runs): keys of three letters
+            # or digits per tenant (SearchKeys) serve ILIKE '%term%' for any term with 3 in a row;
+            # per tenant, so a search never reads another tenant's entries, and its cost cannot tell
+            # whether a word is common elsewhere (bench/search_isolation.py; trigrams over
+            # (tenant, text), the index before, read every tenant's entries of the word).
+            GinIndex(SearchKeys(), name="run_search_keys_idx"),
         ]
         # The operations console's actions (runs/admin); staff need these besides view_run.
         permissions = [
