@@ -7,7 +7,7 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Status
 
-from runs import control, selectors
+from runs import control, kinds, selectors
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import CancelIn, DecisionIn, ForkIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
@@ -86,6 +86,8 @@ def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
              summary="Fork a run: a new run that replays steps before N and runs from N (202, queued)")
 def fork(request: HttpRequest, response: HttpResponse, run_id: UUID, payload: ForkIn):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    # A fork starts a new run of the kind: only of a kind the tenant may start (a retry is not a new run).
+    kinds.require_startable(request.auth.tenant, run.kind)
     forked = control.fork_run(run=run, actor=actor, from_step=payload.from_step)
     response["Location"] = f"/api/runs/{forked.id}"
     return Status(202, forked)

@@ -11,7 +11,7 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
 
-from runs import selectors, services
+from runs import kinds, selectors, services
 from runs.api.schemas import (
     ErrorOut,
     HealthOut,
@@ -26,7 +26,6 @@ from runs.api.schemas import (
 from runs.exceptions import InvalidRunInput
 from runs.keys import authenticate_key
 from runs.models import ApiKey, RunStatus
-from runs.registry import all_kinds
 
 
 class ApiKeyAuth(HttpBearer):
@@ -58,6 +57,7 @@ def submit_run(
         if key is not None and key != headers.idempotency_key:
             raise InvalidRunInput("the Idempotency-Key header and the body's idempotency_key differ")
         key = headers.idempotency_key
+    kinds.require_startable(request.auth.tenant, payload.kind)
     submitted = services.submit(
         tenant=request.auth.tenant,
         kind=payload.kind,
@@ -121,8 +121,9 @@ def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
-@router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="Registered agent kinds")
+@router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="The kinds this tenant may start")
 def list_kinds(request: HttpRequest):
+    """Registered kinds the caller's tenant may start, with their input JSON schema (``runs.kinds``)."""
     require_scope(request, ApiKey.Scope.READ)
     return [
         {
@@ -132,7 +133,7 @@ def list_kinds(request: HttpRequest):
             "description": kind.description,
             "input_schema": kind.input_json_schema(),
         }
-        for kind in all_kinds()
+        for kind in kinds.startable_kinds(request.auth.tenant)
     ]
 
 
