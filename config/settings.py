@@ -103,9 +103,14 @@ INSTALLED_APPS = [
     "ninja",
     "runs",
     "workers",
-    "crm",
-    "deploys",
 ]
+# Demo and example content (the examples package): the research kinds, the demo CRM and deploys apps
+# with their kinds, the framework example kinds. Development only (`make run` sets it): their kinds
+# would be open to every tenant, and `manage.py check --deploy` warns when it is on with DEBUG off.
+RUNS_EXAMPLES = env_bool("RUNS_EXAMPLES", False)
+if RUNS_EXAMPLES:
+    # The demo apps keep their labels (crm, deploys): their migrations and tables stand.
+    INSTALLED_APPS += ["examples", "examples.crm", "examples.deploys"]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -9,7 +9,7 @@ import pytest
 from django.template import Context, Template
 from django.template.loader import render_to_string
 
-from crm.models import Lead
+from examples.crm.models import Lead
 from runs.control import post_message, reject_run
 from runs.dashboard.rendering import (
     ALLOWED_TAGS,
@@ -243,7 +243,7 @@ def test_a_transcript_shows_rejected_calls_and_tool_errors(tenant, fake_llm):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_transcript_shows_a_call_a_person_rejected(tenant, offline):
-    lead = Lead.objects.create(name="Ana Lopez", company="Acme", email="ana@acme.test", stage="new")
+    lead = Lead.objects.create(tenant=tenant, name="Ana Lopez", company="Acme", email="ana@acme.test", stage="new")
     run = submit_run(tenant=tenant, kind="crm_update", input={"lead_id": lead.pk, "instruction": "They qualify"})
     [run] = drive(run)
     reject_run(run=run, actor=Actor(type="user", id="42"), comment="wait for the budget")

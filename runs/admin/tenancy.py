@@ -48,7 +48,7 @@ class TenantForm(forms.ModelForm):
 
     class Meta:
         model = Tenant
-        fields = "__all__"
+        fields = ("allowed_kinds",)  # the admin adds the fieldsets' fields
 
 
 @admin.register(Tenant)

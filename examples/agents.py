@@ -217,6 +217,6 @@ def _installed(distribution: str) -> bool:
 # agentruns[openai-agents]). Each imports its framework on its first run, not here: every web and worker
 # process imports this module.
 if importlib.util.find_spec("pydantic_ai") is not None:
-    import workers.frameworks.pydantic_ai_example  # noqa: E402, F401 - registers pydantic_ai_demo
+    import examples.frameworks.pydantic_ai_example  # noqa: E402, F401 - registers pydantic_ai_demo
 if _installed("openai-agents"):  # its package is named "agents": ask for the distribution, not the name
-    import workers.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo
+    import examples.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo
