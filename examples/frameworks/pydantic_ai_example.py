@@ -1,4 +1,4 @@
-"""The built-in kind ``pydantic_ai_demo``: a Pydantic AI agent whose every call is a step of the run.
+"""The example kind ``pydantic_ai_demo``: a Pydantic AI agent whose every call is a step of the run.
 
 Input ``{"order_id": 1042, "request": "The parcel never arrived"}``. The agent
 looks the order up (a tool), proposes a refund (a tool that requires approval:
