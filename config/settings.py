@@ -46,6 +46,11 @@ DEBUG = env_bool("DEBUG", False)
 DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
 
 
+# The marker of deploy/agentruns.env.example's values that must be replaced.
+PLACEHOLDER_MARKER = "replace-me"
+GENERATE_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+
+
 def _secret_key() -> str:
     key = os.environ.get("SECRET_KEY", "")
     if DEBUG:
@@ -53,10 +58,30 @@ def _secret_key() -> str:
     if not key or key == DEVELOPMENT_SECRET_KEY:
         raise ImproperlyConfigured(
             "SECRET_KEY is not set (or is the development key) and DEBUG is off: set SECRET_KEY to 50 or "
-            "more random characters, for example the output of "
-            "python -c 'import secrets; print(secrets.token_urlsafe(50))', or set DEBUG=1 for development."
+            f"more random characters, for example the output of {GENERATE_HINT}, or set DEBUG=1 for development."
+        )
+    # Django's own W009 thresholds: a guessable key signs sessions and stream tokens anyone could forge.
+    if PLACEHOLDER_MARKER in key or len(key) < 50 or len(set(key)) < 5:
+        problem = ("is still the placeholder of the example env file" if PLACEHOLDER_MARKER in key
+                   else f"is too short or too simple ({len(key)} characters, {len(set(key))} distinct)")
+        raise ImproperlyConfigured(
+            f"SECRET_KEY {problem} and DEBUG is off: anyone who knows it can forge sessions and stream tokens. "
+            f"Set SECRET_KEY to 50 or more random characters, for example the output of {GENERATE_HINT}."
         )
     return key
+
+
+def _metrics_token() -> str:
+    token = os.environ.get("RUNS_METRICS_TOKEN", "")
+    if token and not DEBUG and (PLACEHOLDER_MARKER in token or len(token) < 32):
+        problem = ("is still the placeholder of the example env file" if PLACEHOLDER_MARKER in token
+                   else f"is too short ({len(token)} characters)")
+        raise ImproperlyConfigured(
+            f"RUNS_METRICS_TOKEN {problem} and DEBUG is off: set it to 32 or more random characters, for "
+            f"example the output of {GENERATE_HINT} (and give Prometheus the same), or unset it to turn "
+            "/metrics off."
+        )
+    return token
 
 
 def _proxy_ssl_header() -> tuple[str, str] | None:
@@ -296,7 +321,7 @@ RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)
 # Metrics (runs.metrics): GET /metrics answers only with this Bearer token set
 # (404 without). Every process publishes what it counted this often; rows of
 # processes silent this long are folded into one (their counts are kept).
-RUNS_METRICS_TOKEN = os.environ.get("RUNS_METRICS_TOKEN", "")
+RUNS_METRICS_TOKEN = _metrics_token()
 RUNS_METRICS_PUBLISH_SECONDS = env_float("RUNS_METRICS_PUBLISH_SECONDS", 10)
 RUNS_METRICS_RETIRE_SECONDS = env_float("RUNS_METRICS_RETIRE_SECONDS", 3600)
 
