@@ -7,6 +7,7 @@ embedded PostgreSQL first and exports its URL.
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -130,6 +131,7 @@ INSTALLED_APPS = [
     "workers",
     "crm",
     "deploys",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -142,6 +144,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
+    "runs.logins.LoginsBusyMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -224,8 +228,33 @@ DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Login throttling (django-axes) on the dashboard's and the admin's login: after
+# RUNS_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address,
+# that pair is refused (429, registration/locked_out.html) for RUNS_LOGIN_COOLOFF_MINUTES
+# without the password being checked. Keyed on the pair, so that guessing at an
+# account from elsewhere never locks its owner out; attempts are rows in the
+# database, shared by every web process. Behind a proxy, REMOTE_ADDR is the client
+# once `serve` trusts the proxy (FORWARDED_ALLOW_IPS). `manage.py axes_reset` unlocks.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    # ModelBackend with at most RUNS_LOGIN_CONCURRENCY password checks at once per process (runs.logins).
+    "runs.logins.CappedModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("RUNS_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("RUNS_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# A fixed cool-off: attempts during a lockout check no password, so they gain nothing to extend it for.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "runs.logins.locked_out"  # 429 with Retry-After
+AXES_VERBOSE = False
+RUNS_LOGIN_CONCURRENCY = env_int("RUNS_LOGIN_CONCURRENCY", max(1, (os.cpu_count() or 2) // 2))
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
