@@ -10,7 +10,6 @@ import threading
 
 import httpx
 import pytest
-from axes.models import AccessAttempt
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 
@@ -20,6 +19,13 @@ from tests.factories import UserFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PASSWORD = "secret-pass"  # tests.factories.UserFactory's
+
+
+def attempts():
+    """django-axes' failure records (imported late: the app is what these tests look for)."""
+    from axes.models import AccessAttempt
+
+    return AccessAttempt.objects
 
 
 def free_port() -> int:
@@ -76,7 +82,7 @@ def test_twenty_five_wrong_passwords_lock_the_username_at_that_address_even_for_
     assert "Too many failed logins" in right.text and "15 minutes" in right.text
     assert int(right.headers["Retry-After"]) == 15 * 60
     # Counted as five failures: the refused attempts never reached a password check.
-    assert AccessAttempt.objects.get(username=user.username).failures_since_start == 5
+    assert attempts().get(username=user.username).failures_since_start == 5
     # Keyed on username and address: another account at the same address still logs in.
     other = UserFactory()
     assert Browser(base).login(other.username, PASSWORD).status_code == 302
@@ -99,7 +105,7 @@ def test_a_right_password_before_the_limit_logs_in_and_clears_the_failures(base)
 
     assert [browser.login(user.username, "wrong").status_code for _ in range(4)] == [200] * 4
     assert browser.login(user.username, PASSWORD).status_code == 302
-    assert not AccessAttempt.objects.filter(username=user.username).exists()
+    assert not attempts().filter(username=user.username).exists()
 
 
 @pytest.mark.parametrize("weak", ["password", "12345678", "qwertyuiop", "user-name-1"])
@@ -136,4 +142,4 @@ def test_logins_beyond_the_concurrency_cap_are_refused_at_once_and_not_counted(p
     assert busy and checked
     assert all(r.headers["Retry-After"] == "1" and "The server is busy" in r.text for r in busy)
     # Only the checked attempts count as failures; a busy answer locks nobody out.
-    assert AccessAttempt.objects.count() == len(checked)
+    assert attempts().count() == len(checked)

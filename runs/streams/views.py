@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 
+from runs.errors import tenant_error
 from runs.states import TERMINAL_EVENT_TYPES
 from runs.streams import ephemeral
 from runs.streams.hub import StoredEvent, get_hub
@@ -86,7 +87,7 @@ def format_event(event: StoredEvent) -> str:
         f'{{"run_id":"{event.run_id}","seq":{event.seq},"type":{json.dumps(event.type)},'
         f'"at":"{event.created_at.isoformat()}",'
         f'"actor":{{"type":{json.dumps(event.actor_type)},"id":{json.dumps(event.actor_id)}}},'
-        f'"data":{_one_line(event.payload_json)}}}'
+        f'"data":{_one_line(_tenant_payload(event.payload_json))}}}'
     )
     return f"id: {event.seq}\nevent: {_field(event.type)}\ndata: {data}\n\n"
 
@@ -100,6 +101,16 @@ def format_ephemeral(update: ephemeral.Ephemeral) -> str:
 def _field(value: str) -> str:
     # A line break would end the field and let the rest forge another one.
     return value.replace("\r", " ").replace("\n", " ")
+
+
+def _tenant_payload(json_text: str) -> str:
+    """The payload with its ``error`` as tenants see it (runs.errors); others pass through unparsed."""
+    if '"error"' not in json_text:
+        return json_text
+    payload = json.loads(json_text)
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        payload["error"] = tenant_error(payload["error"])
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def _one_line(json_text: str) -> str:
