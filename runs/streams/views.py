@@ -22,7 +22,8 @@ from django.http import HttpRequest, StreamingHttpResponse
 from runs.errors import tenant_error
 from runs.states import TERMINAL_EVENT_TYPES
 from runs.streams import ephemeral
-from runs.streams.hub import StoredEvent, get_hub
+from runs.streams.grants import Grant
+from runs.streams.hub import REVOKED, StoredEvent, get_hub
 
 # How long a client waits before reconnecting, in ms (the SSE `retry:` field).
 RECONNECT_MS = 2000
@@ -40,14 +41,17 @@ def streams_served(request: HttpRequest) -> bool:
     return isinstance(request, ASGIRequest) or request.META.get("asgi.scope") is not None
 
 
-def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool) -> StreamingHttpResponse:
+def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool,
+                    grant: Grant | None = None) -> StreamingHttpResponse:
     """The streaming response for a run whose Events past ``after`` the client wants.
 
     ``last_seq`` and ``terminal`` are the run's as read when the stream was
     opened: a finished run's stream ends once it has replayed up to there.
+    ``grant`` is what it was opened with: the hub ends the stream soon after
+    that stops holding (runs.streams.grants).
     """
     response = StreamingHttpResponse(
-        _events(run_id=run_id, after=after, close_at=last_seq if terminal else None),
+        _events(run_id=run_id, after=after, close_at=last_seq if terminal else None, grant=grant),
         content_type="text/event-stream; charset=utf-8",
     )
     response["Cache-Control"] = "no-cache"
@@ -55,9 +59,9 @@ def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool) 
     return response
 
 
-async def _events(*, run_id: UUID, after: int, close_at: int | None) -> AsyncIterator[str]:
+async def _events(*, run_id: UUID, after: int, close_at: int | None, grant: Grant | None) -> AsyncIterator[str]:
     hub = get_hub()
-    sub = await hub.subscribe(run_id, after)
+    sub = await hub.subscribe(run_id, after, grant=grant)
     try:
         # Sent at once, so that the client (and any proxy) sees the stream open.
         yield f"retry: {RECONNECT_MS}\n: run {run_id}, events after {after}\n\n"
@@ -71,6 +75,10 @@ async def _events(*, run_id: UUID, after: int, close_at: int | None) -> AsyncIte
                 yield ": keepalive\n\n"
                 continue
             if item is None:  # the server is stopping
+                return
+            if item is REVOKED:
+                # A client that reconnects is refused (401), which tells EventSource to stop.
+                yield ": the credentials this stream was opened with no longer hold\n\n"
                 return
             if isinstance(item, ephemeral.Ephemeral):
                 yield format_ephemeral(item)
