@@ -133,12 +133,6 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
     return f"{days} day{'s' if days != 1 else ''} ago"
 
 
-def error_parts(error: str) -> tuple[str, str]:
-    """A step error as (the sentence, the traceback after it): people read the first, developers open the second."""
-    summary, _, details = (error or "").partition("\n\n")
-    return summary, details.strip()
-
-
 def until(moment: datetime | None, now: datetime | None = None) -> str:
     """"now", "in 12 s", "in 5 min", "in 3 h": the other way from ``ago``."""
     if moment is None:

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.db import storable_text
+from runs.errors import tenant_error
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
 from runs.metrics import process as metrics
@@ -104,7 +105,7 @@ def body_for(*, event_type: str, seq: int, at: datetime, actor_type: str, actor_
     }
     for key in ("result", "error", "error_kind", "reason", "steps_done", "steps_total", "cost_cents"):
         if key in payload:
-            data[key] = payload[key]
+            data[key] = tenant_error(payload[key]) if key == "error" else payload[key]
     return json.dumps({"type": event_type, "timestamp": at.isoformat(), "data": data},
                       separators=(",", ":"), ensure_ascii=False)
 
