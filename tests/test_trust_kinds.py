@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 
 import httpx
 import pytest
@@ -211,7 +212,7 @@ def test_without_runs_examples_the_demo_apps_and_example_kinds_are_not_there(pro
 
 
 def test_check_deploy_warns_when_the_examples_are_on_with_debug_off(processes):
-    deploy = {"SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "agents.example.com", "DEBUG": "0"}
+    deploy = {"SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "agents.example.com", "DEBUG": "0"}
     on = processes.run("check", "--deploy", RUNS_EXAMPLES="1", **deploy)
     assert "runs.W201" in on.stderr and "RUNS_EXAMPLES" in on.stderr, on.stderr
     off = processes.run("check", "--deploy", RUNS_EXAMPLES="0", **deploy)
