@@ -6,6 +6,7 @@ from runs.models.notifications import (
     WEBHOOK_EVENT_TYPES,
     DeliveryFailure,
     DeliveryStatus,
+    ReceiverOf,
     StreamWatch,
     WebhookDelivery,
     WebhookEndpoint,
@@ -38,5 +39,5 @@ __all__ = [
     "Message", "MetricSnapshot", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
     "StepStatus", "Tenant", "TenantDailyCost", "Worker", "default_expires_at",
     "WEBHOOK_EVENT_TYPES", "DeliveryStatus", "StreamWatch", "WebhookDelivery", "WebhookEndpoint",
-    "RECEIVER_SQL", "DeliveryFailure", "WebhookReceiver",
+    "RECEIVER_SQL", "DeliveryFailure", "ReceiverOf", "WebhookReceiver",
 ]

@@ -68,6 +68,13 @@ class DeliveryFailure(models.TextChoices):
 RECEIVER_SQL = "lower(substring({url} from '^[^/?#]*//[^/?#]*'))"
 
 
+class ReceiverOf(models.Func):
+    """``RECEIVER_SQL`` of a URL expression, for the ORM (the admin's paused column)."""
+
+    template = RECEIVER_SQL.format(url="%(expressions)s")
+    output_field = models.CharField()
+
+
 class WebhookDelivery(models.Model):
     """One Event to one URL, written in the same transaction as the Event; retried until delivered or dead.
 
@@ -150,7 +157,7 @@ class WebhookReceiver(models.Model):
     class Meta:
         # Also the claim's look-up of paused receivers.
         constraints = [models.UniqueConstraint(fields=["tenant", "receiver"], name="webhookreceiver_unique")]
-        ordering = ["-paused_at", "receiver"]
+        ordering = [models.F("paused_at").desc(nulls_last=True), "receiver"]
 
     def __str__(self) -> str:
         return f"{self.receiver} ({'paused' if self.paused_at else 'active'})"

@@ -59,10 +59,9 @@ WITH resumed AS (
     RETURNING tenant_id, receiver
 ),
 due AS (
-    UPDATE runs_webhookdelivery d SET next_attempt_at = statement_timestamp()
+    UPDATE runs_webhookdelivery d SET next_attempt_at = LEAST(d.next_attempt_at, statement_timestamp())
     FROM resumed r
-    WHERE d.status = 'pending' AND d.next_attempt_at > statement_timestamp()
-      AND d.tenant_id = r.tenant_id AND {receiver_d} = r.receiver
+    WHERE d.status = 'pending' AND d.tenant_id = r.tenant_id AND {receiver_d} = r.receiver
     RETURNING d.id
 )
 SELECT (SELECT count(*) FROM resumed), (SELECT count(*) FROM due)
