@@ -126,7 +126,7 @@ def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_o
         port = sock.getsockname()[1]
     closed = f"http://127.0.0.1:{port}"  # nothing listens: every attempt is refused
     mine, theirs = TenantFactory(), TenantFactory()
-    finished_runs(mine, 2, callback_url=f"{closed}/a")
+    [my_run, _] = finished_runs(mine, 2, callback_url=f"{closed}/a")
     [their_run] = finished_runs(theirs, 1, callback_url=f"{closed}/b")
     loop = DeliveryLoop(poll=0.05)
     loop.run(once=True)
@@ -141,6 +141,11 @@ def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_o
     loop.run(once=True)
     assert {d.pk: d.attempts for d in WebhookDelivery.objects.filter(tenant=mine)} == before
     assert WebhookDelivery.objects.get(run=their_run).attempts == 2  # retried as usual
+    member = MembershipFactory(tenant=mine, role="viewer")
+    tenant_view = Client()
+    tenant_view.force_login(member.user)
+    page = tenant_view.get(f"/runs/{my_run.id}/").content.decode()
+    assert "could not connect" in page and "paused: the receiver kept not answering" in page
 
     admin_client.post("/admin/runs/webhookreceiver/", {"action": "resume", "_selected_action": [health.pk]})
     assert models.WebhookReceiver.objects.get(pk=health.pk).paused_at is None
@@ -188,6 +193,7 @@ def test_every_malformed_callback_url_is_a_422_with_a_readable_detail(api, setti
     st.text(max_size=80).map(lambda s: "https://" + s),
     st.text(alphabet="[]:%@.0123456789abcdefv/\\?#+- ", max_size=40).map(lambda s: "https://" + s),
     st.from_regex(r"https://\[[0-9a-fv:.%]{0,30}\](:[0-9+-]{0,8})?/", fullmatch=True),
+    st.from_regex(r"https://\[v[0-9a-f]{1,3}\.[a-z0-9:._~-]{1,12}\](:[0-9]{1,6})?/", fullmatch=True),  # IPvFuture
 ))
 @pytest.mark.django_db(transaction=False)
 def test_the_url_check_only_ever_refuses_with_a_sentence(url):

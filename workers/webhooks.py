@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from uuid import UUID
 from django.conf import settings
 
 from runs.db import release_connection, with_retries
-from runs.webhooks import deliveries
+from runs.webhooks import deliveries, receivers
 from runs.webhooks.deliveries import DeliveryJob
 from runs.webhooks.signing import signature
 from workers import webhook_http
@@ -34,6 +35,7 @@ from workers import webhook_http
 logger = logging.getLogger(__name__)
 
 USER_AGENT = "agentruns-webhooks/1"
+PARK_EVERY_SECONDS = 30.0
 
 
 class DeliveryLoop:
@@ -50,8 +52,12 @@ class DeliveryLoop:
         """Until stopped (``once``: until nothing is due). Returns how many attempts were made."""
         attempts = 0
         in_flight: dict[Future, UUID] = {}
+        parked_at = 0.0
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="webhook") as pool:
             while not self.stopping.is_set():
+                if time.monotonic() - parked_at >= PARK_EVERY_SECONDS:
+                    self._park()
+                    parked_at = time.monotonic()
                 free = self.concurrency - len(in_flight)
                 jobs = self._claim(free, Counter(in_flight.values())) if free else []
                 for job in jobs:
@@ -67,6 +73,15 @@ class DeliveryLoop:
                     self.stopping.wait(self.poll)
             wait(in_flight)  # a stop lets the sends under way finish and be recorded
         return attempts
+
+    def _park(self) -> None:
+        """Park what came for paused receivers since the last look, so that claims do not read past it."""
+        try:
+            with_retries(receivers.park, what="park deliveries of paused receivers")
+        except Exception:
+            logger.exception("parking deliveries of paused webhook receivers failed")
+        finally:
+            release_connection()
 
     def _claim(self, free: int, in_flight: Counter[UUID]) -> list[DeliveryJob]:
         try:

@@ -124,6 +124,9 @@ class WebhookReceiverAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # a paused receiver's deliveries are parked until it is resumed
+
     @admin.display(description="state", ordering="paused_at")
     def state(self, health: WebhookReceiver) -> str:
         return paused_text(health.paused_at, health.paused_reason) or "active"

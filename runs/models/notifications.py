@@ -114,10 +114,11 @@ class WebhookDelivery(models.Model):
             models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="webhookdelivery_status_valid"),
         ]
         indexes = [
-            # The delivery loop's claim, and only it.
+            # The delivery loop's claim, and only it: the tenants with live deliveries
+            # (a skip scan), then each one's oldest due (runs.webhooks.deliveries).
             models.Index(
-                fields=["next_attempt_at"], condition=Q(status__in=LIVE_DELIVERY_STATUSES),
-                name="webhookdelivery_due_idx",
+                fields=["tenant", "next_attempt_at"], condition=Q(status__in=LIVE_DELIVERY_STATUSES),
+                name="webhookdelivery_tenant_due_idx",
             ),
             # A run's deliveries (run page, admin inline, deletion with the run).
             models.Index(fields=["run", "id"], name="webhookdelivery_run_idx"),

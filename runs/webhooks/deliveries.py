@@ -54,22 +54,38 @@ class DeliveryJob:
     receiver: str = ""  # RECEIVER_SQL of url: whose health the attempt tells about
 
 
-_LIVE_AND_DUE = "d.status IN ('pending', 'sending') AND d.next_attempt_at <= statement_timestamp()"
+_LIVE = "d.status IN ('pending', 'sending')"  # the predicate of the claim's index
+_LIVE_AND_DUE = f"{_LIVE} AND d.next_attempt_at <= statement_timestamp()"
 
-# Each tenant's due deliveries are numbered oldest first (`place`); a
-# delivery's turn is its place after the tenant's sends in flight, and turns
-# are taken in order (round-robin), up to the tenant's share of the slots.
+# The tenants with live deliveries, one index probe each (PostgreSQL has no
+# skip scan of its own); then each one's oldest due deliveries, at most a
+# loop's slots of them, numbered (`place`). A delivery's turn is its place
+# after the tenant's sends in flight, and turns are taken in order
+# (round-robin), up to the tenant's share of the slots. So a claim costs the
+# number of busy tenants, not the length of anyone's backlog.
 _CLAIM_SQL = sql("""
-WITH flight AS (
+WITH RECURSIVE busy(tenant_id) AS (
+    (SELECT d.tenant_id FROM runs_webhookdelivery d WHERE {live_delivery} ORDER BY d.tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.tenant_id FROM runs_webhookdelivery d
+            WHERE {live_delivery} AND d.tenant_id > busy.tenant_id ORDER BY d.tenant_id LIMIT 1)
+    FROM busy WHERE busy.tenant_id IS NOT NULL
+),
+flight AS (
     SELECT * FROM unnest(%(flight_tenants)s::uuid[], %(flight_counts)s::int[]) AS f(tenant_id, sending)
 ),
 due AS (
-    SELECT d.id, d.tenant_id, d.next_attempt_at,
-           row_number() OVER (PARTITION BY d.tenant_id ORDER BY d.next_attempt_at, d.id) AS place
-    FROM runs_webhookdelivery d
-    WHERE {live_and_due}
-      AND NOT EXISTS (SELECT 1 FROM runs_webhookreceiver h
-                      WHERE h.tenant_id = d.tenant_id AND h.paused_at IS NOT NULL AND h.receiver = {receiver_d})
+    SELECT oldest.id, busy.tenant_id, oldest.next_attempt_at,
+           row_number() OVER (PARTITION BY busy.tenant_id ORDER BY oldest.next_attempt_at, oldest.id) AS place
+    FROM busy CROSS JOIN LATERAL (
+        SELECT d.id, d.next_attempt_at FROM runs_webhookdelivery d
+        WHERE d.tenant_id = busy.tenant_id AND {live_and_due}
+          AND NOT EXISTS (SELECT 1 FROM runs_webhookreceiver h
+                          WHERE h.tenant_id = d.tenant_id AND h.paused_at IS NOT NULL AND h.receiver = {receiver_d})
+        ORDER BY d.next_attempt_at
+        LIMIT %(slots)s
+    ) oldest
+    WHERE busy.tenant_id IS NOT NULL
 ),
 share AS (
     SELECT GREATEST(1, LEAST(%(most)s, ceil(%(slots)s::numeric / GREATEST(1, count(*)))))::int AS slots
@@ -104,7 +120,7 @@ JOIN runs_event e ON e.id = c.event_id
 JOIN runs_run r ON r.id = c.run_id
 JOIN runs_tenant t ON t.id = c.tenant_id
 ORDER BY c.id
-""", live_and_due=_LIVE_AND_DUE, receiver_d=RECEIVER_SQL.format(url="d.url"),
+""", live_delivery=_LIVE, live_and_due=_LIVE_AND_DUE, receiver_d=RECEIVER_SQL.format(url="d.url"),
     receiver_c=RECEIVER_SQL.format(url="c.url"))
 
 

@@ -12,6 +12,11 @@ receiver that answers quickly costs nothing to retry on the usual schedule.
 Every change is one guarded statement: pausing only a receiver not paused,
 resuming only a paused one (and making its waiting deliveries due in the
 same statement).
+
+A paused receiver's deliveries are parked (``next_attempt_at`` set to
+``PARKED_UNTIL``), so that the claim, which reads each tenant's due
+deliveries oldest first, does not read past a paused backlog on every
+poll; the delivery loop parks those that arrive while it is paused.
 """
 
 from __future__ import annotations
@@ -68,6 +73,25 @@ SELECT (SELECT count(*) FROM resumed), (SELECT count(*) FROM due)
 """, receiver_d=RECEIVER_SQL.format(url="d.url"))
 
 
+# Far enough to never come due, near enough for a Python datetime.
+PARKED_UNTIL = "9999-01-01T00:00:00Z"
+
+_PARK_SQL = sql("""
+UPDATE runs_webhookdelivery d SET next_attempt_at = %(parked)s::timestamptz
+FROM runs_webhookreceiver h
+WHERE h.paused_at IS NOT NULL AND (%(tenant)s::uuid IS NULL OR (h.tenant_id = %(tenant)s AND h.receiver = %(receiver)s))
+  AND d.tenant_id = h.tenant_id AND d.status = 'pending' AND d.next_attempt_at < %(parked)s::timestamptz
+  AND {receiver_d} = h.receiver
+""", receiver_d=RECEIVER_SQL.format(url="d.url"))
+
+
+def park(*, tenant_id: UUID | None = None, receiver: str = "") -> int:
+    """Park the waiting deliveries of paused receivers (of one, or all); returns how many."""
+    with connection.cursor() as cursor:
+        cursor.execute(_PARK_SQL, {"parked": PARKED_UNTIL, "tenant": tenant_id, "receiver": receiver})
+        return cursor.rowcount
+
+
 def attempted(*, tenant_id: UUID, receiver: str, answered: bool, error: str = "") -> bool:
     """Count an attempt that got no answer, or start again after one that did; True when this paused it."""
     if answered:
@@ -81,7 +105,9 @@ def attempted(*, tenant_id: UUID, receiver: str, answered: bool, error: str = ""
                                      "reason": reason})
         paused = bool(cursor.fetchone()[0])
     if paused:
-        logger.warning("webhook receiver %s of tenant %s paused: %s", receiver, tenant_id, reason)
+        parked = park(tenant_id=tenant_id, receiver=receiver)
+        logger.warning("webhook receiver %s of tenant %s paused (%s deliveries wait): %s", receiver, tenant_id,
+                       parked, reason)
     return paused
 
 
