@@ -350,7 +350,17 @@ RUNS_WEBHOOKS_ALLOW_PRIVATE = env_bool("RUNS_WEBHOOKS_ALLOW_PRIVATE", False)
 # again, until the delivery is 24 h old (RUNS_WEBHOOK_GIVE_UP_SECONDS).
 RUNS_WEBHOOK_RETRY_SCHEDULE = [float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")]
 RUNS_WEBHOOK_GIVE_UP_SECONDS = env_float("RUNS_WEBHOOK_GIVE_UP_SECONDS", 24 * 3600)
+# The whole attempt (resolve, connect, send, answer), and the connect alone.
 RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)
+RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS", 3)
+# The ports webhook URLs of public hosts may use, so that webhooks cannot
+# probe a host's other services (loopback and private addresses allowed by
+# RUNS_WEBHOOKS_ALLOW_PRIVATE may use any port).
+RUNS_WEBHOOK_PORTS = [int(p) for p in env_list("RUNS_WEBHOOK_PORTS", "443")]
+# A tenant's receiver (scheme, host and port) is paused after this many attempts
+# in a row got no answer (timeouts, failed connections); an operator resumes it
+# in the admin. 0 never pauses.
+RUNS_WEBHOOK_PAUSE_AFTER = env_int("RUNS_WEBHOOK_PAUSE_AFTER", 5)
 
 # Metrics (runs.metrics): GET /metrics answers only with this Bearer token set
 # (404 without). Every process publishes what it counted this often; rows of

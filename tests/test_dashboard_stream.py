@@ -328,15 +328,17 @@ def test_the_run_page_lists_its_deliveries_newest_first_with_redeliver_for_finis
     dead = delivery(event, DeliveryStatus.DEAD, url="https://hooks.example.com/in?token=s3cret-token",
                     attempts=7, response_code=500, last_error="HTTP 500 from the receiver <script>x</script>",
                     last_attempt_at=now - timedelta(hours=3))
-    pending = delivery(event, DeliveryStatus.PENDING, attempts=2, last_error="timed out after 10 s",
-                       next_attempt_at=now + timedelta(minutes=5))
+    pending = delivery(event, DeliveryStatus.PENDING, attempts=2, last_error="timed out after 10 s (10.1.2.3)",
+                       failure="timeout", next_attempt_at=now + timedelta(minutes=5))
 
     html = client.get(f"/runs/{run.id}/").content.decode()
 
     assert "Webhook deliveries" in html
     newest, middle, oldest = rows(html)
-    assert "Pending" in newest and "timed out after 10 s" in newest and "next attempt in 4 min" in newest
-    assert "Dead" in middle and "HTTP 500" in middle and "&lt;script&gt;x&lt;/script&gt;" in middle
+    assert "Pending" in newest and "the receiver did not answer" in newest and "next attempt in 4 min" in newest
+    assert "Dead" in middle and "HTTP 500" in middle and "the receiver answered 500" in middle
+    # The sender's own error sentence is the operators' (the admin's): it can name addresses and ports.
+    assert "10.1.2.3" not in html and "<script>x" not in html and "&lt;script&gt;x" not in html
     assert "gave up 3 h ago" in middle
     assert "Delivered" in oldest and "HTTP 200" in oldest and "delivered 0 s ago" in oldest
     # A token in the query string is not shown.
