@@ -82,9 +82,9 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     [got] = receiver.wait_for(1, timeout=60)
     assert got.path == "/hook"
     accepted, hung_up = at_arrival[0]
-    # While the other tenant's delivery arrived, the hanging tenant's first attempts were
-    # under way at the tarpit and none had given up yet: it did not wait behind them.
-    assert accepted >= 1 and hung_up == 0, (accepted, hung_up)
+    # When the other tenant's delivery arrived, none of the hanging tenant's attempts had given up
+    # yet: it did not wait behind them. (Whether the tarpit had accepted one yet is a race.)
+    assert hung_up == 0, (accepted, hung_up)
     # Nor did the hanging tenant get every slot (8): some are kept for the others.
     assert accepted < 8
     wait_for(lambda: WebhookDelivery.objects.filter(run=wanted, status="delivered").exists(),
