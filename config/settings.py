@@ -225,7 +225,8 @@ LOGIN_REDIRECT_URL = "/"
 # No redirect after logging out: registration/logged_out.html says it happened.
 LOGOUT_REDIRECT_URL = None
 
-# Request bodies above this answer 413 (Django raises RequestDataTooBig).
+# Request bodies above this answer 413 before they are read, on every route and file uploads included
+# (config.body_limit, in front of the server's application); Django's own check stays behind it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)
 
 # Structured logs (config/logging.py): RUNS_LOG_FORMAT=json (the default with DEBUG off) or console.
