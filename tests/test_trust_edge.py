@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from runs.models import Run
+from runs.services import submit_run
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -214,3 +215,34 @@ def test_a_content_length_over_the_limit_is_answered_before_the_body_is_sent(pro
     assert status == 413
     if path.startswith("/api/"):
         assert "detail" in json.loads(body)
+
+
+# Finding 7: secrets sent in URLs never reach the logs.
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_keys_and_tokens_in_urls_never_reach_the_server_log(processes, tenant, api_key, log_format):
+    web = Web(processes, RUNS_LOG_FORMAT=log_format, LOG_LEVEL="DEBUG")
+    run = submit_run(tenant=tenant, kind="echo", input={"text": "hi"})
+    token = "s3cr3t-stream-token-" + uuid.uuid4().hex
+    password = "hunter2-" + uuid.uuid4().hex
+    guessed = "ak_deadbeef_" + uuid.uuid4().hex
+    urls = [
+        f"/api/runs?api_key={api_key}",
+        f"/api/runs/{run.pk}/events?api_key={api_key}",
+        f"/api/runs/{run.pk}/events?token={token}",
+        f"/api/runs/{run.pk}/events?token={api_key}",
+        f"/api/runs/{api_key}/events",
+        f"/api/runs/{run.pk}?access_token={token}&password={password}",
+        f"/{guessed}/?key={token}",
+        f"/runs/?q=x&secret={password}",
+    ]
+    answers = [httpx.get(web.base + url, timeout=10).status_code for url in urls]
+    assert all(400 <= status < 500 for status in answers), answers
+    web.proc.terminate()
+    web.proc.wait(20)
+
+    log = web.output()
+    assert "Unauthorized" in log and "Not Found" in log  # the requests were logged ...
+    for secret in (api_key, api_key.split("_", 2)[2], token, password, guessed):
+        assert secret not in log, f"{secret} is in the server's log:\n{log}"  # ... their secrets not
