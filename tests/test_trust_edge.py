@@ -18,10 +18,13 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from django.test import Client
 
-from runs.models import Run
+from runs.keys import create_api_key
+from runs.models import Event, Membership, Run
 from runs.services import submit_run
 from tests.conftest import wait_for
+from tests.factories import MembershipFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -246,3 +249,88 @@ def test_keys_and_tokens_in_urls_never_reach_the_server_log(processes, tenant, a
     assert "Unauthorized" in log and "Not Found" in log  # the requests were logged ...
     for secret in (api_key, api_key.split("_", 2)[2], token, password, guessed):
         assert secret not in log, f"{secret} is in the server's log:\n{log}"  # ... their secrets not
+
+
+# Finding 13: the JSON API under the dashboard's session.
+
+
+def session_client(membership) -> tuple[Client, str]:
+    """A browser-like client logged in as the membership's user, with CSRF checks on, and its CSRF token."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(membership.user)
+    assert client.get("/").status_code == 200  # the dashboard sets the CSRF cookie, as in a browser
+    return client, client.cookies["csrftoken"].value
+
+
+def post_json(client: Client, path: str, body: dict, csrf: str | None = None):
+    headers = {"X-CSRFToken": csrf} if csrf else {}
+    return client.post(path, json.dumps(body), content_type="application/json", headers=headers)
+
+
+def test_a_logged_in_user_reads_and_submits_through_the_api_for_their_selected_tenant():
+    operator = MembershipFactory(role=Membership.Role.OPERATOR)
+    mine = submit_run(tenant=operator.tenant, kind="echo", input={"text": "mine"})
+    other = submit_run(tenant=TenantFactory(), kind="echo", input={"text": "another tenant's"})
+    client, csrf = session_client(operator)
+
+    listed = client.get("/api/runs")
+    assert listed.status_code == 200
+    assert [item["id"] for item in listed.json()["items"]] == [str(mine.pk)]
+    assert client.get(f"/api/runs/{mine.pk}").status_code == 200
+    assert client.get(f"/api/runs/{other.pk}").status_code == 404
+    assert post_json(client, f"/api/runs/{other.pk}/cancel", {}, csrf).status_code == 404  # 404 before 403
+
+    refused = post_json(client, "/api/runs", {"kind": "echo", "input": {"text": "no token"}})
+    assert refused.status_code == 403
+    assert "CSRF token" in refused.json()["detail"]
+    submitted = post_json(client, "/api/runs", {"kind": "echo", "input": {"text": "with token"}}, csrf)
+    assert submitted.status_code == 202, submitted.content
+    run = Run.objects.get(pk=submitted.json()["id"])
+    assert run.tenant_id == operator.tenant_id
+    queued = Event.objects.get(run=run, type="run.queued")
+    assert (queued.actor_type, queued.actor_id) == ("user", str(operator.user.pk))
+
+    # The operator controls runs but cannot approve: 403 before the 409 of a run with nothing to approve.
+    assert post_json(client, f"/api/runs/{mine.pk}/pause", {}, csrf).status_code in (200, 202)
+    approve = post_json(client, f"/api/runs/{mine.pk}/approve", {}, csrf)
+    assert approve.status_code == 403
+    assert "operator" in approve.json()["detail"]
+
+
+def test_the_session_acts_for_the_tenant_selected_on_the_dashboard():
+    first = MembershipFactory(tenant__name="A first", role=Membership.Role.APPROVER)
+    second = MembershipFactory(user=first.user, tenant__name="B second", role=Membership.Role.VIEWER)
+    in_first = submit_run(tenant=first.tenant, kind="echo", input={"text": "a"})
+    in_second = submit_run(tenant=second.tenant, kind="echo", input={"text": "b"})
+    client, csrf = session_client(first)
+
+    assert [item["id"] for item in client.get("/api/runs").json()["items"]] == [str(in_first.pk)]
+    assert post_json(client, f"/api/runs/{in_first.pk}/approve", {}, csrf).status_code == 409  # allowed, no approval
+
+    switched = client.post("/tenant/", {"tenant": str(second.tenant_id)}, headers={"X-CSRFToken": csrf})
+    assert switched.status_code == 302
+    assert [item["id"] for item in client.get("/api/runs").json()["items"]] == [str(in_second.pk)]
+    assert client.get(f"/api/runs/{in_first.pk}").status_code == 404
+    # A viewer there: reads, submits nothing.
+    refused = post_json(client, "/api/runs", {"kind": "echo", "input": {"text": "x"}}, csrf)
+    assert refused.status_code == 403
+    assert refused.json() == {"detail": "your role in B second (viewer) does not allow this (it needs the "
+                                        "'runs:write' scope)"}
+    assert post_json(client, f"/api/runs/{in_second.pk}/cancel", {}, csrf).status_code == 403
+
+
+def test_keys_keep_their_precedence_beside_the_session(tenant, api_key):
+    member = MembershipFactory(tenant=tenant)
+    client, csrf = session_client(member)
+    # A key sent is the only credential looked at: a bad one is 401 even from a logged-in browser.
+    assert client.get("/api/runs", headers={"Authorization": "Bearer ak_nope"}).status_code == 401
+    read_only = create_api_key(tenant=tenant, name="reader", scopes=["runs:read"]).secret
+    keyed = post_json(Client(headers={"Authorization": f"Bearer {read_only}"}), "/api/runs",
+                      {"kind": "echo", "input": {"text": "x"}})
+    assert keyed.status_code == 403 and keyed.json() == {"detail": "this API key lacks the 'runs:write' scope"}
+    assert Client().get("/api/runs").status_code == 401
+    # A signed-in user of no tenant: nothing to act for.
+    lone = Client()
+    lone.force_login(MembershipFactory().user.__class__.objects.create_user("lone", password="x"))
+    answer = lone.get("/api/runs")
+    assert answer.status_code == 403 and "not a member of any tenant" in answer.json()["detail"]
