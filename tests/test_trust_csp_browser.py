@@ -26,6 +26,12 @@ document.addEventListener("securitypolicyviolation", (e) => window.reportViolati
   + ` (${e.sample})`));
 """
 
+# What a browser does when its tab is hidden or shown again (headless Chromium's tab is always visible).
+SET_VISIBILITY = """(state) => {
+  Object.defineProperty(document, "visibilityState", {value: state, configurable: true});
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
+
 
 class Watched:
     """A page whose CSP violations, console refusals and document responses' policies are recorded."""
@@ -70,8 +76,18 @@ def test_the_dashboard_and_the_admin_work_under_the_policy_without_a_violation(p
         page = watched.page
         log_in(page, base, member.user.username)  # the login page, then the run list
         list_poll = re.compile(rf"{re.escape(base)}/(\?.*)?$")
+        polls: list[str] = []
+        page.on("request", lambda r: polls.append(r.url) if r.headers.get("hx-request") and list_poll.match(r.url)
+                else None)
         with page.expect_response(lambda r: list_poll.match(r.url) and r.request.headers.get("hx-request") == "true"):
-            pass  # the list polls while a run is live
+            pass  # the list polls while a run is live ...
+        # ... not while the tab is hidden (static/js/poll.js), and at once when it shows again.
+        page.evaluate(SET_VISIBILITY, "hidden")
+        polls.clear()
+        page.wait_for_timeout(4_500)
+        assert polls == []  # two poll intervals passed
+        with page.expect_response(lambda r: list_poll.match(r.url) and r.request.headers.get("hx-request") == "true"):
+            page.evaluate(SET_VISIBILITY, "visible")
 
         # The New run form, then the run page following the run live (its event stream, htmx refreshes).
         page.get_by_role("main").get_by_role("link", name="New run").click()
