@@ -267,7 +267,7 @@ def test_a_live_run_page_served_by_asgi_follows_the_stream_after_the_events_it_s
     assert '<script src="/static/js/run-stream.js" defer></script>' in html
     assert '<script id="run-status-labels" type="application/json">' in html and '"done": "Done"' in html
     # Polling stays in the markup: the script holds it back while the stream is open.
-    assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']" in html
+    assert 'hx-trigger="every 2s, visibilitychange from:document" data-poll-visible' in html
 
     finished = async_to_sync(client.get)(f"/runs/{done.id}/").content.decode()
     assert "data-stream-url" not in finished and "run-stream.js" not in finished
@@ -281,7 +281,7 @@ def test_under_wsgi_the_run_page_polls_and_opens_no_stream(client):
 
     html = client.get(f"/runs/{run.id}/").content.decode()
     assert "data-stream-url" not in html and "run-stream.js" not in html
-    assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']" in html
+    assert 'hx-trigger="every 2s, visibilitychange from:document" data-poll-visible' in html
 
 
 # Webhook deliveries

@@ -8,10 +8,10 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Status
 
 from runs import control, kinds, selectors
+from runs.api.auth import actor_of
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import CancelIn, DecisionIn, ForkIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
-from runs.services import Actor
 
 RESPONSES = {200: RunOut, 202: RunOut} | ERRORS
 
@@ -20,7 +20,7 @@ def _target(request: HttpRequest, run_id: UUID, scope: str):
     """401 (auth) → 404 (another tenant's run) → 403 (scope), in that order."""
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, scope)
-    return run, Actor(type="api_key", id=str(request.auth.pk))
+    return run, actor_of(request.auth)
 
 
 def _answer(outcome: control.Outcome):

@@ -8,10 +8,10 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from ninja import Header, Query, Router, Status
 from ninja.errors import HttpError
-from ninja.security import HttpBearer
 from pydantic import Field
 
 from runs import kinds, selectors, services
+from runs.api.auth import ApiAuth, actor_of, refusal_of
 from runs.api.schemas import (
     ErrorOut,
     HealthOut,
@@ -24,23 +24,15 @@ from runs.api.schemas import (
     SubmitHeaders,
 )
 from runs.exceptions import InvalidRunInput
-from runs.keys import authenticate_key
 from runs.models import ApiKey, RunStatus
 
-
-class ApiKeyAuth(HttpBearer):
-    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
-        return authenticate_key(token)
-
-
-router = Router(auth=ApiKeyAuth())
+router = Router(auth=ApiAuth())
 ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut, 429: ErrorOut}
 
 
 def require_scope(request: HttpRequest, scope: str) -> None:
     if not request.auth.has_scope(scope):
-        # str(), not repr(): a Scope member's repr is "ApiKey.Scope.WRITE", not its value.
-        raise HttpError(403, f"this API key lacks the '{scope}' scope")
+        raise HttpError(403, refusal_of(request.auth, scope))
 
 
 @router.post("/runs", response={200: RunOut, 202: RunOut} | ERRORS, summary="Submit a run")
@@ -69,8 +61,8 @@ def submit_run(
         cost_ceiling_cents=payload.cost_ceiling_cents,
         deadline_seconds=payload.deadline_seconds,
         callback_url=payload.callback_url or "",
-        actor=services.Actor(type="api_key", id=str(request.auth.pk)),
-        tenant_is_fresh=True,  # read with the key, just now
+        actor=actor_of(request.auth),
+        tenant_is_fresh=True,  # read with the key or the session's membership, just now
     )
     response["Location"] = f"/api/runs/{submitted.run.id}"
     return Status(202 if submitted.created else 200, submitted.run)
