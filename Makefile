@@ -25,7 +25,8 @@ install: $(VENV)/.installed
 run: install
 	RUNS_EXAMPLES=$${RUNS_EXAMPLES:-1} $(VPY) manage.py up
 
-test: install
+# The linters first (ruff, makemigrations --check): CI runs `make test` and nothing else.
+test: lint
 	$(VPY) -m pytest
 
 # Development entry points: settings refuse to start with DEBUG off and no
