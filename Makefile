@@ -21,17 +21,19 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# RUNS_EXAMPLES=1: the example kinds and demo apps (examples/), for development only.
 run: install
-	$(VPY) manage.py up
+	RUNS_EXAMPLES=$${RUNS_EXAMPLES:-1} $(VPY) manage.py up
 
-test: install
+# The linters first (ruff, makemigrations --check): CI runs `make test` and nothing else.
+test: lint
 	$(VPY) -m pytest
 
 # Development entry points: settings refuse to start with DEBUG off and no
 # SECRET_KEY (`make run` turns DEBUG on in manage.py up, `make test` brings its own key).
 lint: install
-	$(VENV)/bin/ruff check config runs workers crm deploys tests bench
-	DEBUG=$${DEBUG:-1} $(VPY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/ruff check config runs workers examples tests bench
+	DEBUG=$${DEBUG:-1} RUNS_EXAMPLES=1 $(VPY) manage.py makemigrations --check --dry-run
 
 bench: install
 	$(VPY) bench/engine.py

@@ -11,7 +11,7 @@ in a database ``bench_<pid>`` of its own, dropped at the end.
 The fill is one ``INSERT ... SELECT generate_series`` per tenant (the
 search index dropped first and built afterwards, timed, as the
 migration builds it on an existing table): realistic inputs and titles of
-the four built-in kinds (CRM updates, research questions, briefs, deploys)
+the four example kinds (examples/: CRM updates, research questions, briefs, deploys)
 over a month, 60% of the runs in one big tenant, 30% in a second one, the
 rest in ten small ones. One word is rare (about 20 runs), three uncommon (0.1%,
 1% and 2%), one common (about a quarter of them), and one is common in the

@@ -43,7 +43,8 @@ def _error(request: HttpRequest, status: int, detail: str, **extra) -> HttpRespo
 
 @api.exception_handler(AuthenticationError)
 def on_unauthenticated(request, exc):
-    return _error(request, 401, "a valid API key is required: send 'Authorization: Bearer <key>'")
+    return _error(request, 401, "a valid API key is required: send 'Authorization: Bearer <key>' (or log in to "
+                  "the dashboard and use its session)")
 
 
 @api.exception_handler(Http404)

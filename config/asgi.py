@@ -10,6 +10,10 @@ per request, which cost ``POST /api/runs`` more CPU than the submit itself.
 Here it is handed to a thread once and runs Django's WSGI handler there
 (``a2wsgi``, the maintained ASGI-to-WSGI bridge), middleware and view in
 one go, as under any WSGI server.
+
+Around both, ``config.body_limit`` refuses a body over
+``DATA_UPLOAD_MAX_MEMORY_SIZE`` (``RUNS_MAX_BODY_BYTES``) before any of it
+is read, and any body at all on the event stream.
 """
 
 import os
@@ -19,6 +23,8 @@ from a2wsgi import WSGIMiddleware
 from django.conf import settings
 from django.core.asgi import get_asgi_application
 from django.core.wsgi import get_wsgi_application
+
+from config.body_limit import BodyLimit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -31,7 +37,10 @@ requests = WSGIMiddleware(get_wsgi_application(), workers=_pool["max_size"] if i
 STREAM_PATH = re.compile(r"^/api/runs/[^/]+/events/?$")
 
 
-async def application(scope, receive, send):
+async def dispatch(scope, receive, send):
     if scope["type"] == "http" and not STREAM_PATH.match(scope["path"]):
         return await requests(scope, receive, send)
     return await streams(scope, receive, send)
+
+
+application = BodyLimit(dispatch, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE, bodyless_paths=STREAM_PATH)

@@ -12,10 +12,17 @@ by a library or by agent code inside a step carries them as well.
 a log pipeline) or ``console`` (``<time> <LEVEL> <logger> <message>
 key=value ...``, no colours); the default is ``console`` with DEBUG on and
 ``json`` otherwise.
+
+Secrets never reach a line: API keys (``ak_...``), ``Bearer`` credentials
+and the values of query parameters named like a secret (``token``,
+``api_key``, ``password``...) are replaced by ``[redacted]`` in every field
+of every line, whoever wrote it (``django.request`` logs the request with
+its query string; uvicorn's access log, when turned on, the URL).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import structlog
@@ -24,6 +31,43 @@ from django.core.exceptions import ImproperlyConfigured
 FORMATS = ("json", "console")
 # The fields a worker binds, in the order a console line shows them (context variables come unordered).
 FIELD_ORDER = ("run_id", "tenant", "kind", "attempt", "step", "seq", "worker")
+
+REDACTED = "[redacted]"
+# An API key (runs.keys: ak_<8 hex>_<secret>): the prefix, which the admin shows, is kept to tell keys apart.
+API_KEY = re.compile(r"\bak_(?:([0-9a-f]{8})_)?[A-Za-z0-9_-]{6,}")
+BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",]+")
+# A query parameter whose name says it holds a secret, in a URL or a request's repr: its value.
+SECRET_PARAMETER = re.compile(
+    r"(?i)([?&;][^=&#\s'\"]*(?:token|key|secret|passw|pwd|auth|sig|session|csrf|credential)[^=&#\s'\"]*=)"
+    r"[^&#\s'\"]*"
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with API keys, Bearer credentials and secret-named query parameters' values replaced."""
+    if not text:
+        return text
+    text = API_KEY.sub(lambda m: f"ak_{m[1]}_{REDACTED}" if m[1] else f"ak_{REDACTED}", text)
+    text = BEARER.sub(rf"\1{REDACTED}", text)
+    return SECRET_PARAMETER.sub(rf"\1{REDACTED}", text)
+
+
+def redact_secrets(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a line through ``redact``: the message, the extras (a request, as its repr), the traceback."""
+    return {key: _redacted(value) for key, value in event_dict.items()}
+
+
+def _redacted(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(item) for item in value]
+    text = value if isinstance(value, str) else str(value)  # as the renderers would show it
+    clean = redact(text)
+    return value if clean == text else clean
+
 
 def drop_color_message(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     """uvicorn passes its message again with terminal colours as ``extra=``: noise in either format."""
@@ -95,6 +139,7 @@ def logging_config(*, debug: bool, level: str, log_format: str | None = None) ->
                 "processors": [
                     structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                     structlog.processors.format_exc_info,
+                    redact_secrets,  # last before rendering: the traceback is text by now
                     _renderer(log_format),
                 ],
             },

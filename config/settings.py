@@ -7,10 +7,12 @@ embedded PostgreSQL first and exports its URL.
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from config.logging import logging_config
 
@@ -46,6 +48,11 @@ DEBUG = env_bool("DEBUG", False)
 DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
 
 
+# The marker of deploy/agentruns.env.example's values that must be replaced.
+PLACEHOLDER_MARKER = "replace-me"
+GENERATE_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+
+
 def _secret_key() -> str:
     key = os.environ.get("SECRET_KEY", "")
     if DEBUG:
@@ -53,10 +60,30 @@ def _secret_key() -> str:
     if not key or key == DEVELOPMENT_SECRET_KEY:
         raise ImproperlyConfigured(
             "SECRET_KEY is not set (or is the development key) and DEBUG is off: set SECRET_KEY to 50 or "
-            "more random characters, for example the output of "
-            "python -c 'import secrets; print(secrets.token_urlsafe(50))', or set DEBUG=1 for development."
+            f"more random characters, for example the output of {GENERATE_HINT}, or set DEBUG=1 for development."
+        )
+    # Django's own W009 thresholds: a guessable key signs sessions and stream tokens anyone could forge.
+    if PLACEHOLDER_MARKER in key or len(key) < 50 or len(set(key)) < 5:
+        problem = ("is still the placeholder of the example env file" if PLACEHOLDER_MARKER in key
+                   else f"is too short or too simple ({len(key)} characters, {len(set(key))} distinct)")
+        raise ImproperlyConfigured(
+            f"SECRET_KEY {problem} and DEBUG is off: anyone who knows it can forge sessions and stream tokens. "
+            f"Set SECRET_KEY to 50 or more random characters, for example the output of {GENERATE_HINT}."
         )
     return key
+
+
+def _metrics_token() -> str:
+    token = os.environ.get("RUNS_METRICS_TOKEN", "")
+    if token and not DEBUG and (PLACEHOLDER_MARKER in token or len(token) < 32):
+        problem = ("is still the placeholder of the example env file" if PLACEHOLDER_MARKER in token
+                   else f"is too short ({len(token)} characters)")
+        raise ImproperlyConfigured(
+            f"RUNS_METRICS_TOKEN {problem} and DEBUG is off: set it to 32 or more random characters, for "
+            f"example the output of {GENERATE_HINT} (and give Prometheus the same), or unset it to turn "
+            "/metrics off."
+        )
+    return token
 
 
 def _proxy_ssl_header() -> tuple[str, str] | None:
@@ -86,6 +113,19 @@ SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 SECURE_PROXY_SSL_HEADER = _proxy_ssl_header()
+# Content-Security-Policy on every page (django.middleware.csp): scripts, styles and everything else
+# from this site only, no inline script or style and no eval; the dashboard, htmx (configured in
+# templates/base.html) and the admin work under it.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],  # the blank favicon, and the admin's icons
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
 
 # The API's interactive docs (/api/docs) and its schema (/api/openapi.json); RUNS_API_DOCS=0 hides both.
 RUNS_API_DOCS = env_bool("RUNS_API_DOCS", True)
@@ -103,12 +143,19 @@ INSTALLED_APPS = [
     "ninja",
     "runs",
     "workers",
-    "crm",
-    "deploys",
+    "axes",
 ]
+# Demo and example content (the examples package): the research kinds, the demo CRM and deploys apps
+# with their kinds, the framework example kinds. Development only (`make run` sets it): their kinds
+# would be open to every tenant, and `manage.py check --deploy` warns when it is on with DEBUG off.
+RUNS_EXAMPLES = env_bool("RUNS_EXAMPLES", False)
+if RUNS_EXAMPLES:
+    # The demo apps keep their labels (crm, deploys): their migrations and tables stand.
+    INSTALLED_APPS += ["examples", "examples.crm", "examples.deploys"]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -117,6 +164,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
+    "runs.logins.LoginsBusyMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -199,8 +248,33 @@ DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Login throttling (django-axes) on the dashboard's and the admin's login: after
+# RUNS_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address,
+# that pair is refused (429, registration/locked_out.html) for RUNS_LOGIN_COOLOFF_MINUTES
+# without the password being checked. Keyed on the pair, so that guessing at an
+# account from elsewhere never locks its owner out; attempts are rows in the
+# database, shared by every web process. Behind a proxy, REMOTE_ADDR is the client
+# once `serve` trusts the proxy (FORWARDED_ALLOW_IPS). `manage.py axes_reset` unlocks.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    # ModelBackend with at most RUNS_LOGIN_CONCURRENCY password checks at once per process (runs.logins).
+    "runs.logins.CappedModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("RUNS_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("RUNS_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# A fixed cool-off: attempts during a lockout check no password, so they gain nothing to extend it for.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "runs.logins.locked_out"  # 429 with Retry-After
+AXES_VERBOSE = False
+RUNS_LOGIN_CONCURRENCY = env_int("RUNS_LOGIN_CONCURRENCY", max(1, (os.cpu_count() or 2) // 2))
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -225,7 +299,8 @@ LOGIN_REDIRECT_URL = "/"
 # No redirect after logging out: registration/logged_out.html says it happened.
 LOGOUT_REDIRECT_URL = None
 
-# Request bodies above this answer 413 (Django raises RequestDataTooBig).
+# Request bodies above this answer 413 before they are read, on every route and file uploads included
+# (config.body_limit, in front of the server's application); Django's own check stays behind it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)
 
 # Structured logs (config/logging.py): RUNS_LOG_FORMAT=json (the default with DEBUG off) or console.
@@ -291,12 +366,22 @@ RUNS_WEBHOOKS_ALLOW_PRIVATE = env_bool("RUNS_WEBHOOKS_ALLOW_PRIVATE", False)
 # again, until the delivery is 24 h old (RUNS_WEBHOOK_GIVE_UP_SECONDS).
 RUNS_WEBHOOK_RETRY_SCHEDULE = [float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")]
 RUNS_WEBHOOK_GIVE_UP_SECONDS = env_float("RUNS_WEBHOOK_GIVE_UP_SECONDS", 24 * 3600)
+# The whole attempt (resolve, connect, send, answer), and the connect alone.
 RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)
+RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS", 3)
+# The ports webhook URLs of public hosts may use, so that webhooks cannot
+# probe a host's other services (loopback and private addresses allowed by
+# RUNS_WEBHOOKS_ALLOW_PRIVATE may use any port).
+RUNS_WEBHOOK_PORTS = [int(p) for p in env_list("RUNS_WEBHOOK_PORTS", "443")]
+# A tenant's receiver (scheme, host and port) is paused after this many attempts
+# in a row got no answer (timeouts, failed connections); an operator resumes it
+# in the admin. 0 never pauses.
+RUNS_WEBHOOK_PAUSE_AFTER = env_int("RUNS_WEBHOOK_PAUSE_AFTER", 5)
 
 # Metrics (runs.metrics): GET /metrics answers only with this Bearer token set
 # (404 without). Every process publishes what it counted this often; rows of
 # processes silent this long are folded into one (their counts are kept).
-RUNS_METRICS_TOKEN = os.environ.get("RUNS_METRICS_TOKEN", "")
+RUNS_METRICS_TOKEN = _metrics_token()
 RUNS_METRICS_PUBLISH_SECONDS = env_float("RUNS_METRICS_PUBLISH_SECONDS", 10)
 RUNS_METRICS_RETIRE_SECONDS = env_float("RUNS_METRICS_RETIRE_SECONDS", 3600)
 

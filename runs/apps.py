@@ -9,6 +9,7 @@ class RunsConfig(AppConfig):
         # The web process and the worker know the same kinds: both import
         # installed apps' agents.py and AGENT_MODULES here, and their tasks.py when
         # TASKS names this project's backend (each @task on it becomes a kind, runs.tasks).
+        import runs.checks  # noqa: F401  (registers the system checks)
         from runs.registry import autodiscover
         from runs.tasks import autodiscover_tasks
 

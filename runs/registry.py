@@ -45,6 +45,9 @@ class AgentKind:
     backoff_cap: float | None = None
     compensate_on: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+    # Whether a tenant may start it through the API and the dashboard (runs.kinds): False for a task
+    # kind and an engine kind, which only code starts (submit_run, ctx.spawn, Django's task API).
+    public: bool = True
     # How a run's title is made from its input (runs.titles): a callable of the input dict, an input
     # field's name, or None for the first string field.
     title: Callable[[dict], str] | str | None = None
@@ -106,6 +109,7 @@ def agent(
     backoff_cap: float | None = None,
     compensate_on: tuple[str, ...] = (),
     title: Callable[[dict], str] | str | None = None,
+    public: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function ``fn(ctx, input)`` as the agent kind ``name``.
 
@@ -130,6 +134,10 @@ def agent(
     still queued, with the default title), or the name of an input field.
     By default the title is the input's first string field. Titles are one
     line of at most 200 characters, and searchable (``GET /api/runs?q=``).
+
+    ``public=False`` keeps the kind from tenants: ``POST /api/runs``, a fork
+    and the dashboard's form refuse it as an unknown kind and ``/api/kinds``
+    leaves it out, while code still starts it (``submit_run``, ``ctx.spawn``).
     """
     unknown = set(compensate_on) - COMPENSABLE_ERRORS
     if unknown:
@@ -156,6 +164,7 @@ def agent(
             compensate_on=frozenset(compensate_on),
             description=inspect.cleandoc(func.__doc__ or ""),
             title=title,
+            public=public,
         ))
         return func
 

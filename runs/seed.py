@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.dispatch import Signal
 from django.tasks import task_backends
 from django.utils import timezone
 
@@ -15,6 +16,10 @@ from runs.tasks import durable_aliases
 from runs.tenants import ensure_tenant
 
 DEMO_KEY_NAME = "demo (manage.py up)"
+
+# Sent inside seed_demo's transaction with ``tenant=`` the demo tenant: a demo app adds its rows to it
+# (the example CRM its leads), without the engine knowing the app.
+demo_seeded = Signal()
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ def seed_demo(*, slug: str = "demo", username: str = "demo", password: str = "de
     for alias in durable_aliases():
         Membership.objects.update_or_create(user=user, tenant=task_backends[alias].tenant(),
                                             defaults={"role": Membership.Role.APPROVER})
+    demo_seeded.send(sender=Demo, tenant=tenant)
     # The secret of an earlier key cannot be shown again: issue a new one
     # and revoke the previous demo keys.
     ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).update(revoked_at=timezone.now())

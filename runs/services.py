@@ -23,8 +23,8 @@ from runs.exceptions import (
     InvalidAgentInput,
     InvalidRunInput,
     QueueFull,
-    UnknownKind,
 )
+from runs.kinds import unknown_kind
 from runs.limits import checked_cents, checked_deadline, checked_int
 from runs.models import Run, Tenant
 from runs.notify import count_and_notify_after_commit, uncounted_submits
@@ -105,7 +105,7 @@ def submit(
     _check_text(kind=kind, queue=queue, idempotency_key=idempotency_key, callback_url=callback_url, input=input)
     agent_kind = get_kind(kind)
     if agent_kind is None:
-        raise UnknownKind(f"unknown kind {kind!r}; GET /api/kinds lists the registered kinds")
+        raise unknown_kind(kind)
     try:
         normalised = agent_kind.validate_input(input)
     except InvalidAgentInput as exc:

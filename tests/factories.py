@@ -36,9 +36,9 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     role = Membership.Role.OPERATOR
 
 
-def make_lead(**fields):
-    """A lead of the CRM demo app: Kim Lee of Acme at the proposal stage, unless told otherwise."""
-    from crm.models import Lead
+def make_lead(tenant, **fields):
+    """A lead of the tenant in the CRM demo app: Kim Lee of Acme at the proposal stage, unless told otherwise."""
+    from examples.crm.models import Lead
 
-    return Lead.objects.create(**({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
+    return Lead.objects.create(tenant=tenant, **({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
                                    "stage": "proposal"} | fields))

@@ -25,7 +25,7 @@ from workers.worker import Worker, WorkerOptions
 
 HTMX = {"HX-Request": "true"}
 XSS = "<script>alert(1)</script>"
-VISIBLE_ONLY = "every 2s [document.visibilityState === 'visible']"
+VISIBLE_ONLY = "every 2s, visibilitychange from:document"  # paused on hidden tabs by static/js/poll.js
 REPLY = {"customer": "ana@example.com", "order": "A-1001", "message": "My kettle arrived broken."}
 
 

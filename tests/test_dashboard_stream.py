@@ -267,7 +267,7 @@ def test_a_live_run_page_served_by_asgi_follows_the_stream_after_the_events_it_s
     assert '<script src="/static/js/run-stream.js" defer></script>' in html
     assert '<script id="run-status-labels" type="application/json">' in html and '"done": "Done"' in html
     # Polling stays in the markup: the script holds it back while the stream is open.
-    assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']" in html
+    assert 'hx-trigger="every 2s, visibilitychange from:document" data-poll-visible' in html
 
     finished = async_to_sync(client.get)(f"/runs/{done.id}/").content.decode()
     assert "data-stream-url" not in finished and "run-stream.js" not in finished
@@ -281,7 +281,7 @@ def test_under_wsgi_the_run_page_polls_and_opens_no_stream(client):
 
     html = client.get(f"/runs/{run.id}/").content.decode()
     assert "data-stream-url" not in html and "run-stream.js" not in html
-    assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']" in html
+    assert 'hx-trigger="every 2s, visibilitychange from:document" data-poll-visible' in html
 
 
 # Webhook deliveries
@@ -328,15 +328,17 @@ def test_the_run_page_lists_its_deliveries_newest_first_with_redeliver_for_finis
     dead = delivery(event, DeliveryStatus.DEAD, url="https://hooks.example.com/in?token=s3cret-token",
                     attempts=7, response_code=500, last_error="HTTP 500 from the receiver <script>x</script>",
                     last_attempt_at=now - timedelta(hours=3))
-    pending = delivery(event, DeliveryStatus.PENDING, attempts=2, last_error="timed out after 10 s",
-                       next_attempt_at=now + timedelta(minutes=5))
+    pending = delivery(event, DeliveryStatus.PENDING, attempts=2, last_error="timed out after 10 s (10.1.2.3)",
+                       failure="timeout", next_attempt_at=now + timedelta(minutes=5))
 
     html = client.get(f"/runs/{run.id}/").content.decode()
 
     assert "Webhook deliveries" in html
     newest, middle, oldest = rows(html)
-    assert "Pending" in newest and "timed out after 10 s" in newest and "next attempt in 4 min" in newest
-    assert "Dead" in middle and "HTTP 500" in middle and "&lt;script&gt;x&lt;/script&gt;" in middle
+    assert "Pending" in newest and "the receiver did not answer" in newest and "next attempt in 4 min" in newest
+    assert "Dead" in middle and "HTTP 500" in middle and "the receiver answered 500" in middle
+    # The sender's own error sentence is the operators' (the admin's): it can name addresses and ports.
+    assert "10.1.2.3" not in html and "<script>x" not in html and "&lt;script&gt;x" not in html
     assert "gave up 3 h ago" in middle
     assert "Delivered" in oldest and "HTTP 200" in oldest and "delivered 0 s ago" in oldest
     # A token in the query string is not shown.

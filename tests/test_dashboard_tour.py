@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from crm.models import Lead
+from examples.crm.models import Lead
 from runs.control import approve_run, cancel_run, reject_run
 from runs.keys import create_api_key
 from runs.models import Run
@@ -31,8 +31,8 @@ QUESTION = "How does a worker avoid running a step twice after a crash?"
 
 def morning(tenant, person: Actor, bot: Actor) -> dict[str, Run]:
     """The runs of the morning, each in the state the issue describes."""
-    kim = Lead.objects.create(name="Kim Lee", company="Acme", email="kim@acme.test", stage="proposal")
-    ana = Lead.objects.create(name="Ana Lopez", company="Globex", email="ana@globex.test", stage="new")
+    kim = Lead.objects.create(tenant=tenant, name="Kim Lee", company="Acme", email="kim@acme.test", stage="proposal")
+    ana = Lead.objects.create(tenant=tenant, name="Ana Lopez", company="Globex", email="ana@globex.test", stage="new")
     runs = {
         "research": submit_run(tenant=tenant, kind="research", input={"question": QUESTION, "max_sources": 2},
                                actor=bot),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploys.models import Resource
+from examples.deploys.models import Resource
 from runs.models import Run, Step
 from runs.services import submit_run
 from tests.browser import assert_accessible, browser_page, log_in, screenshot, screenshots  # noqa: F401

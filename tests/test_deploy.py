@@ -74,10 +74,12 @@ def documented_environment() -> dict[str, str]:
 
 
 def production_environment(**overrides: str) -> dict[str, str]:
-    """A bare host's variables plus exactly the env file, with the test database and a real random key."""
+    """A bare host's variables plus exactly the env file, with the test database and real random secrets."""
     env = {name: os.environ[name] for name in HOST_VARIABLES if name in os.environ}
     env |= documented_environment()
-    env |= {"DATABASE_URL": database_url(), "SECRET_KEY": secrets.token_urlsafe(50), "PYTHONUNBUFFERED": "1"}
+    # The file's placeholder secrets refuse to start (tests/test_trust_secrets.py): real random ones here.
+    env |= {"DATABASE_URL": database_url(), "SECRET_KEY": secrets.token_urlsafe(50),
+            "RUNS_METRICS_TOKEN": secrets.token_urlsafe(32), "PYTHONUNBUFFERED": "1"}
     return env | overrides
 
 

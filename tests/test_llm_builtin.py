@@ -9,11 +9,11 @@ import urllib.request
 
 import pytest
 
-from crm.agents import crm_script
-from crm.models import Lead, LeadUpdate
-from crm.services import apply_lead_update
+from examples.crm.agents import crm_script
+from examples.crm.models import Lead, LeadUpdate
+from examples.crm.services import apply_lead_update
 from runs.control import approve_run, reject_run
-from runs.models import Step
+from runs.models import Step, Tenant
 from runs.selectors import waiting_for
 from runs.services import Actor, submit_run
 from tests.conftest import fresh, wait_for
@@ -101,7 +101,7 @@ def test_crm_update_waits_for_approval_then_writes_once(tenant, provider, reques
         request.getfixturevalue("fake_llm").brain = from_script(crm_script)
     else:
         request.getfixturevalue("offline")
-    lead = make_lead()
+    lead = make_lead(tenant)
     run = crm_run_until_approval(tenant, lead)
     approve_run(run=run, actor=PERSON, comment="yes")
     [run] = drive(run)
@@ -118,7 +118,7 @@ def test_crm_update_waits_for_approval_then_writes_once(tenant, provider, reques
 
 
 def test_a_rejected_crm_update_is_not_written(tenant, offline):
-    lead = make_lead()
+    lead = make_lead(tenant)
     run = crm_run_until_approval(tenant, lead)
     reject_run(run=run, actor=PERSON, comment="not yet, wait for the countersignature")
     [run] = drive(run)
@@ -138,10 +138,10 @@ def test_crm_update_of_a_missing_lead_ends_with_an_explanation(tenant, offline):
     assert "there is no lead 999999" in run.result["summary"]
 
 
-def test_the_crm_write_is_idempotent_per_key(db):
-    lead = make_lead(stage="contacted")
-    first = apply_lead_update(lead_id=lead.pk, stage="qualified", note="budget confirmed", idempotency_key="k1")
-    again = apply_lead_update(lead_id=lead.pk, stage="lost", note="other", idempotency_key="k1")
+def test_the_crm_write_is_idempotent_per_key(tenant):
+    lead = make_lead(tenant, stage="contacted")
+    first = apply_lead_update(tenant_id=tenant.pk, lead_id=lead.pk, stage="qualified", note="budget confirmed", idempotency_key="k1")
+    again = apply_lead_update(tenant_id=tenant.pk, lead_id=lead.pk, stage="lost", note="other", idempotency_key="k1")
     assert again.pk == first.pk
     lead = fresh_lead(lead)
     assert lead.stage == "qualified" and lead.notes.count("budget confirmed") == 1
@@ -187,7 +187,7 @@ def test_make_run_offline_runs_both_built_in_kinds_to_the_end(processes):
 
     key = wait_for(printed_key, timeout=60, interval=0.2, message="the API key printed by `up`")
     wait_for(lambda: _answers(f"{base}/health"), timeout=60, interval=0.2, message="the web server of `up`")
-    lead = Lead.objects.create(name="Ana Ruiz", company="Ruiz & Co", email="ana@ruiz.test", stage="qualified")
+    lead = Lead.objects.create(tenant=Tenant.objects.get(slug="demo"), name="Ana Ruiz", company="Ruiz & Co", email="ana@ruiz.test", stage="qualified")
     research = call("POST", f"{base}/runs", key, {"kind": "research", "input": {"question": "How are retries delayed?"}})
     crm = call("POST", f"{base}/runs", key, {"kind": "crm_update",
                                               "input": {"lead_id": lead.pk, "instruction": "Sent them our offer"}})

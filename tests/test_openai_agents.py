@@ -20,8 +20,8 @@ from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 
+import examples.frameworks.openai_agents_example  # noqa: F401  (the built-in example kind)
 import tests.agents_openai_agents  # noqa: F401  (registers the kinds in this process)
-import workers.frameworks.openai_agents_example  # noqa: F401  (the built-in example kind)
 from runs.control import approve_run, reject_run
 from runs.models import Run, Step
 from runs.services import Actor, submit_run
@@ -353,7 +353,7 @@ def test_the_example_kind_runs_offline_through_its_approval_to_done(tenant, offl
 def test_the_example_kind_runs_offline_in_a_worker_process(tenant, processes):
     run = submit_run(tenant=tenant, kind="openai_agents_demo", input={"order_id": "A-1002",
                                                                      "message": "The lamp flickers."})
-    env = {"AGENT_MODULES": MODULES + ",workers.frameworks.openai_agents_example", "LLM_BASE_URL": "",
+    env = {"AGENT_MODULES": MODULES + ",examples.frameworks.openai_agents_example", "LLM_BASE_URL": "",
            "LLM_PROVIDER": "", "RUNS_DEMO_DELAY_SCALE": "0"}
     proc = processes.worker("--burst", **env)
     assert proc.wait(60) == 0, processes.output(proc)

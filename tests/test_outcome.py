@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 import tests.agents_outcome  # noqa: F401  (registers the kinds in this process)
-from crm.models import LeadUpdate
+from examples.crm.models import LeadUpdate
 from runs.control import approve_run, reject_run
 from runs.engine import claim as claims
 from runs.engine.exit import leave_running
@@ -172,7 +172,7 @@ def crm_until_approval(tenant, lead):
 
 
 def test_an_approved_crm_update_succeeded_and_says_what_moved(tenant, offline):
-    lead = make_lead()
+    lead = make_lead(tenant)
     run = crm_until_approval(tenant, lead)
     assert run.title == f"Lead {lead.pk}: They signed the contract today"
     approve_run(run=run, actor=PERSON, comment="yes")
@@ -182,7 +182,7 @@ def test_an_approved_crm_update_succeeded_and_says_what_moved(tenant, offline):
 
 
 def test_a_rejected_crm_update_is_done_but_changed_nothing(tenant, offline):
-    lead = make_lead()
+    lead = make_lead(tenant)
     run = crm_until_approval(tenant, lead)
     reject_run(run=run, actor=PERSON, comment="not yet")
     [run] = drive(run)

@@ -7,8 +7,8 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from crm.agents import crm_script
-from crm.models import Lead, LeadUpdate
+from examples.crm.agents import crm_script
+from examples.crm.models import Lead, LeadUpdate
 from runs.control import approve_run
 from runs.dashboard.rendering import proposal_view
 from runs.models import Step
@@ -138,8 +138,8 @@ def test_the_loop_proposes_a_call_from_its_arguments_and_the_models_note(tenant,
     assert run.status == "done" and run.result["answer"] == "Sent.", run.error
 
 
-def make_lead(**fields):
-    return Lead.objects.create(**({"name": "Ana Lopez", "company": "Acme", "email": "ana@acme.test",
+def make_lead(tenant, **fields):
+    return Lead.objects.create(tenant=tenant, **({"name": "Ana Lopez", "company": "Acme", "email": "ana@acme.test",
                                    "stage": "new"} | fields))
 
 
@@ -150,7 +150,7 @@ def test_the_crm_write_proposes_the_leads_current_stage_as_before(tenant, api, p
         request.getfixturevalue("fake_llm").brain = from_script(crm_script)
     else:
         request.getfixturevalue("offline")
-    lead = make_lead()
+    lead = make_lead(tenant)
     run = submit_run(tenant=tenant, kind="crm_update",
                      input={"lead_id": lead.pk, "instruction": "Budget confirmed, they qualify"})
     [run] = drive(run)
@@ -181,7 +181,7 @@ def test_the_crm_write_proposes_the_leads_current_stage_as_before(tenant, api, p
 
 @pytest.mark.django_db(transaction=True)
 def test_a_crm_write_that_would_change_nothing_is_answered_to_the_model_without_asking_anyone(tenant, fake_llm):
-    lead = make_lead(stage="qualified")
+    lead = make_lead(tenant, stage="qualified")
     fake_llm.enqueue(
         say("Reading.", ("get_lead", {"lead_id": lead.pk})),
         say("Moving it.", ("update_lead", {"lead_id": lead.pk, "stage": "qualified"})),

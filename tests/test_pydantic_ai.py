@@ -15,8 +15,8 @@ import pytest
 from django.db.models import Sum
 from django.utils import timezone
 
+import examples.frameworks.pydantic_ai_example  # noqa: F401  (registers pydantic_ai_demo here)
 import tests.agents_pydantic_ai as kinds
-import workers.frameworks.pydantic_ai_example  # noqa: F401  (registers pydantic_ai_demo here)
 from runs.control import approve_run, reject_run
 from runs.models import Step
 from runs.services import Actor, submit_run

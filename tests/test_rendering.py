@@ -9,7 +9,7 @@ import pytest
 from django.template import Context, Template
 from django.template.loader import render_to_string
 
-from crm.models import Lead
+from examples.crm.models import Lead
 from runs.control import post_message, reject_run
 from runs.dashboard.rendering import (
     ALLOWED_TAGS,
@@ -49,11 +49,9 @@ def assert_inert(html: str) -> Elements:
         assert tag in ALLOWED_TAGS, (tag, html)
         for name, value in attrs.items():
             assert not name.startswith("on"), (tag, name, html)
-            assert name in {"href", "title", "rel", "class", "start", "style"}, (tag, name, html)
+            assert name in {"href", "title", "rel", "class", "start"}, (tag, name, html)
             if name == "href":
                 assert value.startswith(("http://", "https://", "mailto:", "#")), (value, html)
-            if name == "style":
-                assert value.replace(" ", "") in {"text-align:left", "text-align:right", "text-align:center"}
         if tag == "a" and "href" in attrs:
             assert attrs["rel"] == "nofollow noopener noreferrer", html
     return parsed
@@ -243,7 +241,7 @@ def test_a_transcript_shows_rejected_calls_and_tool_errors(tenant, fake_llm):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_transcript_shows_a_call_a_person_rejected(tenant, offline):
-    lead = Lead.objects.create(name="Ana Lopez", company="Acme", email="ana@acme.test", stage="new")
+    lead = Lead.objects.create(tenant=tenant, name="Ana Lopez", company="Acme", email="ana@acme.test", stage="new")
     run = submit_run(tenant=tenant, kind="crm_update", input={"lead_id": lead.pk, "instruction": "They qualify"})
     [run] = drive(run)
     reject_run(run=run, actor=Actor(type="user", id="42"), comment="wait for the budget")

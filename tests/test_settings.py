@@ -22,7 +22,7 @@ from tests.conftest import test_database_url as database_url
 # What the test session sets for itself; a production process has none of it.
 SESSION_ONLY = ("DEBUG", "SECRET_KEY", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE",
                 "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
-                "SECURE_PROXY_SSL_HEADER", "RUNS_API_DOCS")
+                "SECURE_PROXY_SSL_HEADER", "RUNS_API_DOCS", "RUNS_EXAMPLES")
 
 
 @pytest.fixture

@@ -256,10 +256,10 @@ def test_django_checks_refuse_a_queue_the_engine_cannot_name(settings):
 
 
 def test_tasks_of_installed_apps_are_found_without_being_named(processes):
-    from crm.tasks import pipeline_report
+    from examples.crm.tasks import pipeline_report
 
     result = pipeline_report.enqueue()
-    drain(processes, AGENT_MODULES="")  # crm/tasks.py is discovered, like agents.py
+    drain(processes, AGENT_MODULES="")  # examples/crm/tasks.py is discovered, like agents.py
     assert pipeline_report.get_result(result.id).return_value == {
         "new": 0, "contacted": 0, "qualified": 0, "proposal": 0, "won": 0, "lost": 0}
 
@@ -316,7 +316,7 @@ def test_step_attempts_are_the_results_errors(processes, tmp_path):
 
 
 def test_a_task_kind_submitted_like_any_run_is_retried_in_its_own_tenant(tenant, processes, tmp_path):
-    # Through submit_run (or POST /api/runs) a task kind runs in the caller's tenant, not the backend's:
+    # Through submit_run (code; a tenant cannot start a task kind) a task kind runs in the caller's tenant:
     # its retry still reads its history, and it finishes.
     run = submit_run(tenant=tenant, kind="tests.django_tasks.flaky", input={"args": [str(tmp_path / "m")]})
     for _ in range(10):

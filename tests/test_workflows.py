@@ -264,7 +264,7 @@ def test_what_children_spend_counts_toward_their_parents_ceiling(tenant, process
 
 
 def test_the_built_in_deploy_saga_leaves_nothing_behind_when_a_step_fails(tenant, processes):
-    from deploys.models import Resource
+    from examples.deploys.models import Resource
 
     run = submit_run(tenant=tenant, kind="deploy_app", input={"app": "shop", "fail_at": "container"})
     processes.worker("--poll", "0.2", RUNS_DEMO_DELAY_SCALE="0.02")

@@ -1,7 +1,10 @@
-"""A real HTTP receiver of webhooks on loopback, which verifies each delivery with the standardwebhooks library."""
+"""Real receivers of webhooks on loopback: an HTTP one that verifies each delivery with the standardwebhooks
+library, and a tarpit that accepts connections and never answers.
+"""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import deque
@@ -27,6 +30,7 @@ class Receiver:
         self.answers: deque[tuple[int, dict[str, str]]] = deque()
         self.received: list[Received] = []
         self.secrets: dict[str, str] = {}
+        self.on_request = lambda: None  # called as each request arrives, before it is answered
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -53,6 +57,7 @@ class Receiver:
         self.server.server_close()
 
     def _take(self, path: str, headers: dict[str, str], body: str) -> tuple[int, dict[str, str]]:
+        self.on_request()
         received = Received(path=path, headers=headers, body=body)
         for name, secret in self.secrets.items():
             try:
@@ -82,3 +87,55 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"ok")
 
     return Handler
+
+
+class Tarpit:
+    """Accepts TCP connections on loopback, reads what it is sent, and never answers.
+
+    Counts the connections it accepted and those the sender hung up on, so a
+    test can tell which attempts are still hanging.
+    """
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.accepted = 0
+        self.hung_up = 0
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._stopping = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+
+    def counts(self) -> tuple[int, int]:
+        """(accepted, hung up), read together."""
+        with self._lock:
+            return self.accepted, self.hung_up
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.sock.close()
+        for conn in list(self._conns):
+            conn.close()
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.accepted += 1
+                self._conns.append(conn)
+            threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
+
+    def _hold(self, conn: socket.socket) -> None:
+        try:
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
+        with self._lock:
+            self.hung_up += 1

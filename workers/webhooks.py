@@ -5,19 +5,29 @@ deliveries are claimed with SKIP LOCKED, so loops never send the same
 attempt twice, and a loop that dies leaves its claims to come due again
 after their lease. A send holds no database connection: the claim and the
 record are one statement each, before and after.
+
+The send slots are shared among tenants: the loop tells each claim how
+many sends each tenant has in flight, and the claim gives a tenant no more
+than its share (``runs.webhooks.deliveries.claim``). Together with the
+bound on a whole attempt (``RUNS_WEBHOOK_TIMEOUT_SECONDS``) and the pausing
+of receivers that keep not answering, one tenant's hanging receiver delays
+another tenant's delivery by a poll, not by a timeout per slot.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
+from uuid import UUID
 
 from django.conf import settings
 
 from runs.db import release_connection, with_retries
-from runs.webhooks import deliveries
+from runs.webhooks import deliveries, receivers
 from runs.webhooks.deliveries import DeliveryJob
 from runs.webhooks.signing import signature
 from workers import webhook_http
@@ -25,6 +35,7 @@ from workers import webhook_http
 logger = logging.getLogger(__name__)
 
 USER_AGENT = "agentruns-webhooks/1"
+PARK_EVERY_SECONDS = 30.0
 
 
 class DeliveryLoop:
@@ -32,35 +43,51 @@ class DeliveryLoop:
         self.concurrency = max(1, concurrency)
         self.poll = poll
         timeout = settings.RUNS_WEBHOOK_TIMEOUT_SECONDS
-        # Longer than any send can take (resolution, connect, the capped read), or a slow
-        # send would be claimed again while it is still going.
+        # Longer than any send can take (the whole attempt is bounded by the timeout), or a
+        # slow send would be claimed again while it is still going.
         self.lease = lease or max(60.0, 4 * timeout)
         self.stopping = threading.Event()
 
     def run(self, *, once: bool = False) -> int:
         """Until stopped (``once``: until nothing is due). Returns how many attempts were made."""
         attempts = 0
-        in_flight: set[Future] = set()
+        in_flight: dict[Future, UUID] = {}
+        parked_at = 0.0
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="webhook") as pool:
             while not self.stopping.is_set():
+                if time.monotonic() - parked_at >= PARK_EVERY_SECONDS:
+                    self._park()
+                    parked_at = time.monotonic()
                 free = self.concurrency - len(in_flight)
-                jobs = self._claim(free) if free else []
+                jobs = self._claim(free, Counter(in_flight.values())) if free else []
                 for job in jobs:
-                    in_flight.add(pool.submit(self.deliver, job))
+                    in_flight[pool.submit(self.deliver, job)] = job.tenant_id
                 attempts += len(jobs)
                 if once and not jobs and not in_flight:
                     break
                 if in_flight:
-                    done, in_flight = wait(in_flight, timeout=self.poll if not jobs else 0, return_when=FIRST_COMPLETED)
-                    in_flight = set(in_flight)
+                    done, _ = wait(in_flight, timeout=self.poll if not jobs else 0, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        del in_flight[future]
                 elif not jobs:
                     self.stopping.wait(self.poll)
             wait(in_flight)  # a stop lets the sends under way finish and be recorded
         return attempts
 
-    def _claim(self, free: int) -> list[DeliveryJob]:
+    def _park(self) -> None:
+        """Park what came for paused receivers since the last look, so that claims do not read past it."""
         try:
-            return with_retries(lambda: deliveries.claim(batch=free, lease_seconds=self.lease), what="claim deliveries")
+            with_retries(receivers.park, what="park deliveries of paused receivers")
+        except Exception:
+            logger.exception("parking deliveries of paused webhook receivers failed")
+        finally:
+            release_connection()
+
+    def _claim(self, free: int, in_flight: Counter[UUID]) -> list[DeliveryJob]:
+        try:
+            return with_retries(lambda: deliveries.claim(batch=free, lease_seconds=self.lease,
+                                                         slots=self.concurrency, in_flight=dict(in_flight)),
+                                what="claim deliveries")
         except Exception:
             logger.exception("claiming webhook deliveries failed")
             self.stopping.wait(self.poll)
@@ -80,11 +107,12 @@ class DeliveryLoop:
                                            timestamp=timestamp, body=job.body),
         }
         sent = webhook_http.send(job.url, body=job.body.encode(), headers=headers,
-                                 timeout=settings.RUNS_WEBHOOK_TIMEOUT_SECONDS)
+                                 timeout=settings.RUNS_WEBHOOK_TIMEOUT_SECONDS,
+                                 connect_timeout=settings.RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS)
         try:
             status = with_retries(lambda: deliveries.record(
                 job, delivered=sent.delivered, permanent=sent.permanent, code=sent.status, body=sent.body,
-                error=sent.error,
+                error=sent.error, failure=sent.failure, unanswered=sent.unanswered,
             ), what="record a delivery")
         finally:
             release_connection()

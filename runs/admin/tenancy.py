@@ -11,16 +11,49 @@ from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from runs import operations
+from runs import kinds, operations
 from runs.admin.common import money, money_column, operator, timestamp_column
 from runs.keys import ALL_SCOPES, create_api_key
 from runs.models import MONEY, ApiKey, Membership, Tenant, TenantDailyCost
 
-TENANT_EDITABLE = ("name", "slug", "max_running", "max_queued", "default_cost_ceiling_cents", "daily_cost_cap_cents")
+TENANT_EDITABLE = ("name", "slug", "max_running", "max_queued", "default_cost_ceiling_cents", "daily_cost_cap_cents",
+                   "allowed_kinds")
+
+
+class AllowedKindsField(forms.CharField):
+    """Kind names separated by commas; blank lifts the list (``None``: every public kind)."""
+
+    def prepare_value(self, value):
+        return ", ".join(value) if isinstance(value, list | tuple) else value
+
+    def to_python(self, value):
+        names = list(dict.fromkeys(n.strip() for n in (super().to_python(value) or "").split(",") if n.strip()))
+        return names or None
+
+    def validate(self, value):
+        super().validate(value)
+        try:
+            kinds.allowable(value)
+        except kinds.NotStartable as exc:
+            raise forms.ValidationError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from None
+
+
+class TenantForm(forms.ModelForm):
+    allowed_kinds = AllowedKindsField(
+        required=False, label="Kinds it may start",
+        help_text="Kind names separated by commas; blank: every kind (task kinds and kinds registered with "
+        "public=False never). `manage.py allowkinds` sets it too.",
+        widget=forms.TextInput(attrs={"size": 80}),
+    )
+
+    class Meta:
+        model = Tenant
+        fields = ("allowed_kinds",)  # the admin adds the fieldsets' fields
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    form = TenantForm
     list_display = ("slug", "name", "paused", "running_now", "queued_now", "cost_today", "daily_cap")
     list_filter = ("paused",)
     search_fields = ("slug", "name")
@@ -29,6 +62,7 @@ class TenantAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "paused")}),
         ("Limits", {"fields": ("max_running", "max_queued", "default_cost_ceiling_cents", "daily_cost_cap_cents")}),
+        ("Kinds", {"fields": ("allowed_kinds",)}),
         ("Usage now", {"fields": ("running", "queued", "cost_today", "created")}),
     )
     readonly_fields = ("paused", "running", "queued", "cost_today", "created")

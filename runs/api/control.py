@@ -7,11 +7,11 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Status
 
-from runs import control, selectors
+from runs import control, kinds, selectors
+from runs.api.auth import actor_of
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import CancelIn, DecisionIn, ForkIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
-from runs.services import Actor
 
 RESPONSES = {200: RunOut, 202: RunOut} | ERRORS
 
@@ -20,7 +20,7 @@ def _target(request: HttpRequest, run_id: UUID, scope: str):
     """401 (auth) → 404 (another tenant's run) → 403 (scope), in that order."""
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, scope)
-    return run, Actor(type="api_key", id=str(request.auth.pk))
+    return run, actor_of(request.auth)
 
 
 def _answer(outcome: control.Outcome):
@@ -86,6 +86,8 @@ def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
              summary="Fork a run: a new run that replays steps before N and runs from N (202, queued)")
 def fork(request: HttpRequest, response: HttpResponse, run_id: UUID, payload: ForkIn):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
+    # A fork starts a new run of the kind: only of a kind the tenant may start (a retry is not a new run).
+    kinds.require_startable(request.auth.tenant, run.kind)
     forked = control.fork_run(run=run, actor=actor, from_step=payload.from_step)
     response["Location"] = f"/api/runs/{forked.id}"
     return Status(202, forked)

@@ -8,10 +8,10 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from ninja import Header, Query, Router, Status
 from ninja.errors import HttpError
-from ninja.security import HttpBearer
 from pydantic import Field
 
-from runs import selectors, services
+from runs import kinds, selectors, services
+from runs.api.auth import ApiAuth, actor_of, refusal_of
 from runs.api.schemas import (
     ErrorOut,
     HealthOut,
@@ -24,24 +24,15 @@ from runs.api.schemas import (
     SubmitHeaders,
 )
 from runs.exceptions import InvalidRunInput
-from runs.keys import authenticate_key
 from runs.models import ApiKey, RunStatus
-from runs.registry import all_kinds
 
-
-class ApiKeyAuth(HttpBearer):
-    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
-        return authenticate_key(token)
-
-
-router = Router(auth=ApiKeyAuth())
+router = Router(auth=ApiAuth())
 ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut, 429: ErrorOut}
 
 
 def require_scope(request: HttpRequest, scope: str) -> None:
     if not request.auth.has_scope(scope):
-        # str(), not repr(): a Scope member's repr is "ApiKey.Scope.WRITE", not its value.
-        raise HttpError(403, f"this API key lacks the '{scope}' scope")
+        raise HttpError(403, refusal_of(request.auth, scope))
 
 
 @router.post("/runs", response={200: RunOut, 202: RunOut} | ERRORS, summary="Submit a run")
@@ -58,6 +49,7 @@ def submit_run(
         if key is not None and key != headers.idempotency_key:
             raise InvalidRunInput("the Idempotency-Key header and the body's idempotency_key differ")
         key = headers.idempotency_key
+    kinds.require_startable(request.auth.tenant, payload.kind)
     submitted = services.submit(
         tenant=request.auth.tenant,
         kind=payload.kind,
@@ -69,8 +61,8 @@ def submit_run(
         cost_ceiling_cents=payload.cost_ceiling_cents,
         deadline_seconds=payload.deadline_seconds,
         callback_url=payload.callback_url or "",
-        actor=services.Actor(type="api_key", id=str(request.auth.pk)),
-        tenant_is_fresh=True,  # read with the key, just now
+        actor=actor_of(request.auth),
+        tenant_is_fresh=True,  # read with the key or the session's membership, just now
     )
     response["Location"] = f"/api/runs/{submitted.run.id}"
     return Status(202 if submitted.created else 200, submitted.run)
@@ -121,8 +113,9 @@ def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
-@router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="Registered agent kinds")
+@router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="The kinds this tenant may start")
 def list_kinds(request: HttpRequest):
+    """Registered kinds the caller's tenant may start, with their input JSON schema (``runs.kinds``)."""
     require_scope(request, ApiKey.Scope.READ)
     return [
         {
@@ -132,7 +125,7 @@ def list_kinds(request: HttpRequest):
             "description": kind.description,
             "input_schema": kind.input_json_schema(),
         }
-        for kind in all_kinds()
+        for kind in kinds.startable_kinds(request.auth.tenant)
     ]
 
 

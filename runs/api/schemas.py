@@ -10,6 +10,7 @@ from ninja import Schema
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from runs.errors import tenant_error
 from runs.limits import CENTS_LIMIT, MAX_DEADLINE_SECONDS
 from runs.text import find_unstorable
 
@@ -87,10 +88,17 @@ class RunOut(Schema):
     updated_at: datetime
 
     @staticmethod
+    def resolve_error(run) -> str:
+        return tenant_error(run.error)
+
+    @staticmethod
     def resolve_waiting_for(run) -> Any:
         from runs.selectors import waiting_for
 
-        return waiting_for(run)
+        waiting = waiting_for(run)
+        if waiting and waiting.get("error"):
+            waiting["error"] = tenant_error(waiting["error"])
+        return waiting
 
     @staticmethod
     def resolve_cancel_requested(run) -> bool:
@@ -127,6 +135,10 @@ class StepOut(Schema):
     text_replaced: bool
     started_at: datetime | None
     ended_at: datetime | None
+
+    @staticmethod
+    def resolve_error(step) -> str:
+        return tenant_error(step.error)
 
 
 class StepPage(Schema):

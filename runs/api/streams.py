@@ -5,6 +5,9 @@ The stream accepts three credentials, in this order: an API key in the
 ``?token=`` (for ``EventSource``), or the dashboard's session (a member of
 the run's tenant). An API key in the query string is refused outright,
 before anything else: it would be written to access logs and histories.
+A token whose key was revoked (or whose user left the tenant) is refused,
+and an open stream ends soon after its credential stops holding
+(runs.streams.grants, checked by the process's hub).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from runs.keys import authenticate_key
 from runs.limits import MAX_INT
 from runs.models import TERMINAL_STATUSES, ApiKey, Membership, Run
 from runs.streams import tokens
+from runs.streams.grants import Grant, live
 from runs.streams.views import stream_response
 
 # Query parameters an API key could be smuggled in (and the key format itself, below).
@@ -53,6 +57,7 @@ class StreamTokenOut(Schema):
 class _Opened:
     last_seq: int
     terminal: bool
+    grant: Grant  # what the stream was opened with: it ends when this stops holding
 
 
 @router.get(
@@ -74,7 +79,8 @@ async def events(request: HttpRequest, run_id: UUID, query: Query[StreamQuery]):
     after = _last_event_id(request, query)  # after the credentials: 401 and 404 come first
     if opened.terminal and after >= opened.last_seq:
         return HttpResponse(status=204)
-    return stream_response(run_id=run_id, after=after, last_seq=opened.last_seq, terminal=opened.terminal)
+    return stream_response(run_id=run_id, after=after, last_seq=opened.last_seq, terminal=opened.terminal,
+                           grant=opened.grant)
 
 
 @router.post("/runs/{run_id}/stream-token", response={200: StreamTokenOut} | ERRORS,
@@ -82,7 +88,12 @@ async def events(request: HttpRequest, run_id: UUID, query: Query[StreamQuery]):
 def stream_token(request: HttpRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
-    token, expires_at = tokens.issue(run_id=run.pk, tenant_id=run.tenant_id)
+    # Issued under the key (or, with the dashboard's session, to the user): the token dies with it.
+    if isinstance(request.auth, ApiKey):
+        grant = Grant(tenant_id=run.tenant_id, key_id=request.auth.pk)
+    else:
+        grant = Grant(tenant_id=run.tenant_id, user_id=request.user.pk)
+    token, expires_at = tokens.issue(run_id=run.pk, grant=grant)
     return {"token": token, "expires_at": expires_at, "url": f"/api/runs/{run.pk}/events?token={token}"}
 
 
@@ -112,20 +123,26 @@ def _open(request: HttpRequest, run_id: UUID, token: str | None) -> _Opened:
                 raise HttpError(401, "a valid API key is required: send 'Authorization: Bearer <key>'")
             run = _find(run_id, tenant_id=api_key.tenant_id)
             require_scope(_AuthOnly(api_key), ApiKey.Scope.READ)
+            grant = Grant(tenant_id=api_key.tenant_id, key_id=api_key.pk)
         elif token:
             try:
-                tenant_id = tokens.check(token, run_id=run_id)
+                grant = tokens.check(token, run_id=run_id)
             except tokens.InvalidToken as exc:
                 raise HttpError(401, str(exc)) from None
-            run = _find(run_id, tenant_id=tenant_id)
+            if not live([grant]):
+                raise HttpError(401, "the API key this stream token was issued under has been revoked"
+                                if grant.key_id is not None else
+                                "the user this stream token was issued to is no longer a member of the run's tenant")
+            run = _find(run_id, tenant_id=grant.tenant_id)
         elif request.user.is_authenticated:
             run = _find(run_id, tenant_id=None)
             # Like the dashboard: a member of the run's tenant, whatever the role (superusers too).
             if not Membership.objects.filter(user=request.user, tenant_id=run.tenant_id).exists():
                 raise Http404("run not found")
+            grant = Grant(tenant_id=run.tenant_id, user_id=request.user.pk, session_key=request.session.session_key)
         else:
             raise HttpError(401, "send 'Authorization: Bearer <key>', a stream token (?token=), or log in")
-        return _Opened(last_seq=run.last_event_seq, terminal=run.status in TERMINAL_STATUSES)
+        return _Opened(last_seq=run.last_event_seq, terminal=run.status in TERMINAL_STATUSES, grant=grant)
     finally:
         release_connection()
 

@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from runs.actors import ActorType, describe_actors, sentence_start
+from runs.errors import tenant_error
 from runs.models import Event, Run
 
 DEFAULT_LIMIT = 50
@@ -209,7 +210,7 @@ def _queued(said: _Said) -> dict:
             return _engine("Spawned as a child of", run_link=str(payload["parent"]))
         return _person(said, "submitted it.")
     reason = payload.get("reason")
-    error = _text(payload.get("error"))
+    error = _text(tenant_error(payload.get("error")))
     if reason == "retry":
         return _engine("An attempt failed; it will be tried again.", detail=error, tone="error")
     if reason == "compensation_retry":
@@ -238,7 +239,7 @@ def _failed(said: _Said) -> dict:
     if said.payload.get("action") == "fail":  # a person's resolution
         at = f" at {said.step()}" if said.payload.get("step") is not None else ""
         return _person(said, f"failed it{at}.", tone="error")
-    detail = _text(said.payload.get("error"))
+    detail = _text(tenant_error(said.payload.get("error")))
     if said.payload.get("compensation") == "done":
         return _engine(f"Rolled back its finished steps, then failed: {_failure(said)}.", detail=detail,
                        tone="error")
@@ -303,7 +304,7 @@ def _waiting(said: _Said) -> dict:
 
 
 def _waiting_human(said: _Said) -> dict:
-    detail = _text(said.payload.get("error"))
+    detail = _text(tenant_error(said.payload.get("error")))
     if said.payload.get("reason") == "compensation":
         return _engine("Waiting for a person: a step could not be undone during the rollback.", detail=detail,
                        tone="waiting")

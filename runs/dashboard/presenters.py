@@ -19,6 +19,7 @@ from django.utils import timezone
 from runs.dashboard.access import Access, Action
 from runs.models import (
     WEBHOOK_EVENT_TYPES,
+    DeliveryFailure,
     DeliveryStatus,
     Run,
     RunStatus,
@@ -131,12 +132,6 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
         return f"{seconds // 3600} h ago"
     days = seconds // 86400
     return f"{days} day{'s' if days != 1 else ''} ago"
-
-
-def error_parts(error: str) -> tuple[str, str]:
-    """A step error as (the sentence, the traceback after it): people read the first, developers open the second."""
-    summary, _, details = (error or "").partition("\n\n")
-    return summary, details.strip()
 
 
 def until(moment: datetime | None, now: datetime | None = None) -> str:
@@ -303,15 +298,32 @@ class DeliveryRow:
     target: str  # where it goes, without credentials or query string
     when: str  # what happened last, or what happens next
     redeliver: bool  # the button: finished (delivered or dead), and the user may retry runs
+    problem: str = ""  # why the last attempt failed, in the tenant's words (the whole error is in the admin)
 
 
 def delivery_rows(deliveries: list[WebhookDelivery], access: Access) -> list[DeliveryRow]:
     may_retry = access.can(Action.RETRY)
     return [
         DeliveryRow(delivery=d, target=delivery_target(d.url), when=_delivery_when(d),
-                    redeliver=may_retry and not d.is_live)
+                    redeliver=may_retry and not d.is_live, problem=delivery_problem(d))
         for d in deliveries
     ]
+
+
+def delivery_problem(delivery: WebhookDelivery) -> str:
+    """What a tenant is told of a failed attempt: its kind, never the sender's own error sentence.
+
+    The sentence says which address a name resolved to, and how a port
+    answered; shown to whoever chose the URL, it makes webhooks a scanner.
+    """
+    if delivery.status == DeliveryStatus.DELIVERED or not delivery.attempts:
+        return ""
+    code = delivery.response_code
+    if code is not None:
+        return f"the receiver answered {code}" + ("; redirects are not followed" if 300 <= code < 400 else "")
+    if delivery.failure in DeliveryFailure.values and delivery.failure:
+        return DeliveryFailure(delivery.failure).label
+    return "the delivery failed" if delivery.status != DeliveryStatus.SENDING else ""
 
 
 def delivery_target(url: str) -> str:
@@ -333,4 +345,6 @@ def _delivery_when(delivery: WebhookDelivery) -> str:
         return f"gave up {ago(delivery.last_attempt_at or delivery.created_at)}"
     if delivery.status == DeliveryStatus.SENDING:
         return "being sent"
+    if getattr(delivery, "receiver_paused", False):
+        return "paused: the receiver kept not answering; an operator resumes it"
     return f"next attempt {until(delivery.next_attempt_at)}"

@@ -40,7 +40,10 @@ ALLOWED_TAGS = frozenset({
     "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "s", "code", "pre",
     "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr", "th", "td",
 })
-ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}, "th": {"style"}, "td": {"style"}}
+ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}}
+# A table column's alignment, as a class of static/css/render.css: the Content-Security-Policy refuses style attributes.
+ALIGNMENTS = frozenset({"align-left", "align-center", "align-right"})
+_ALIGNMENT = re.compile(r"text-align:\s*(left|center|right)")
 LINK_REL = "nofollow noopener noreferrer"
 
 # [doc-id], or several at once: [doc-a, doc-b] / [doc-a; doc-b].
@@ -85,8 +88,7 @@ def markdown_html(text: Any, sources: Mapping[str, Source] | None = None) -> Saf
         url_schemes={"http", "https", "mailto"},
         url_relative=lambda url: url if url.startswith("#") else None,
         link_rel=LINK_REL,
-        filter_style_properties={"text-align"},
-        allowed_classes={"a": {"citation"}},
+        allowed_classes={"a": {"citation"}, "th": set(ALIGNMENTS), "td": set(ALIGNMENTS)},
         clean_content_tags={"script", "style"},
     )
     return mark_safe(cleaned)  # sanitised by nh3 just above: the one mark_safe of the dashboard
@@ -145,7 +147,17 @@ def _cited(text: str, sources: dict[str, Source]) -> list[Token]:
     return tokens
 
 
+def _alignment_classes(state: StateCore) -> None:
+    """markdown-it's ``style="text-align:..."`` on table cells as an ``align-*`` class."""
+    for token in state.tokens:
+        if token.type in ("th_open", "td_open") and token.attrs.get("style"):
+            found = _ALIGNMENT.search(str(token.attrs.pop("style")))
+            if found:
+                token.attrSet("class", f"align-{found[1]}")
+
+
 _markdown.core.ruler.push("link_citations", _link_citations)
+_markdown.core.ruler.push("alignment_classes", _alignment_classes)
 
 
 # Values as text -------------------------------------------------------------

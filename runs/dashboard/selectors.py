@@ -10,7 +10,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from runs.models import Artifact, Message, Run, RunStatus, Step, Tenant, WebhookDelivery
+from django.db.models import Exists, OuterRef
+
+from runs.models import (
+    Artifact,
+    Message,
+    ReceiverOf,
+    Run,
+    RunStatus,
+    Step,
+    Tenant,
+    WebhookDelivery,
+    WebhookReceiver,
+)
 
 ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
 
@@ -63,16 +75,20 @@ def get_artifact(*, run: Run, artifact_id: int) -> Artifact | None:
     return Artifact.objects.filter(run=run, pk=artifact_id).first()
 
 
-# What the run page shows of a delivery; the receiver's answer body stays in the admin.
+# What the run page shows of a delivery; the receiver's answer body and the
+# sender's own error sentence (addresses, ports, TLS details) stay in the admin.
 DELIVERY_FIELDS = (
-    "id", "run_id", "url", "event_type", "status", "attempts", "response_code", "last_error",
+    "id", "run_id", "url", "event_type", "status", "attempts", "response_code", "failure",
     "next_attempt_at", "last_attempt_at", "delivered_at", "created_at",
 )
 
 
 def recent_deliveries(*, run: Run, limit: int = 20) -> list[WebhookDelivery]:
-    """The run's latest webhook deliveries, newest first (one query, on the (run, id) index)."""
-    return list(WebhookDelivery.objects.filter(run=run).only(*DELIVERY_FIELDS).order_by("-id")[:limit])
+    """The run's latest webhook deliveries, newest first, each with ``receiver_paused`` (one query)."""
+    paused = WebhookReceiver.objects.filter(tenant_id=run.tenant_id, receiver=ReceiverOf(OuterRef("url")),
+                                            paused_at__isnull=False)
+    return list(WebhookDelivery.objects.filter(run=run).only(*DELIVERY_FIELDS)
+                .annotate(receiver_paused=Exists(paused)).order_by("-id")[:limit])
 
 
 def get_delivery(*, run: Run, delivery_id: int) -> WebhookDelivery | None:

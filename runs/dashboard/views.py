@@ -22,7 +22,7 @@ from django.views.decorators.csrf import requires_csrf_token
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from runs import selectors, services
+from runs import kinds, selectors, services
 from runs.actors import describe_actors, message_author, parse_actor
 from runs.dashboard import presenters, run_facts
 from runs.dashboard import selectors as dashboard_selectors
@@ -45,7 +45,7 @@ from runs.dashboard.forms import (
 )
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from runs.models import Run, RunStatus
-from runs.registry import all_kinds, get_kind
+from runs.registry import all_kinds
 from runs.streams.views import streams_served
 from runs.text import find_unstorable
 
@@ -299,8 +299,10 @@ def submit_form(request: HttpRequest) -> HttpResponse:
     access = current_access(request)
     require(access, Action.SUBMIT)
     kind_name = request.GET.get("kind", "")
-    kind = get_kind(kind_name) if kind_name else None
-    context: dict[str, Any] = {"access": access, "tenant": access.tenant, "kinds": all_kinds(), "kind": kind}
+    # A kind the tenant may not start is one the form does not know (runs.kinds).
+    kind = kinds.startable_kind(access.tenant, kind_name) if kind_name else None
+    context: dict[str, Any] = {"access": access, "tenant": access.tenant, "kind": kind,
+                               "kinds": kinds.startable_kinds(access.tenant)}
     if kind is None:
         context["unknown_kind"] = kind_name
         return render(request, "runs/submit.html", context, status=404 if kind_name else 200)

@@ -2,11 +2,15 @@
 
 from runs.models.fleet import MetricSnapshot, Worker
 from runs.models.notifications import (
+    RECEIVER_SQL,
     WEBHOOK_EVENT_TYPES,
+    DeliveryFailure,
     DeliveryStatus,
+    ReceiverOf,
     StreamWatch,
     WebhookDelivery,
     WebhookEndpoint,
+    WebhookReceiver,
 )
 from runs.models.records import Artifact, Event, Message, Step, StepAttempt
 from runs.models.run import Run, RunQuerySet, default_expires_at
@@ -35,4 +39,5 @@ __all__ = [
     "Message", "MetricSnapshot", "Pausable", "Queue", "Run", "RunQuerySet", "RunStatus", "Step", "StepAttempt", "StepKind",
     "StepStatus", "Tenant", "TenantDailyCost", "Worker", "default_expires_at",
     "WEBHOOK_EVENT_TYPES", "DeliveryStatus", "StreamWatch", "WebhookDelivery", "WebhookEndpoint",
+    "RECEIVER_SQL", "DeliveryFailure", "ReceiverOf", "WebhookReceiver",
 ]

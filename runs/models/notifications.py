@@ -48,6 +48,33 @@ class DeliveryStatus(models.TextChoices):
 LIVE_DELIVERY_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.SENDING)
 
 
+class DeliveryFailure(models.TextChoices):
+    """Why the last attempt failed, as its tenant is told: the full sentence (``last_error``) is the operators'.
+
+    A tenant chooses the URL, so the sender's own words about it (which
+    address a name resolved to, that a port refused or reset) would make
+    webhooks a scanner of whatever the sender can reach.
+    """
+
+    NONE = "", "no failure"
+    TIMEOUT = "timeout", "the receiver did not answer"
+    CONNECT = "connect", "could not connect"
+    REFUSED = "refused", "the address is not allowed"
+    HTTP = "http", "the receiver answered with an error"
+
+
+# The receiver a delivery goes to, as SQL over its ``url``: scheme, host and
+# port as written (the checks at submit leave nothing else before the path).
+RECEIVER_SQL = "lower(substring({url} from '^[^/?#]*//[^/?#]*'))"
+
+
+class ReceiverOf(models.Func):
+    """``RECEIVER_SQL`` of a URL expression, for the ORM (the admin's paused column)."""
+
+    template = RECEIVER_SQL.format(url="%(expressions)s")
+    output_field = models.CharField()
+
+
 class WebhookDelivery(models.Model):
     """One Event to one URL, written in the same transaction as the Event; retried until delivered or dead.
 
@@ -75,8 +102,10 @@ class WebhookDelivery(models.Model):
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     response_code = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.TextField(blank=True, default="")
-    # Why the last attempt did not deliver, in a sentence.
+    # Why the last attempt did not deliver, in a sentence (for operators), and in a word (for the tenant).
     last_error = models.TextField(blank=True, default="")
+    # db_default: the Event statements insert deliveries without naming it.
+    failure = models.CharField(max_length=16, choices=DeliveryFailure.choices, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
@@ -85,10 +114,11 @@ class WebhookDelivery(models.Model):
             models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="webhookdelivery_status_valid"),
         ]
         indexes = [
-            # The delivery loop's claim, and only it.
+            # The delivery loop's claim, and only it: the tenants with live deliveries
+            # (a skip scan), then each one's oldest due (runs.webhooks.deliveries).
             models.Index(
-                fields=["next_attempt_at"], condition=Q(status__in=LIVE_DELIVERY_STATUSES),
-                name="webhookdelivery_due_idx",
+                fields=["tenant", "next_attempt_at"], condition=Q(status__in=LIVE_DELIVERY_STATUSES),
+                name="webhookdelivery_tenant_due_idx",
             ),
             # A run's deliveries (run page, admin inline, deletion with the run).
             models.Index(fields=["run", "id"], name="webhookdelivery_run_idx"),
@@ -102,6 +132,36 @@ class WebhookDelivery(models.Model):
     @property
     def is_live(self) -> bool:
         return self.status in LIVE_DELIVERY_STATUSES
+
+
+class WebhookReceiver(models.Model):
+    """The health of one receiver (``RECEIVER_SQL`` of a URL) of one tenant: paused after too many silent attempts.
+
+    Rows are written by the delivery loop on a failed attempt without an
+    answer, so a receiver that always answers never has one. While
+    ``paused_at`` is set its deliveries are not claimed (they wait, nothing
+    is dropped); an operator resumes it in the admin, which makes them due.
+    Per tenant, so that one tenant's failures never pause another's
+    deliveries to the same host.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    receiver = models.CharField(max_length=2000, help_text="scheme://host[:port], as in the URLs")
+    silent_attempts = models.PositiveIntegerField(default=0, help_text="attempts in a row without an answer")
+    last_error = models.TextField(blank=True, default="")
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_reason = models.TextField(blank=True, default="")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resumed_by = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        # Also the claim's look-up of paused receivers.
+        constraints = [models.UniqueConstraint(fields=["tenant", "receiver"], name="webhookreceiver_unique")]
+        ordering = [models.F("paused_at").desc(nulls_last=True), "receiver"]
+
+    def __str__(self) -> str:
+        return f"{self.receiver} ({'paused' if self.paused_at else 'active'})"
 
 
 class StreamWatch(models.Model):

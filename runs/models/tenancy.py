@@ -23,6 +23,10 @@ class Tenant(models.Model):
     default_cost_ceiling_cents = models.DecimalField(**MONEY, null=True, blank=True)
     daily_cost_cap_cents = models.DecimalField(**MONEY, null=True, blank=True)
     paused = models.BooleanField(default=False)
+    # The kinds its API keys and members may start (runs.kinds), set by an operator (the admin,
+    # `manage.py allowkinds`); null: every kind that is public. It only narrows: a task kind or a
+    # kind registered with public=False is never startable by a tenant, listed here or not.
+    allowed_kinds = ArrayField(models.CharField(max_length=200), null=True, blank=True, default=None)
     # Live count of the tenant's running runs, plus the slots of runs that
     # left running and whose worker gives them back with its next claim:
     # changed only by the claim's guarded update and the one exit from

@@ -14,6 +14,11 @@ committed does not see it, and a LISTEN connection can drop. So every
 listening, or with ``RUNS_LISTEN=0``) all watched runs are read again, in
 the same single query. Reading by ``(run, seq)`` makes a second read of the
 same Event harmless.
+
+A stream dies with the credential it was opened with: every
+``RUNS_STREAM_BACKSTOP_SECONDS`` the hub asks which of its streams' grants
+still hold, for all of them at once (runs.streams.grants: at most three
+queries, however many streams), and ends the streams whose grant is gone.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from psycopg_pool import AsyncConnectionPool
 
 from runs.db import connection_kwargs
 from runs.events import EVENTS_CHANNEL
-from runs.streams import ephemeral
+from runs.streams import ephemeral, grants
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +63,28 @@ class StoredEvent:
     created_at: datetime
 
 
-Item = StoredEvent | ephemeral.Ephemeral | None  # None: the hub is shutting down
+class _Revoked:
+    """The item that ends a stream whose credential no longer holds."""
+
+
+REVOKED = _Revoked()
+Item = StoredEvent | ephemeral.Ephemeral | _Revoked | None  # None: the hub is shutting down
 
 
 class Subscription:
     """One stream's place in one run: the last seq handed to it, and what waits to be written."""
 
-    def __init__(self, run_id: UUID, after: int):
+    def __init__(self, run_id: UUID, after: int, grant: grants.Grant | None = None):
         self.run_id = run_id
         self.after = after
+        self.grant = grant  # what the stream was opened with (None: nothing to check)
         self.items: asyncio.Queue[Item] = asyncio.Queue()
         self.behind = False  # the hub stopped reading for it at HIGH_WATER
+        self.revoked = False
 
     async def get(self, hub: EventHub) -> Item:
+        if self.revoked:  # before whatever is still queued: the client may no longer read it
+            return REVOKED
         if self.behind and self.items.qsize() < HIGH_WATER // 2:
             self.behind = False
             hub.wake(self.run_id)
@@ -118,9 +133,9 @@ class EventHub:
         self._closed = False
 
     # Streams' side.
-    async def subscribe(self, run_id: UUID, after: int) -> Subscription:
+    async def subscribe(self, run_id: UUID, after: int, grant: grants.Grant | None = None) -> Subscription:
         await self._start()
-        sub = Subscription(run_id, after)
+        sub = Subscription(run_id, after, grant)
         if run_id not in self._subs:
             self._subs[run_id] = set()
             async with self._watch_lock:
@@ -176,7 +191,7 @@ class EventHub:
             )
             await self._pool.open()
             self._tasks = [self._spawn(self._read_loop()), self._spawn(self._backstop_loop()),
-                           self._spawn(self._watch_loop())]
+                           self._spawn(self._watch_loop()), self._spawn(self._grants_loop())]
             if settings.RUNS_LISTEN:
                 self._tasks.append(self._spawn(self._listen_loop()))
                 # Listening before the first read, or the first wake-up may be lost.
@@ -239,6 +254,27 @@ class EventHub:
             listening = self._listening and settings.RUNS_LISTEN
             await asyncio.sleep(settings.RUNS_STREAM_BACKSTOP_SECONDS if listening else settings.RUNS_STREAM_POLL_SECONDS)
             self._wake_all()
+
+    async def _grants_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.RUNS_STREAM_BACKSTOP_SECONDS)
+            await self.check_grants()
+
+    async def check_grants(self) -> None:
+        """End the streams whose credential no longer holds: one check for all of them."""
+        subs = [sub for subs in self._subs.values() for sub in subs if sub.grant is not None and not sub.revoked]
+        if not subs:
+            return
+        try:
+            holding = await sync_to_async(grants.live_released, thread_sensitive=False)({s.grant for s in subs})
+        except Exception:
+            # Streams stay open while the database cannot say; the next check decides.
+            logger.warning("event streams: could not check the streams' credentials", exc_info=True)
+            return
+        for sub in subs:
+            if sub.grant not in holding:
+                sub.revoked = True
+                sub.items.put_nowait(REVOKED)
 
     async def _watch_loop(self) -> None:
         while True:

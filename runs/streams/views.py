@@ -19,9 +19,11 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 
+from runs.errors import tenant_error
 from runs.states import TERMINAL_EVENT_TYPES
 from runs.streams import ephemeral
-from runs.streams.hub import StoredEvent, get_hub
+from runs.streams.grants import Grant
+from runs.streams.hub import REVOKED, StoredEvent, get_hub
 
 # How long a client waits before reconnecting, in ms (the SSE `retry:` field).
 RECONNECT_MS = 2000
@@ -39,14 +41,17 @@ def streams_served(request: HttpRequest) -> bool:
     return isinstance(request, ASGIRequest) or request.META.get("asgi.scope") is not None
 
 
-def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool) -> StreamingHttpResponse:
+def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool,
+                    grant: Grant | None = None) -> StreamingHttpResponse:
     """The streaming response for a run whose Events past ``after`` the client wants.
 
     ``last_seq`` and ``terminal`` are the run's as read when the stream was
     opened: a finished run's stream ends once it has replayed up to there.
+    ``grant`` is what it was opened with: the hub ends the stream soon after
+    that stops holding (runs.streams.grants).
     """
     response = StreamingHttpResponse(
-        _events(run_id=run_id, after=after, close_at=last_seq if terminal else None),
+        _events(run_id=run_id, after=after, close_at=last_seq if terminal else None, grant=grant),
         content_type="text/event-stream; charset=utf-8",
     )
     response["Cache-Control"] = "no-cache"
@@ -54,9 +59,9 @@ def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool) 
     return response
 
 
-async def _events(*, run_id: UUID, after: int, close_at: int | None) -> AsyncIterator[str]:
+async def _events(*, run_id: UUID, after: int, close_at: int | None, grant: Grant | None) -> AsyncIterator[str]:
     hub = get_hub()
-    sub = await hub.subscribe(run_id, after)
+    sub = await hub.subscribe(run_id, after, grant=grant)
     try:
         # Sent at once, so that the client (and any proxy) sees the stream open.
         yield f"retry: {RECONNECT_MS}\n: run {run_id}, events after {after}\n\n"
@@ -70,6 +75,10 @@ async def _events(*, run_id: UUID, after: int, close_at: int | None) -> AsyncIte
                 yield ": keepalive\n\n"
                 continue
             if item is None:  # the server is stopping
+                return
+            if item is REVOKED:
+                # A client that reconnects is refused (401), which tells EventSource to stop.
+                yield ": the credentials this stream was opened with no longer hold\n\n"
                 return
             if isinstance(item, ephemeral.Ephemeral):
                 yield format_ephemeral(item)
@@ -86,7 +95,7 @@ def format_event(event: StoredEvent) -> str:
         f'{{"run_id":"{event.run_id}","seq":{event.seq},"type":{json.dumps(event.type)},'
         f'"at":"{event.created_at.isoformat()}",'
         f'"actor":{{"type":{json.dumps(event.actor_type)},"id":{json.dumps(event.actor_id)}}},'
-        f'"data":{_one_line(event.payload_json)}}}'
+        f'"data":{_one_line(_tenant_payload(event.payload_json))}}}'
     )
     return f"id: {event.seq}\nevent: {_field(event.type)}\ndata: {data}\n\n"
 
@@ -100,6 +109,16 @@ def format_ephemeral(update: ephemeral.Ephemeral) -> str:
 def _field(value: str) -> str:
     # A line break would end the field and let the rest forge another one.
     return value.replace("\r", " ").replace("\n", " ")
+
+
+def _tenant_payload(json_text: str) -> str:
+    """The payload with its ``error`` as tenants see it (runs.errors); others pass through unparsed."""
+    if '"error"' not in json_text:
+        return json_text
+    payload = json.loads(json_text)
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        payload["error"] = tenant_error(payload["error"])
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def _one_line(json_text: str) -> str:

@@ -56,6 +56,7 @@ def register_kind(task: Task, *, step_timeout: float | None) -> None:
         description=(task.func.__doc__ or "").strip(),
         title=lambda data, name=task.name: title(name, data),
         after_exit=after_exit,
+        public=False,  # code enqueues a task with the arguments it chooses; a tenant never does
     ))
 
 

@@ -6,6 +6,7 @@ from django import template
 from django.utils import timezone
 
 from runs.dashboard import presenters, run_facts
+from runs.errors import tenant_error
 from runs.models import Step
 
 register = template.Library()
@@ -19,14 +20,8 @@ register.filter("headline", presenters.headline)
 register.filter("steps_count", run_facts.steps_count)
 
 
-@register.filter
-def error_summary(error: str) -> str:
-    return presenters.error_parts(error)[0]
-
-
-@register.filter
-def error_details(error: str) -> str:
-    return presenters.error_parts(error)[1]
+# Tenants read an error's exception lines; the traceback is the operators', in the admin.
+register.filter("tenant_error", tenant_error)
 
 
 @register.filter

@@ -132,12 +132,15 @@ def check_url(url: str, *, allow_private: bool | None = None) -> None:
     """Refuse what can be known without DNS (at submit time and for endpoints)."""
     private = _allowed(allow_private)
     parts = _parse(url, private=private)
-    if private:
-        return
-    _refuse_literal(parts.host)
-    bare = parts.host.rstrip(".")
-    if bare == "localhost" or bare.endswith(".localhost"):
-        raise Refused(f"{parts.host} is a loopback name")
+    literal = _ip_literal(parts.host)
+    if not private:
+        _refuse_literal(parts.host)
+        bare = parts.host.rstrip(".")
+        if bare == "localhost" or bare.endswith(".localhost"):
+            raise Refused(f"{parts.host} is a loopback name")
+    # With private addresses allowed, a name's port is judged once it is resolved.
+    if not private or (literal is not None and _forbidden_phrase(literal) is None):
+        _check_port(parts)
 
 
 def resolve(url: str, *, allow_private: bool | None = None) -> Target:
@@ -162,6 +165,8 @@ def resolve(url: str, *, allow_private: bool | None = None) -> Target:
             phrase = None if private else _forbidden_phrase(ip)
             if phrase is not None:
                 raise Refused(f"{parts.host} resolves to {ip}, {phrase}")
+    if _forbidden_phrase(addresses[0]) is None:
+        _check_port(parts)  # a public address: only the ports operators allow
     address = str(addresses[0])
     suffix = f":{parts.port}" if parts.port != DEFAULT_PORTS[parts.scheme] else ""
     in_url = f"[{address}]" if ":" in address else address
@@ -177,6 +182,18 @@ def resolve(url: str, *, allow_private: bool | None = None) -> Target:
     )
 
 
+def allowed_ports() -> list[int]:
+    return list(getattr(settings, "RUNS_WEBHOOK_PORTS", [443]))
+
+
+def _check_port(parts: _Parts) -> None:
+    """A public host only on the allowed ports: a webhook must not probe a host's other services."""
+    ports = allowed_ports()
+    if parts.port not in ports:
+        listed = ", ".join(str(p) for p in ports) or "none"
+        raise Refused(f"port {parts.port} is not allowed for webhooks (allowed: {listed})")
+
+
 def _allowed(flag: bool | None) -> bool:
     return allow_private() if flag is None else flag
 
@@ -187,31 +204,24 @@ def _parse(url: str, *, private: bool) -> _Parts:
         raise Refused(f"the URL is longer than {MAX_URL_LENGTH} characters")
     # urlsplit silently strips some of these, so a URL that looks one way
     # to a person could parse another way here.
-    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
         raise Refused("the URL contains whitespace or control characters")
     try:
         split = urlsplit(url)
-        port = split.port
-        hostname = split.hostname
     except ValueError as exc:
         raise Refused(f"the URL is not valid ({exc})") from exc
     allowed = ("http", "https") if private else ("https",)
     if split.scheme not in allowed:
         raise Refused(f"only {' and '.join(allowed)} URLs are delivered (got {split.scheme!r})")
-    if not hostname:
-        raise Refused("the URL has no host")
-    if split.username is not None or split.password is not None:
-        raise Refused("credentials in the URL are not accepted")
-    if port is not None and not 1 <= port <= 65535:
-        raise Refused(f"port {port} is out of range (1-65535)")
+    hostname, port = _authority(split.netloc)
     if ":" in hostname:
-        host = hostname  # urlsplit has checked the bracketed literal
+        host = hostname
     else:
         try:
             host = hostname.encode("idna").decode("ascii").lower()
         except UnicodeError as exc:
             raise Refused(f"{hostname!r} is not a valid host name") from exc
-        if not _HOST_NAME.fullmatch(host):
+        if len(host) > 253 or not _HOST_NAME.fullmatch(host):
             raise Refused(f"{hostname!r} is not a valid host name")
     return _Parts(
         scheme=split.scheme,
@@ -220,6 +230,52 @@ def _parse(url: str, *, private: bool) -> _Parts:
         path=split.path or "/",
         query=split.query,
     )
+
+
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def _authority(netloc: str) -> tuple[str, int | None]:
+    """The host and port of ``host[:port]`` or ``[IPv6][:port]``, strictly (RFC 3986 §3.2).
+
+    By hand because urlsplit and httpx both let through what no receiver
+    could be: ports like ``+80`` or ``-1``, text after ``]``, IPvFuture
+    literals and zone ids (urlsplit then fails later with a ValueError).
+    """
+    if "@" in netloc:
+        raise Refused("credentials in the URL are not accepted")
+    if netloc.startswith("["):
+        literal, closed, rest = netloc[1:].partition("]")
+        if not closed:
+            raise Refused("the URL's IPv6 address has no closing ']'")
+        if "%" in literal:
+            raise Refused("IPv6 zone ids (%) are not accepted")
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            raise Refused(f"[{literal[:60]}] is not a valid IPv6 address") from None
+        host, port_text = literal.lower(), rest
+        if port_text and not port_text.startswith(":"):
+            raise Refused(f"unexpected {port_text[:40]!r} after the IPv6 address")
+        port_text = port_text[1:] if port_text else None
+    else:
+        if "[" in netloc or "]" in netloc:
+            raise Refused("'[' and ']' only enclose an IPv6 address")
+        host, colon, port_text = netloc.partition(":")
+        if not colon:
+            port_text = None
+        elif ":" in port_text:
+            raise Refused("more than one ':' after the host (an IPv6 address goes in brackets)")
+    if not host:
+        raise Refused("the URL has no host")
+    if port_text is None:
+        return host, None
+    if not _PORT.fullmatch(port_text):
+        raise Refused(f"the port {port_text[:20]!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise Refused(f"port {port} is out of range (1-65535)")
+    return host, port
 
 
 def _ip_literal(host: str) -> IPAddress | None:

@@ -1,9 +1,9 @@
-"""Built-in agent kinds that work offline, so that `make run` shows runs moving.
+"""Example agent kinds that work offline, so that `make run` shows runs moving (RUNS_EXAMPLES=1).
 
 ``research`` is a real tool-calling agent on ``workers.llm``: with a
 provider configured it uses it, without one a deterministic scripted model
 drives the same loop and tools (the CRM demo's ``crm_update`` lives with its
-app, in ``crm/agents.py``).
+app, in ``examples/crm/agents.py``).
 
 ``research_many`` is a lead agent: one child ``research`` run per question,
 gathered (``min_success``), then a synthesis step.
@@ -213,10 +213,10 @@ def _installed(distribution: str) -> bool:
     return True
 
 
-# The framework adapters' built-in example kinds, where their extra is installed (agentruns[pydantic-ai],
+# The framework adapters' example kinds, where their extra is installed (agentruns[pydantic-ai],
 # agentruns[openai-agents]). Each imports its framework on its first run, not here: every web and worker
 # process imports this module.
 if importlib.util.find_spec("pydantic_ai") is not None:
-    import workers.frameworks.pydantic_ai_example  # noqa: E402, F401 - registers pydantic_ai_demo
+    import examples.frameworks.pydantic_ai_example  # noqa: E402, F401 - registers pydantic_ai_demo
 if _installed("openai-agents"):  # its package is named "agents": ask for the distribution, not the name
-    import workers.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo
+    import examples.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo

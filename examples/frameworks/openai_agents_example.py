@@ -1,4 +1,4 @@
-"""The built-in ``openai_agents_demo`` kind: an OpenAI Agents SDK agent run durably (``workers.frameworks.openai_agents``).
+"""The example ``openai_agents_demo`` kind: an OpenAI Agents SDK agent run durably (``workers.frameworks.openai_agents``).
 
 A support agent looks an order up and refunds it; the refund tool needs a person's approval
 (``needs_approval=True``) and writes with its step's idempotency key. With ``LLM_BASE_URL`` set

@@ -1,4 +1,4 @@
-"""A tiny local CRM: the table the built-in ``crm_update`` agent reads and writes."""
+"""A tiny local CRM: the table the example ``crm_update`` agent reads and writes, one set of leads per tenant."""
 
 from __future__ import annotations
 
@@ -17,15 +17,20 @@ class Stage(models.TextChoices):
 
 
 class Lead(models.Model):
+    # Whose lead it is: a run reads and writes only its own tenant's leads (examples.crm.services).
+    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, related_name="+")
     name = models.CharField(max_length=200)
     company = models.CharField(max_length=200, blank=True, default="")
-    email = models.EmailField(unique=True)
+    email = models.EmailField()
     stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.NEW)
     notes = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(stage__in=Stage.values), name="lead_stage_valid")]
+        constraints = [
+            models.CheckConstraint(condition=Q(stage__in=Stage.values), name="lead_stage_valid"),
+            models.UniqueConstraint(fields=["tenant", "email"], name="lead_unique_tenant_email"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.company or self.email})"

@@ -1,15 +1,16 @@
 """The tools the ``crm_update`` agent works with: read a lead, write an update (idempotent, approved first).
 
 The person who approves an update sees what it changes: ``describe_update``
-reads the lead's current stage when the call is proposed.
+reads the lead's current stage when the call is proposed. Each reads and
+writes only the leads of the run's own tenant (``ctx.tenant_id``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from crm.models import Lead
-from crm.services import LeadNotFound, apply_lead_update
+from examples.crm import services
+from examples.crm.services import LeadNotFound
 from workers.errors import Fatal
 from workers.llm.tools import ToolError, tool
 from workers.proposals import Change, Proposal
@@ -20,20 +21,22 @@ if TYPE_CHECKING:
 StageName = Literal["new", "contacted", "qualified", "proposal", "won", "lost"]
 
 
+def _lead(ctx: RunContext, lead_id: int):
+    try:
+        return services.get_lead(tenant_id=ctx.tenant_id, lead_id=lead_id)
+    except LeadNotFound as exc:
+        raise ToolError(str(exc)) from None
+
+
 @tool
-def get_lead(lead_id: int) -> dict:
+def get_lead(ctx: RunContext, lead_id: int) -> dict:
     """Read a lead of the CRM: name, company, email, stage and notes."""
-    lead = Lead.objects.filter(pk=lead_id).first()
-    if lead is None:
-        raise ToolError(f"there is no lead {lead_id}")
-    return lead.as_dict()
+    return _lead(ctx, lead_id).as_dict()
 
 
-def describe_update(lead_id: int, stage: StageName | None = None, note: str = "") -> Proposal:
+def describe_update(ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = "") -> Proposal:
     """What an update would do ("Update lead Ana Lopez (Acme)"): the stage from its current value, the note added."""
-    lead = Lead.objects.filter(pk=lead_id).first()
-    if lead is None:
-        raise ToolError(f"there is no lead {lead_id}")
+    lead = _lead(ctx, lead_id)
     changes = []
     if stage is not None and stage != lead.stage:
         changes.append(Change("stage", lead.stage, stage))
@@ -54,8 +57,8 @@ def update_lead(ctx: RunContext, lead_id: int, stage: StageName | None = None, n
     if not key:  # the loop runs side-effect tools as keyed steps; anything else is a programming error
         raise Fatal("update_lead must run as a step with an idempotency key")
     try:
-        update = apply_lead_update(lead_id=lead_id, stage=stage, note=note.strip(), idempotency_key=key,
-                                   run_id=ctx.run_id)
+        update = services.apply_lead_update(tenant_id=ctx.tenant_id, lead_id=lead_id, stage=stage,
+                                            note=note.strip(), idempotency_key=key, run_id=ctx.run_id)
     except LeadNotFound as exc:
         raise ToolError(str(exc)) from None
     return update.as_dict()

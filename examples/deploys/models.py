@@ -1,4 +1,4 @@
-"""A small table of pretend infrastructure: what the built-in ``deploy_app`` saga creates and undoes."""
+"""A small table of pretend infrastructure, per tenant: what the example ``deploy_app`` saga creates and undoes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ class ResourceState(models.TextChoices):
 
 
 class Resource(models.Model):
+    # Whose deploy made it: the saga creates and undoes only its run's tenant's resources.
+    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=16, choices=ResourceKind.choices)
     name = models.CharField(max_length=200)
     state = models.CharField(max_length=16, choices=ResourceState.choices, default=ResourceState.ACTIVE)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 from pydantic import BaseModel, Field
 
-from deploys.models import Resource, ResourceState
+from examples.deploys.models import Resource, ResourceState
 from runs.registry import agent
 from workers.context import RunContext
 from workers.errors import Fatal
@@ -42,7 +42,8 @@ def _creator(ctx: RunContext, stage: Stage, kind: str, fail_at: Stage | None):
         if stage == fail_at:
             raise Fatal(f"the {stage} provider refused {name!r}: quota exceeded in this region")
         resource, _ = Resource.objects.get_or_create(
-            key=ctx.idempotency_key, defaults={"kind": kind, "name": name, "run_id": ctx.run_id}
+            key=ctx.idempotency_key,
+            defaults={"tenant_id": ctx.tenant_id, "kind": kind, "name": name, "run_id": ctx.run_id},
         )
         return {"id": resource.pk, "kind": kind, "name": name}
 
@@ -52,7 +53,7 @@ def _creator(ctx: RunContext, stage: Stage, kind: str, fail_at: Stage | None):
 def _deleter(ctx: RunContext):
     def delete(created: dict) -> dict:
         _pause(0.4)
-        gone = Resource.objects.filter(pk=created["id"], state=ResourceState.ACTIVE).update(
+        gone = Resource.objects.filter(tenant_id=ctx.tenant_id, pk=created["id"], state=ResourceState.ACTIVE).update(
             state=ResourceState.DELETED, deleted_at=timezone.now()
         )
         return {"deleted": created["name"], "was_active": bool(gone)}

@@ -1,4 +1,4 @@
-"""The built-in kind ``pydantic_ai_demo``: a Pydantic AI agent whose every call is a step of the run.
+"""The example kind ``pydantic_ai_demo``: a Pydantic AI agent whose every call is a step of the run.
 
 Input ``{"order_id": 1042, "request": "The parcel never arrived"}``. The agent
 looks the order up (a tool), proposes a refund (a tool that requires approval:
@@ -23,7 +23,7 @@ from workers.context import RunContext
 from workers.llm import conf
 
 # Pydantic AI is imported where the kind runs, not here: every web and worker process imports this
-# module (workers/agents.py), and importing the framework takes most of a second.
+# module (examples/agents.py), and importing the framework takes most of a second.
 if TYPE_CHECKING:
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse

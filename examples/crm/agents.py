@@ -10,7 +10,7 @@ import re
 
 from pydantic import BaseModel, Field
 
-from crm.tools import get_lead, update_lead
+from examples.crm.tools import get_lead, update_lead
 from runs.registry import agent
 from runs.states import RunOutcome
 from workers.context import RunContext

@@ -1,12 +1,13 @@
 from django.contrib import admin
 
-from crm.models import Lead, LeadUpdate
+from examples.crm.models import Lead, LeadUpdate
 
 
 @admin.register(Lead)
 class LeadAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "company", "stage", "updated_at"]
-    list_filter = ["stage"]
+    list_display = ["id", "tenant", "name", "company", "stage", "updated_at"]
+    list_filter = ["stage", "tenant"]
+    list_select_related = ["tenant"]
     search_fields = ["name", "company", "email"]
 
 
