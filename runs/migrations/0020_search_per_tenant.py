@@ -50,7 +50,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('runs', '0017_run_trace_context_metric_snapshots'),
+        ('runs', '0019_webhook_fairness_and_receivers'),
     ]
 
     operations = [
