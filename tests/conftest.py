@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +50,13 @@ def test_database_url() -> str:
     """DATABASE_URL of the test database, for worker processes started by a test."""
     parts = urlsplit(os.environ["DATABASE_URL"])
     return urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on just now (for a server a test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class Processes:

@@ -19,7 +19,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -29,6 +28,8 @@ import dj_database_url
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+
+from tests.conftest import free_port
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 
@@ -56,12 +57,6 @@ def pgbouncer_version(executable: str) -> tuple[int, ...]:
     if match is None:
         raise RuntimeError(f"cannot read the version of {executable}: {out!r}")
     return tuple(int(part or 0) for part in match.groups())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _quoted(value: str) -> str:
@@ -128,7 +123,7 @@ class PgBouncer:
         password = (self.server["PASSWORD"] or "").replace('"', '""')
         auth.write_text(f'"{self.user}" "{password}"\n')
         for _ in range(3):  # the free port may be taken before pgbouncer binds it
-            self.port = _free_port()
+            self.port = free_port()
             config = self.dir / "pgbouncer.ini"
             config.write_text(self.ini())
             with open(self.log_path, "ab") as log:

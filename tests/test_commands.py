@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import urllib.request
 
 import pytest
 
 from runs.keys import authenticate_key
 from runs.models import Run, Tenant
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,12 +37,6 @@ def test_createtenant_is_idempotent_and_createapikey_prints_the_secret_last(proc
     bad_scope = processes.run("createapikey", "acme", "--scopes", "runs:everything")
     assert bad_scope.returncode != 0
     assert "unknown scopes" in bad_scope.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(method, url, key=None, body=None):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import time
 import urllib.request
 from datetime import timedelta
@@ -27,18 +26,12 @@ from runs.events import SYSTEM, append_event
 from runs.models import DeliveryStatus, Event, Run, WebhookDelivery
 from runs.services import submit_run
 from tests.browser import assert_accessible, browser_page, log_in, screenshot, screenshots  # noqa: F401
-from tests.conftest import fresh, wait_for
+from tests.conftest import free_port, fresh, wait_for
 from tests.factories import MembershipFactory
 from tests.run_states import force_status
 
 HTMX = {"HX-Request": "true"}
 LIVE_NOTE = "Live: this page follows the run as it moves."
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class WebServer:

@@ -15,7 +15,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from django.conf import settings
 from django.core.management import get_commands, load_command_class
 from django.core.management.base import CommandError
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, free_port, wait_for
 from tests.conftest import test_database_url as database_url
 from tests.webhook_receiver import Receiver
 from workers.executor import EXIT_RETRY_SECONDS
@@ -133,12 +132,6 @@ def parse_options(argv: list[str], where: str):
         return parser.parse_args(args)
     except CommandError as exc:
         pytest.fail(f"{where}: manage.py {name} does not accept {args}: {exc}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_timeouts() -> dict[str, float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from runs.events import Actor
 from runs.keys import create_api_key
 from runs.models import ApiKey, Event, StreamWatch
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import free_port, fresh, wait_for
 from tests.factories import MembershipFactory, TenantFactory
 from tests.fake_openai import drive
 
@@ -35,12 +34,6 @@ class SSE:
     id: int | None
     event: str
     data: dict
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Web:

@@ -5,7 +5,6 @@ cap on password checks in progress (issue 25, finding 5).
 from __future__ import annotations
 
 import re
-import socket
 import threading
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,12 +25,6 @@ def attempts():
     from axes.models import AccessAttempt
 
     return AccessAttempt.objects
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(processes, **env) -> str:

@@ -23,19 +23,13 @@ from django.test import Client
 from runs.keys import create_api_key
 from runs.models import Event, Membership, Run
 from runs.services import submit_run
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.factories import MembershipFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MIB = 1024 * 1024
 BODY = 300 * MIB
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Web:

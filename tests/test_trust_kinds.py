@@ -23,7 +23,7 @@ from runs.keys import create_api_key
 from runs.models import Event, Run, Tenant
 from runs.services import Actor
 from tests import django_tasks  # noqa: F401  (its @task functions are kinds in this process)
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, free_port, wait_for
 from tests.factories import MembershipFactory, TenantFactory
 from tests.fake_openai import drive
 
@@ -200,7 +200,7 @@ def test_without_runs_examples_the_demo_apps_and_example_kinds_are_not_there(pro
     assert "echo" in found["kinds"] and not EXAMPLE_KINDS & set(found["kinds"])
     assert not [kind for kind in found["kinds"] if "crm" in kind]
 
-    port = _free_port()
+    port = free_port()
     processes.manage("serve", f"127.0.0.1:{port}", RUNS_EXAMPLES="0")
     base = f"http://127.0.0.1:{port}/api"
     wait_for(lambda: _answers(f"{base}/health"), timeout=30, message="the web server")
@@ -217,14 +217,6 @@ def test_check_deploy_warns_when_the_examples_are_on_with_debug_off(processes):
     assert "runs.W201" in on.stderr and "RUNS_EXAMPLES" in on.stderr, on.stderr
     off = processes.run("check", "--deploy", RUNS_EXAMPLES="0", **deploy)
     assert off.returncode == 0 and "runs.W201" not in off.stdout + off.stderr
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answers(url: str) -> bool:
