@@ -1,4 +1,4 @@
-"""Claim isolation benchmark (DESIGN.md §6, per-tenant limit).
+"""Claim isolation benchmark (the per-tenant limit, docs/architecture.md: the claim).
 
     .venv/bin/python bench/claim_isolation.py
     .venv/bin/python bench/claim_isolation.py --queued 20000 --iterations 200

@@ -1,4 +1,4 @@
-"""Claim cost with a backlog of kinds the worker cannot claim (DESIGN.md §6, claim; item 13).
+"""Claim cost with a backlog of kinds the worker cannot claim (docs/architecture.md: the claim).
 
     .venv/bin/python bench/claim_kinds.py
     .venv/bin/python bench/claim_kinds.py --queued 20000 --iterations 200

@@ -1,4 +1,4 @@
-"""Engine benchmark: accept latency, dispatch latency, throughput (DESIGN.md §6).
+"""Engine benchmark: accept latency, dispatch latency, throughput (README.md, "Performance").
 
     .venv/bin/python bench/engine.py            # full run (a few minutes)
     .venv/bin/python bench/engine.py --quick    # smaller counts
@@ -401,7 +401,7 @@ class Bench:
         tenant = self.tenant("bench-accept")
         secret = create_api_key(tenant=tenant, name="bench").secret
         port = free_port()
-        # The production web server (DESIGN.md §6, deploy/agentruns-web.service): uvicorn processes.
+        # The production web server (deploy/agentruns-web.service): uvicorn processes.
         argv = [PY, MANAGE, "serve", f"127.0.0.1:{port}", "--workers", str(args.web_workers)]
         say()
         say("-" * 78)

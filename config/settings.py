@@ -206,7 +206,7 @@ def _database() -> dict:
     command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else "web"
     options.setdefault("application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63])
     # RUNS_LISTEN=0 means a transaction-pooling proxy (PgBouncer's
-    # pool_mode=transaction, DESIGN.md §6): each transaction may get another
+    # pool_mode=transaction; README.md, "Behind PgBouncer"): each transaction may get another
     # server connection, so nothing may outlive one. Django's .iterator()
     # outside a transaction declares a WITH HOLD cursor, which would.
     pooled = not env_bool("RUNS_LISTEN", True)
@@ -320,7 +320,7 @@ TASKS = {
     },
 }
 
-# Engine defaults (DESIGN.md §6); every one can be set as RUNS_<NAME>.
+# Engine defaults; every one can be set as RUNS_<NAME>.
 RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 300)
 RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 30)
 RUNS_POLL_SECONDS = env_float("RUNS_POLL_SECONDS", 1.0)

@@ -1,4 +1,4 @@
-"""The outbox: the one writer of Events (DESIGN.md §4).
+"""The outbox: the one writer of Events.
 
 Every transition of a run and every finished step appends one Event in the
 same statement, or the same transaction, as the change it reports. Its

@@ -1,4 +1,4 @@
-"""The states of a run and of a step (DESIGN.md §5), importable before Django's apps are ready."""
+"""The states of a run and of a step (drawn in docs/architecture.md), importable before Django's apps are ready."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class RunStatus(models.TextChoices):
 TERMINAL_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED})
 
 # The Events that end a run (an event stream closes after one) and those a
-# webhook tells about (DESIGN.md §8): a run ended, or waits for a person.
+# webhook tells about (README.md, "Webhooks"): a run ended, or waits for a person.
 TERMINAL_EVENT_TYPES = frozenset(f"run.{status.value}" for status in TERMINAL_STATUSES)
 WEBHOOK_EVENT_TYPES = ("run.done", "run.failed", "run.cancelled", "run.waiting_human")
 

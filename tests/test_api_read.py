@@ -172,7 +172,7 @@ def test_run_list_shows_only_the_callers_runs(api, tenant, other_tenant):
 
 
 class TestReadScope:
-    """A key without runs:read: 404 for what it cannot see, then 403 (DESIGN §8 precedence)."""
+    """A key without runs:read: 404 for what it cannot see, then 403 (that precedence)."""
 
     @pytest.fixture
     def write_only(self, tenant):

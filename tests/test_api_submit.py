@@ -204,7 +204,7 @@ def test_two_concurrent_submits_with_the_same_key_make_one_run(api_key):
 
 # --- backpressure ------------------------------------------------------------------
 
-# DESIGN §6/§8: a tenant with max_queued runs waiting gets 429 + Retry-After,
+# Backpressure: a tenant with max_queued runs waiting gets 429 + Retry-After,
 # checked after the idempotency lookup. The tenant's queued counter moves when
 # a submit commits, so these tests commit for real.
 backpressure = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""Terminal bounds (DESIGN.md §6): deadline, step limits, cost ceiling, expires_at, the daily cost cap.
+"""Terminal bounds (README.md, "When things go wrong"): deadline, step limits, cost ceiling, expires_at, the daily cost cap.
 
 Each bound ends the run with its own error_kind, and neither the reaper nor
 a worker retries it afterwards.

@@ -1,6 +1,6 @@
 """Who may act on a run through the API: scopes (runs:write, runs:approve), tenants, authentication.
 
-Precedence (DESIGN.md §8): 401 for a missing, unknown or revoked key; then 404
+Precedence: 401 for a missing, unknown or revoked key; then 404
 for another tenant's run; then 403 for a missing scope; then 409.
 """
 

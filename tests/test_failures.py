@@ -1,4 +1,4 @@
-"""Error classes end to end (DESIGN.md §6): retryable with backoff, fatal, ambiguous, step timeouts.
+"""Error classes end to end (README.md, "When things go wrong"): retryable with backoff, fatal, ambiguous, step timeouts.
 
 Against real PostgreSQL, with in-process workers (``Stepper`` executes one
 attempt at a time so each attempt's run_after can be read) and, where a

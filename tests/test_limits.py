@@ -1,4 +1,4 @@
-"""Economics (DESIGN.md §6): per-tenant max_running, queues, priorities, paused queues, max_queued.
+"""Economics (README.md, "When things go wrong"): per-tenant max_running, queues, priorities, paused queues, max_queued.
 
 Real PostgreSQL throughout; where workers are involved they are real
 ``runworker`` processes, and the test watches the database from outside.

@@ -1,4 +1,4 @@
-"""The outbound POST of one webhook delivery (DESIGN.md §8).
+"""The outbound POST of one webhook delivery (README.md, "Webhooks").
 
 `send` never raises for the network: every outcome is a `Sent` the
 delivery loop can record and schedule from. The connection goes to the

@@ -1,6 +1,6 @@
 """Who may do what on the dashboard: the selected tenant and the user's role in it.
 
-Roles (DESIGN.md §4): a viewer reads; an operator also submits, cancels,
+Roles: a viewer reads; an operator also submits, cancels,
 pauses, resumes, retries and messages; an approver also approves, rejects and
 resolves. Being staff grants nothing by itself: a staff member may also take
 the actions whose operations-console permission they hold (the ones

@@ -1,6 +1,6 @@
 """Model calls of the LLM loop as transcripts: the messages each call added, its tool calls and their results.
 
-A model step stores only its reply (DESIGN.md §4: a step stores the
+A model step stores only its reply (a step stores the
 messages it added, not the whole conversation again), so the messages sent
 with a call are rebuilt from the steps between it and the previous call.
 """

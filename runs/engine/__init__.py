@@ -1,4 +1,4 @@
-"""The engine's transitions of a run, each one fenced statement (DESIGN.md §5, §6).
+"""The engine's transitions of a run, each one fenced statement (docs/architecture.md).
 
 - ``claim``: queued → running (the claim, the heartbeat, adopting a claim
   whose answer was lost);

@@ -1,4 +1,4 @@
-"""The one exit from running (DESIGN.md §5).
+"""The one exit from running (docs/architecture.md: the state machine).
 
 Every path out of ``running`` (finish, fail, retry, park, graceful release,
 lease rescue by the reaper, an operator's requeue) runs this statement,

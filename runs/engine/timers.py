@@ -1,4 +1,4 @@
-"""Durable time (DESIGN.md §6, sleep): a sleep, a wait for a message with a timeout, and the timers' sweep.
+"""Durable time (``ctx.sleep``): a sleep, a wait for a message with a timeout, and the timers' sweep.
 
 A sleep is a ``sleep`` step written as ``waiting`` with the time it ends;
 the run then goes back to ``queued`` with ``run_after`` at that time, so it

@@ -1,4 +1,4 @@
-"""Data model of DESIGN.md §4, one module per part: tenancy, the run, what it records, the fleet."""
+"""The data model, one module per part: tenancy, the run, what it records, the fleet."""
 
 from runs.models.fleet import MetricSnapshot, Worker
 from runs.models.notifications import (

@@ -1,4 +1,4 @@
-"""The Run (DESIGN.md §4).
+"""The Run: one row per run, its state and its lease.
 
 Hot-path rules that shape this file: no index contains a column that a
 heartbeat or a checkpoint writes (``locked_until``, ``heartbeat_at``,
