@@ -126,3 +126,13 @@ def test_a_deferred_task_reads_back_its_run_after(processes):
     assert (ran.status, ran.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
     assert ran.task.run_after == when  # after it started and finished too
     assert tasks.add.get_result(now.id).task.run_after is None
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), SystemExit(), KeyboardInterrupt(), GeneratorExit()])
+def test_exiting_is_classified_fatal_with_a_readable_reason(exc):
+    from workers.classify import classify, interruption
+
+    found = classify(exc)
+    assert (found.kind, found.retry_after, found.uncertain) == ("fatal", None, False)
+    assert interruption(exc, by="the step").startswith(f"{exc!r} raised by the step: ")
+    assert interruption(ValueError("x"), by="the step") is None
