@@ -7,6 +7,9 @@ classes, so none of them has to be installed:
 
 - connection errors, timeouts, HTTP 408, 409, 425, 429 and 5xx are retryable;
 - other 4xx, validation errors and the model's refusals are fatal;
+- ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` (``exit()``,
+  ``sys.exit(3)``) are fatal: code on a worker's run thread cannot end the
+  worker process, which has other runs to carry on with, so the run fails;
 - anything else is fatal, and its traceback is kept in the step row.
 
 A ``Retry-After`` (or ``retry-after-ms``) header the callee sent is reported,
@@ -71,6 +74,11 @@ _FATAL = {
 
 RETRYABLE_STATUS_CODES = frozenset({408, 409, 425, 429})
 
+# What would end or interrupt a program, raised by a step or a kind: on a run's thread of a worker it ends the
+# run only. A signal to the worker process never arrives as one of these (workers.worker handles SIGINT and
+# SIGTERM itself), so one seen here was raised by the run's own code.
+INTERRUPTIONS = (SystemExit, KeyboardInterrupt, GeneratorExit)
+
 
 @dataclass(frozen=True)
 class Classification:
@@ -101,6 +109,11 @@ def classify(exc: BaseException) -> Classification:
             status_code=None,
             reason=f"the step raised {type(exc).__name__} ({exc.error_kind})",
         )
+    if isinstance(exc, INTERRUPTIONS):
+        return Classification(
+            kind="fatal", retry_after=None, uncertain=False, status_code=None,
+            reason=f"{exc!r} cannot stop the worker process; the run fails (fatal)",
+        )
     for name in _names(exc):
         if name in _STATUS_ERRORS:
             return _by_status(exc)
@@ -118,6 +131,13 @@ def classify(exc: BaseException) -> Classification:
         kind="fatal", retry_after=None, uncertain=False, status_code=None,
         reason=f"unrecognised exception {_type_name(exc)} (fatal; its traceback is kept in the step row)",
     )
+
+
+def interruption(exc: BaseException, *, by: str) -> str | None:
+    """``SystemExit(3) raised by the step ...``: the run's error for one of ``INTERRUPTIONS``; None for others."""
+    if not isinstance(exc, INTERRUPTIONS):
+        return None
+    return f"{exc!r} raised by {by}: code a worker runs cannot stop the worker process, so the run fails"
 
 
 def status_kind(status_code: int) -> str:

@@ -312,7 +312,7 @@ class RunContext(Workflow, StepMachinery):
             value = self._call(fn, args, kwargs, record, self._timeout(timeout))
         except Suspend:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a step's SystemExit is its failure too (workers.classify)
             metrics.step_finished(kind=self._claimed.kind, step_kind=kind, status="failed",
                                   seconds=time.monotonic() - started)
             self._step_failed(record, exc, uncertain_means_ambiguous=side_effect and not key)

@@ -21,7 +21,7 @@ from runs.engine.steplog import load_step_log
 from runs.metrics import process as metrics
 from runs.registry import get_kind
 from runs.states import TERMINAL_STATUSES
-from workers.classify import classify
+from workers.classify import classify, interruption
 from workers.context import RunContext, RunControl
 from workers.errors import (
     AwaitApproval,
@@ -153,7 +153,7 @@ class RunExecutor:
             return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
                                error_kind="retryable", add_failure=True, delay=self.worker.poll,
                                error_class=type(exc).__name__)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt... of the run's code end the run only
             return self._fail(exc, ctx, kind)
 
         try:
@@ -170,16 +170,16 @@ class RunExecutor:
         finally:
             BETWEEN_STEPS.reset(marked)
 
-    def _fail(self, exc: Exception, ctx: RunContext, kind: AgentKind) -> str | None:
+    def _fail(self, exc: BaseException, ctx: RunContext, kind: AgentKind) -> str | None:
         failure = ctx.last_failure
         if failure is not None and failure.exc is exc:
             error_kind, retry_after = failure.error_kind, failure.retry_after
-            where = f"step {failure.seq} ({failure.name}): "
+            where, by = f"step {failure.seq} ({failure.name}): ", "the step"
         else:  # raised by agent code between steps
             found = classify(exc)
             error_kind, retry_after = found.kind, found.retry_after
-            where = ""
-        message = f"{where}{type(exc).__name__}: {exc}"
+            where, by = "", "the kind's code between steps"
+        message = where + (interruption(exc, by=by) or f"{type(exc).__name__}: {exc}")
         if error_kind == "ambiguous":
             logger.warning("side effect of unknown outcome, waiting for a person: %s", message, extra=self.log_extra)
             return self._leave("waiting_human", reason="ambiguous", error=message, error_kind="ambiguous")
@@ -228,7 +228,7 @@ class RunExecutor:
             self._call_agent(kind, ctx, agent_input)
         except LeaseLost:
             return None
-        except (Suspend, Exception):  # noqa: BLE001 - any way out ends the replay
+        except BaseException:  # noqa: BLE001 - any way out ends the replay
             pass
         ctx._rollback = None
         plan = recorded_plan(ctx._recorded)
@@ -248,7 +248,9 @@ class RunExecutor:
             return self._leave("queued", reason="released")  # the next claim carries the rollback on
         except (ParkForHuman, StopRun) as exc:
             return self._leave("waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous")
-        except Exception as exc:
+        except Suspend:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a compensation's SystemExit too (workers.classify)
             failure = ctx.last_failure if ctx.last_failure is not None and ctx.last_failure.exc is exc else None
             if failure is None:
                 # An engine statement failed (the database), not a compensation:

@@ -85,6 +85,8 @@ class DurableTaskBackend(BaseTaskBackend):
         data = normalize_json({"args": args, "kwargs": kwargs})  # TypeError for what JSON cannot hold
         if self.alias != "default":
             data["backend"] = self.alias
+        if task.run_after is not None:
+            data["run_after"] = task.run_after.isoformat()  # read back by get_result (results.enqueued_task)
         tenant = self.tenant()
         run = submit_run(
             tenant=tenant, kind=task.module_path, input=data, queue=task.queue_name,

@@ -106,7 +106,8 @@ def _running_result(ctx, task: Task, backend: Any, args: list, kwargs: dict) -> 
         # The workers that claimed it before and the errors they met are in the database.
         return backend.result_of(claim.id, tenant_slug=None)
     return results.build_result(
-        task=results.as_enqueued(task, queue=claim.queue, priority=claim.priority, alias=backend.alias),
+        task=results.enqueued_task(task, queue=claim.queue, priority=claim.priority, alias=backend.alias,
+                                   data=claim.input),
         run_id=claim.id, status=TaskResultStatus.RUNNING, enqueued_at=claim.created_at,
         started_at=claim.started_at, finished_at=None, last_attempted_at=claim.claimed_at,
         args=args, kwargs=kwargs, alias=backend.alias, errors=[], worker_ids=[str(ctx.worker_id)],

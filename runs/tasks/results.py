@@ -19,14 +19,13 @@ import functools
 import math
 import re
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from runs.models import Run
 
 DEFAULT_RUN_PRIORITY = 5
@@ -72,6 +71,20 @@ def as_enqueued(task: Task, *, queue: str, priority: int, alias: str) -> Task:
         return task
 
 
+def enqueued_task(task: Task, *, queue: str, priority: int, alias: str, data: Any) -> Task:
+    """``as_enqueued``, with the ``run_after`` it was enqueued with (kept in the run's input: ``Run.run_after``
+    moves on with retries and sleeps)."""
+    enqueued = as_enqueued(task, queue=queue, priority=priority, alias=alias)
+    run_after = data.get("run_after") if isinstance(data, dict) else None
+    if not isinstance(run_after, str):
+        return enqueued
+    try:
+        # Not cached: each deferred task has its own, and only those pay for Django's validation again.
+        return enqueued.using(run_after=datetime.fromisoformat(run_after))
+    except (ValueError, InvalidTask):  # edited by hand into something else: read back as not deferred
+        return enqueued
+
+
 def build_result(
     *, task: Task, run_id: Any, status: TaskResultStatus, enqueued_at: datetime | None,
     started_at: datetime | None, finished_at: datetime | None, last_attempted_at: datetime | None,
@@ -91,7 +104,7 @@ def from_run(run: Run, *, task: Task, alias: str, errors: list[str], worker_ids:
     """The ``TaskResult`` of a task's run, with its step attempts' errors and the workers that claimed it."""
     data = run.input if isinstance(run.input, dict) else {}
     return build_result(
-        task=as_enqueued(task, queue=run.queue, priority=run.priority, alias=alias),
+        task=enqueued_task(task, queue=run.queue, priority=run.priority, alias=alias, data=data),
         run_id=run.pk,
         status=task_status(run.status),
         enqueued_at=run.created_at,
