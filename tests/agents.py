@@ -302,7 +302,7 @@ def limited_steps(ctx: RunContext, data: CountedIn) -> dict:
     """Wants more steps than its kind allows."""
     run_id = str(ctx.run_id)
     for seq in range(1, data.steps + 1):
-        ctx.step(f"step{seq}", note, data.log, run=run_id, seq=seq)
+        ctx.step(f"step{seq}", note, data.log, kwargs={"run": run_id, "seq": seq})
     return {}
 
 
@@ -311,8 +311,8 @@ def llm_loop(ctx: RunContext, data: CountedIn) -> dict:
     """A model/tool loop that never converges."""
     run_id = str(ctx.run_id)
     for i in range(1, data.steps + 1):
-        ctx.step(f"model{i}", note, data.log, run=run_id, step="model", i=i, kind="llm")
-        ctx.step(f"tool{i}", note, data.log, run=run_id, step="tool", i=i, kind="tool")
+        ctx.step(f"model{i}", note, data.log, kwargs={"run": run_id, "step": "model", "i": i}, kind="llm")
+        ctx.step(f"tool{i}", note, data.log, kwargs={"run": run_id, "step": "tool", "i": i}, kind="tool")
     return {}
 
 

@@ -6,9 +6,9 @@
 from runs.registry import agent
 from runs.states import RunOutcome
 from workers.context import RunContext
-from workers.errors import Ambiguous, Fatal, Retryable
+from workers.errors import Ambiguous, Fatal, InvalidStepOption, Retryable
 from workers.proposals import Change, Proposal
 from workers.step_support import Decision, StepResult
 
 __all__ = ["agent", "RunContext", "StepResult", "Decision", "Retryable", "Fatal", "Ambiguous", "Proposal", "Change",
-           "RunOutcome"]
+           "RunOutcome", "InvalidStepOption"]

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid as uuid_module
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -38,7 +38,8 @@ from workers.errors import (
     Suspend,
 )
 from workers.proposals import Proposal
-from workers.recording import BETWEEN_STEPS, StepMachinery, describe_args
+from workers.recording import BETWEEN_STEPS, REFUSED, StepMachinery, describe_args
+from workers.step_options import check_step_options, check_timeout
 from workers.step_support import (
     Decision,
     Host,
@@ -149,8 +150,10 @@ class RunContext(Workflow, StepMachinery):
         """The timeout (seconds) a step would get now: ``requested``, else the kind's, cut to the deadline left.
 
         Pass it to a client library (an HTTP or SDK timeout) so that a call
-        gives up no later than the engine does.
+        gives up no later than the engine does. ``requested`` is None or a
+        positive, finite number (else ``StepOptionTypeError``/``StepOptionValueError``).
         """
+        check_timeout(requested, "ctx.step_timeout()")
         return self._timeout(requested)
 
     def progress(self, *, total: int | None = None, message: str | None = None) -> None:
@@ -225,14 +228,23 @@ class RunContext(Workflow, StepMachinery):
         name: str,
         fn: Callable[..., Any],
         *args: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        kind: str = "custom",
         side_effect: bool = False,
         idempotency_key: str | bool | None = None,
         timeout: float | None = None,
         compensate: Callable[..., Any] | None = None,
-        kind: str = "custom",
-        **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` as the checkpointed step ``name`` and return its output.
+
+        ``fn``'s positional arguments follow it; its keyword arguments go in
+        ``kwargs=`` (a dict), apart from the step's own options, so that
+        ``ctx.step("fetch", fetch, url, kwargs={"timeout": 7}, timeout=30)``
+        calls ``fetch(url, timeout=7)`` under a 30 s step timeout. Every
+        option is checked here, before anything runs or is written: an
+        unknown option is Python's ``TypeError``, a bad one a
+        ``StepOptionTypeError`` or ``StepOptionValueError`` (``Fatal``, a
+        ``TypeError``/``ValueError``): either fails the run at once, naming it.
 
         On replay (the run resumed after a crash, a release or a retry) a
         step that already finished returns its recorded output without
@@ -246,9 +258,9 @@ class RunContext(Workflow, StepMachinery):
         step has an ``idempotency_key`` (a string, or ``True`` for
         ``{run_id}:{generation}:{seq}``; ``ctx.idempotency_key`` holds it
         for the callee), in which case it is re-executed with the same key.
-        ``timeout`` (seconds) overrides the kind's step timeout. ``kind`` is
-        ``llm`` for a model call (counted against the model-iteration limit),
-        ``tool``, or ``custom``.
+        ``timeout`` (seconds, positive) overrides the kind's step timeout.
+        ``kind`` is ``llm`` for a model call (counted against the
+        model-iteration limit), ``tool``, or ``custom`` (the default).
 
         ``compensate=fn`` makes the step part of a saga: when the run fails
         for good on an error its kind lists in ``compensate_on``, or is
@@ -256,6 +268,8 @@ class RunContext(Workflow, StepMachinery):
         order of the steps, as a recorded ``compensation`` step with its own
         idempotency key (``ctx.idempotency_key`` inside ``fn``).
         """
+        kwargs = check_step_options(name, fn, kwargs, kind=kind, side_effect=side_effect,
+                                    idempotency_key=idempotency_key, timeout=timeout, compensate=compensate)
         return self._run_step(name, fn, args, kwargs, side_effect=side_effect, idempotency_key=idempotency_key,
                               timeout=timeout, kind=kind, compensate=compensate)
 
@@ -334,6 +348,9 @@ class RunContext(Workflow, StepMachinery):
             error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
             self._step_failed(record, error, uncertain_means_ambiguous=False)
             raise error from None
+        except REFUSED as exc:  # the database refused the record: writing it again would be refused again
+            release_connection()
+            self._checkpoint_refused(record, exc, side_effect=side_effect, key=key)
         except BaseException:
             release_connection()
             raise

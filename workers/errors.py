@@ -49,6 +49,22 @@ class Ambiguous(StepError):
     error_kind = "ambiguous"
 
 
+class InvalidStepOption(Fatal):
+    """A durable call (``ctx.step``) was given an option it cannot honour: the run fails at once, never retried.
+
+    Raised at the call, before anything runs or is written. Catch it as the
+    ``TypeError`` or ``ValueError`` it also is.
+    """
+
+
+class StepOptionTypeError(InvalidStepOption, TypeError):
+    """An option of the wrong type (a ``timeout`` that is not a number, an ``fn`` that is not callable)."""
+
+
+class StepOptionValueError(InvalidStepOption, ValueError):
+    """An option of the right type but an unusable value (an unknown ``kind``, a ``timeout`` of 0)."""
+
+
 class Suspend(BaseException):  # noqa: N818 - a signal, not an error
     """The run leaves the worker without failing (parked, released or abandoned)."""
 

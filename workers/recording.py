@@ -17,12 +17,24 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.db import DataError, IntegrityError
 
 from runs.db import dumps, release_connection
 from runs.engine import marks
 from runs.engine import steps as checkpoint
 from workers.classify import classify
-from workers.errors import LeaseLost, ParkForHuman, ReleaseRun, ReplayEnded, StepTimeout, StopRun
+from workers.errors import (
+    Ambiguous,
+    Fatal,
+    LeaseLost,
+    ParkForHuman,
+    ReleaseRun,
+    ReplayEnded,
+    Retryable,
+    StepError,
+    StepTimeout,
+    StopRun,
+)
 from workers.step_support import Host, RunControl, StepFailure, StepThread
 
 if TYPE_CHECKING:
@@ -40,6 +52,11 @@ ANNOUNCE_AFTER_SECONDS = 0.2
 # (0.2 s) capped a worker at pool size / 0.2 s = 60 slow steps started per
 # second (bench/inflight.py).
 KEEP_CONNECTION_SECONDS = 0.002
+
+# Errors of a statement whose values the database refused (a constraint, a
+# value out of range): not the engine hiccupping, and the same write would be
+# refused again. A lost connection or a deadlock is not among them.
+REFUSED = (IntegrityError, DataError)
 
 # The run whose kind code is executing in this context between its steps (set by the executor around
 # the agent function), None inside a step and outside any run: workers.context.current_run().
@@ -176,6 +193,12 @@ class StepMachinery:
     def _write_ahead(self, record: checkpoint.StepRecord) -> None:
         try:
             written = marks.begin_side_effect(record, steps_total=self._steps_total, worker_id=self._worker.id)
+        except REFUSED as exc:
+            # Nothing ran: the run fails now rather than being retried into the same refusal.
+            error = Fatal(f"step {record.name!r} could not be written ahead of its side effect, so it did not run: "
+                          f"{type(exc).__name__}: {exc}")
+            self._failure_refused_too(record, error)
+            raise error from exc
         finally:
             release_connection()
         if not written:
@@ -195,6 +218,36 @@ class StepMachinery:
         self.last_failure = StepFailure(exc, error_kind, found.retry_after, record.seq, record.name)
         # Money a failed call cost counts against the ceiling too: a bound, not a retry.
         self._check_budget()
+
+    def _checkpoint_refused(self, record: checkpoint.StepRecord, exc: BaseException, *, side_effect: bool,
+                            key: str | None) -> None:
+        """The step ran but the database refused its checkpoint: never run it again unasked.
+
+        Its output stays unrecorded. A keyed side effect is retried with its
+        key (bounded by the retry budget); an unkeyed one waits for a person,
+        who knows whether the effect happened; any other step fails the run.
+        """
+        what = f"the checkpoint of step {record.seq} ({record.name}) was refused: {type(exc).__name__}: {exc}"
+        # What the call cost is kept with the failure, as with any failed execution.
+        usage = {"tokens_in": record.tokens_in, "tokens_out": record.tokens_out, "cost_cents": record.cost_cents}
+        error: StepError
+        if side_effect and key:
+            error = Retryable(f"{what}; the side effect is retried with its idempotency key", **usage)
+        elif side_effect:
+            error = Ambiguous(f"{what}; the side effect has no idempotency key, so a person decides", **usage)
+        else:
+            error = Fatal(what, **usage)
+        self._failure_refused_too(record, error)
+        raise error from exc
+
+    def _failure_refused_too(self, record: checkpoint.StepRecord, error: StepError) -> None:
+        """Record ``error`` as the step's failure; if that write is refused too, the run's error alone tells it."""
+        try:
+            self._step_failed(record, error, uncertain_means_ambiguous=False)
+        except REFUSED:
+            release_connection()
+            logger.warning("could not record the failure of step %s (%s)", record.seq, record.name, exc_info=True)
+            self.last_failure = StepFailure(error, error.error_kind, None, record.seq, record.name)
 
     def _park_unknown_outcome(self, seq: int, name: str, kind: str, args, kwargs) -> None:
         message = (

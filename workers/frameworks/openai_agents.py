@@ -184,7 +184,7 @@ class DurableRunner:
                 cost = pricing.cost_cents(model.name, usage.input_tokens, usage.output_tokens)
                 return StepResult(step_output(response), usage.input_tokens, usage.output_tokens, cost)
 
-            return self.ctx.step(f"Thinking (iteration {iteration})", think, request=request, kind="llm",
+            return self.ctx.step(f"Thinking (iteration {iteration})", think, kwargs={"request": request}, kind="llm",
                                  timeout=timeout)
 
         recorded = await bridge.call(make_step)
@@ -205,7 +205,8 @@ class DurableRunner:
                 recorded = {"content": recordable(output, typed=typed)}
                 return usage.result(recorded) if usage.calls else recorded
 
-            return self.ctx.step(f"Calling {name}"[:NAME_MAX], execute, call=call, kind="tool", side_effect=options.side_effect,
+            return self.ctx.step(f"Calling {name}"[:NAME_MAX], execute, kwargs={"call": call}, kind="tool",
+                                 side_effect=options.side_effect,
                                  idempotency_key=True if options.side_effect else None, timeout=timeout)
 
         recorded = await bridge.call(make_step)

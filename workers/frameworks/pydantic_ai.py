@@ -280,7 +280,7 @@ class _Session:
 
         keyed = options.side_effect if options.idempotency_key is None else options.idempotency_key
         value = self.ctx.step(name, execute, kind=kind, side_effect=options.side_effect,
-                              idempotency_key=True if keyed else None, timeout=timeout, **describe)
+                              idempotency_key=True if keyed else None, timeout=timeout, kwargs=describe)
         return value, executed
 
 

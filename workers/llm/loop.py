@@ -140,7 +140,7 @@ def run_agent_loop(
             return StepResult(done.message, done.tokens_in, done.tokens_out, done.cost_cents)
 
         request = {"model": chat.model, "iteration": iteration, "messages": len(snapshot), "tools": list(toolbox)}
-        assistant = ctx.step(f"Thinking (iteration {iteration})", think, request=request, kind="llm",
+        assistant = ctx.step(f"Thinking (iteration {iteration})", think, kwargs={"request": request}, kind="llm",
                              timeout=step_timeout)
         conversation.append(assistant)
         calls = assistant.get("tool_calls") or []
@@ -181,7 +181,7 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         told = {"content": f"Error: {exc}", "error": True}
         # The name is the model's text: keep the step name short whatever it sent.
         answer = ctx.step(f"Rejecting a call to {name[:80] or 'a tool'}", lambda call: told, kind="tool",
-                          call={"id": outcome["id"], "name": name, "arguments": outcome["arguments"]})
+                          kwargs={"call": {"id": outcome["id"], "name": name, "arguments": outcome["arguments"]}})
         return outcome | answer
 
     if tool_.needs_approval:
@@ -189,7 +189,7 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         if isinstance(proposal, str):  # the tool's propose refused the call
             told = {"content": f"Error: {proposal}", "error": True}
             answer = ctx.step(f"Rejecting a call to {name}", lambda call: told, kind="tool",
-                              call={"id": outcome["id"], "name": name, "arguments": arguments})
+                              kwargs={"call": {"id": outcome["id"], "name": name, "arguments": arguments}})
             return outcome | answer
         decision = ctx.approval(f"Approve {name}", proposal=proposal)
         outcome["approved"] = decision.approved
@@ -219,7 +219,8 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         return recorded
 
     answer = ctx.step(
-        f"Calling {name}", execute, call={"id": outcome["id"], "name": name, "arguments": arguments}, kind="tool",
+        f"Calling {name}", execute, kwargs={"call": {"id": outcome["id"], "name": name, "arguments": arguments}},
+        kind="tool",
         side_effect=tool_.side_effect, idempotency_key=True if tool_.side_effect else None, timeout=tool_.timeout,
     )
     return outcome | answer
