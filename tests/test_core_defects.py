@@ -3,8 +3,6 @@
 - A step, a kind or a task that raises ``SystemExit`` or ``KeyboardInterrupt``
   (or calls ``exit()``) fails its run at once with that error, and the
   worker goes on with its other runs (workers.classify, workers.executor).
-- Runs enqueued together with equal priority start in the order they were
-  enqueued (time-ordered run ids, runs.ids).
 - A deferred task reads back the ``run_after`` it was enqueued with.
 """
 
@@ -13,13 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from datetime import timedelta
 from uuid import UUID
 
 import pytest
-from django.db import transaction
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
@@ -86,30 +81,6 @@ def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_
     worker.send_signal(signal.SIGINT)
     assert worker.wait(30) == 0, processes.output(worker)
     assert "stopped" in processes.output(worker)
-
-
-def test_runs_enqueued_together_start_in_the_order_they_were_enqueued(processes, tmp_path):
-    order = tmp_path / "order"
-    # Due at the same moment (each enqueue without run_after would get its statement's own now()).
-    note = agents_core.note.using(run_after=timezone.now())
-    with transaction.atomic():
-        enqueued = [note.enqueue(str(order), str(n)) for n in range(30)]
-    runs = Run.objects.filter(pk__in=[result.id for result in enqueued])
-    assert len({(run.priority, run.run_after) for run in runs}) == 1  # nothing but the tie-break tells them apart
-    worker = processes.worker("--burst", "--poll", "0.1", "--concurrency", "1", **ENV)
-    assert worker.wait(120) == 0, processes.output(worker)
-    assert order.read_text().split() == [str(n) for n in range(30)]
-
-
-def test_run_ids_increase_within_a_process_and_differ_between_processes():
-    # Two processes making ids in the same milliseconds: each one's ids increase, none is made twice.
-    script = "from runs.ids import new_run_id\nfor _ in range(20000): print(new_run_id())"
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    made = [[UUID(line) for line in proc.communicate(timeout=60)[0].split()] for proc in procs]
-    for ids in made:
-        assert len(ids) == 20000 and ids == sorted(ids) and len(set(ids)) == len(ids)
-        assert {i.version for i in ids} == {7}
-    assert not set(made[0]) & set(made[1])
 
 
 def test_a_deferred_task_reads_back_its_run_after(processes):

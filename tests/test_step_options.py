@@ -1,4 +1,4 @@
-"""ctx.step's options (DESIGN.md §7): apart from fn's arguments, checked before anything runs or is written.
+"""ctx.step's options (README, "Writing an agent kind"): apart from fn's arguments, checked before anything runs or is written.
 
 Every run here is executed by a real ``manage.py runworker --burst``
 process; the step functions note each call in a file (tests/agents_step_options.py).

@@ -68,9 +68,6 @@ def _rows(cursor) -> list[ClaimedRun]:
 # per kind present) finds which kinds have queued runs; only those this
 # worker claims (registered, not paused) are read, each in index order, so
 # 100,000 queued runs of a paused or unregistered kind cost one descent too.
-# The index's last column, id, breaks ties of priority and run_after (runs
-# submitted in one transaction share its now()) in submission order: run ids
-# are time-ordered (runs.ids).
 # The tenant counter is bumped by a guarded update on the row locked in id
 # order (so that concurrent multi-tenant claims cannot deadlock), re-checked
 # on its latest version under READ COMMITTED: concurrent claims never

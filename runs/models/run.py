@@ -10,6 +10,7 @@ indexes match the claim, the reaper and the dashboard list exactly.
 from __future__ import annotations
 
 import json
+import uuid
 from decimal import Decimal
 
 from django.conf import settings
@@ -20,7 +21,6 @@ from django.db.models import ExpressionWrapper, F, Func, Q, TextField, UUIDField
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from runs.ids import new_run_id
 from runs.models.tenancy import MONEY, Tenant
 from runs.states import TERMINAL_STATUSES, Compensation, ErrorKind, RunOutcome, RunStatus
 
@@ -162,8 +162,7 @@ def default_expires_at():
 
 
 class Run(models.Model):
-    # Time-ordered (runs.ids): the claim's last tie-break, by id, is submission order.
-    id = models.UUIDField(primary_key=True, default=new_run_id, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # Indexed by run_tenant_recent_idx and run_claim_kind_idx, which lead with it.
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False)
     kind = models.CharField(max_length=100)
