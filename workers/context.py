@@ -299,6 +299,8 @@ class RunContext(Workflow, StepMachinery):
                      compensate=None, input=None, compensates=None) -> Any:
         """Run ``fn`` as step ``name`` at the next position, or at ``at`` (a position already taken)."""
         position = at or self._log.take(name)
+        if position.name != name:  # the engine's mistake, not the agent's: the position was checked for another
+            raise RuntimeError(f"step {position.seq} was taken for {position.name!r}, not {name!r}")
         seq, recorded = position.seq, position.recorded
         if kind == "llm":
             self._model_steps += 1
