@@ -33,12 +33,11 @@ from workers.errors import (
     AwaitApproval,
     Fatal,
     LeaseLost,
-    NonDeterministic,
     StopRun,
     Suspend,
 )
 from workers.proposals import Proposal
-from workers.recording import BETWEEN_STEPS, REFUSED, StepMachinery, describe_args
+from workers.recording import BETWEEN_STEPS, REFUSED, Compensator, StepMachinery, describe_args
 from workers.step_options import check_step_options, check_timeout
 from workers.step_support import (
     Decision,
@@ -47,6 +46,7 @@ from workers.step_support import (
     StepFailure,
     StepResult,
 )
+from workers.steplog import Position, StepLog
 from workers.tracing import observed_step
 from workers.workflow import Workflow
 
@@ -76,11 +76,10 @@ class RunContext(Workflow, StepMachinery):
         kind: AgentKind,
     ):
         self._claimed = claimed
-        self._recorded = recorded
+        self._log = StepLog(recorded)
         self._worker = worker
         self._control = control
         self._kind = kind
-        self._seq = 0
         self._model_steps = 0
         self._steps_total: int | None = None
         self._idempotency_key: str | None = None
@@ -176,8 +175,7 @@ class RunContext(Workflow, StepMachinery):
             finally:
                 release_connection()
             if not held:
-                self._control.lease_lost.set()
-                raise LeaseLost("lease lost while reporting progress")
+                raise self.lose_lease("lease lost while reporting progress")
 
     def report(self, summary: str, *, outcome: RunOutcome | str = RunOutcome.SUCCEEDED) -> None:
         """Say what the run achieved: ``summary``, one line people read in run lists, and its ``outcome``.
@@ -215,7 +213,7 @@ class RunContext(Workflow, StepMachinery):
         digits, ``. _ : -``) or ``data`` is not JSON or over 7000 bytes of it.
         """
         # Refuses bad input before any I/O; names the step in progress (or the last one).
-        payload = ephemeral.encode(self.run_id, type, data, step=self._seq or None)
+        payload = ephemeral.encode(self.run_id, type, data, step=self._log.last_taken or None)
         try:
             ephemeral.send(self.run_id, payload)
         except Exception:  # a stream update is never worth failing a step for
@@ -270,23 +268,44 @@ class RunContext(Workflow, StepMachinery):
         """
         kwargs = check_step_options(name, fn, kwargs, kind=kind, side_effect=side_effect,
                                     idempotency_key=idempotency_key, timeout=timeout, compensate=compensate)
-        return self._run_step(name, fn, args, kwargs, side_effect=side_effect, idempotency_key=idempotency_key,
-                              timeout=timeout, kind=kind, compensate=compensate)
+        return self.execute_step(name, fn, args, kwargs, side_effect=side_effect, idempotency_key=idempotency_key,
+                                 timeout=timeout, kind=kind, compensate=compensate)
 
-    def _run_step(self, name, fn, args, kwargs, *, side_effect=False, idempotency_key=None, timeout=None,
-                  kind="custom", consumes_messages=False, started_at=None, compensate=None, input=None,
-                  compensates=None) -> Any:
-        seq = self._seq = self._seq + 1
+    # The engine's side of the facade (workers.executor, workers.saga, workers.workflow): not for agent code.
+    @property
+    def step_log(self) -> StepLog:
+        """The positions this execution took and what the run's log holds at each (``workers.steplog``)."""
+        return self._log
+
+    @property
+    def compensations(self) -> list[Compensator]:
+        """The compensations of the steps this execution ran or replayed, newest first."""
+        return sorted(self._compensations.values(), key=lambda c: -c.seq)
+
+    def compensation_of(self, seq: int) -> Compensator | None:
+        return self._compensations.get(seq)
+
+    def set_rollback(self, mode: str | None) -> None:
+        """Enter a saga's rollback: ``"replay"`` (no step may run), ``"compensate"``, or None (leave it)."""
+        self._rollback = mode
+
+    def lose_lease(self, message: str) -> LeaseLost:
+        """Note that the lease is lost (the run is someone else's now) and return the error to raise."""
+        self._control.lease_lost.set()
+        return LeaseLost(message)
+
+    def execute_step(self, name, fn, args, kwargs, *, at: Position | None = None, side_effect=False,
+                     idempotency_key=None, timeout=None, kind="custom", consumes_messages=False, started_at=None,
+                     compensate=None, input=None, compensates=None) -> Any:
+        """Run ``fn`` as step ``name`` at the next position, or at ``at`` (a position already taken)."""
+        position = at or self._log.take(name)
+        if position.name != name:  # the engine's mistake, not the agent's: the position was checked for another
+            raise RuntimeError(f"step {position.seq} was taken for {position.name!r}, not {name!r}")
+        seq, recorded = position.seq, position.recorded
         if kind == "llm":
             self._model_steps += 1
         key = self._step_idempotency_key(seq, idempotency_key)
-        recorded = self._recorded.get(seq)
         if recorded is not None:
-            if recorded.name != name:
-                raise NonDeterministic(
-                    f"step {seq} was recorded as {recorded.name!r} but the code now runs {name!r}: "
-                    "agent code must take the same steps in the same order on replay"
-                )
             if recorded.status in ("done", "compensated"):
                 self._remember_compensation(seq, name, compensate, recorded.output, recorded.idempotency_key)
                 return recorded.output
@@ -358,15 +377,14 @@ class RunContext(Workflow, StepMachinery):
         # connection while it is busy with fast steps; a step not done within
         # KEEP_CONNECTION_SECONDS hands it back (see _call), and so does leaving running.
         if answer is None:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while checkpointing step {seq} ({name})")
+            raise self.lose_lease(f"lease lost while checkpointing step {seq} ({name})")
         cancel, pause, self._cost, output_json = answer
         metrics.step_finished(kind=self._claimed.kind, step_kind=kind, status="done", seconds=time.monotonic() - started)
         self.progressed = True  # the checkpoint reset the run's failures to 0
         self._note_flags(cancel, pause)
         result = json.loads(output_json)
-        self._recorded[seq] = RecordedStep(seq=seq, name=name, status="done", output=result, kind=kind,
-                                           idempotency_key=key or "")
+        self._log.note(RecordedStep(seq=seq, name=name, status="done", output=result, kind=kind,
+                                    idempotency_key=key or ""))
         self._remember_compensation(seq, name, compensate, result, key or "")
         self._check_budget()
         return result
@@ -409,15 +427,10 @@ class RunContext(Workflow, StepMachinery):
         """
         if isinstance(proposal, Proposal):
             proposal = proposal.to_json()
-        seq = self._seq = self._seq + 1
-        recorded = self._recorded.get(seq)
-        if recorded is not None:
-            if recorded.name != name:
-                raise NonDeterministic(
-                    f"step {seq} was recorded as {recorded.name!r} but the code now asks for approval {name!r}"
-                )
-            if recorded.status == "done":
-                return Decision.from_output(recorded.output)
+        position = self._log.take(name, what="approval")
+        seq = position.seq
+        if position.done:
+            return Decision.from_output(position.recorded.output)
         self._before_step(seq, "approval")
         try:
             dumps(proposal)
@@ -432,8 +445,7 @@ class RunContext(Workflow, StepMachinery):
         finally:
             release_connection()
         if not written:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while asking for approval {name!r}")
+            raise self.lose_lease(f"lease lost while asking for approval {name!r}")
         raise AwaitApproval(f"waiting for approval of {name!r} (step {seq})")
 
     def messages(self) -> list[dict]:
@@ -443,5 +455,5 @@ class RunContext(Workflow, StepMachinery):
         with this step's checkpoint, so a crash delivers them again and a
         replay sees the same ones.
         """
-        return self._run_step("messages", unconsumed_messages, (self.run_id,), {}, kind="message",
+        return self.execute_step("messages", unconsumed_messages, (self.run_id,), {}, kind="message",
                               consumes_messages=True)

@@ -88,8 +88,13 @@ class StopRun(Suspend):
 class NonDeterministic(StopRun):
     """Replay met a different step than the one recorded at this position."""
 
-    def __init__(self, message: str):
-        super().__init__("nondeterministic", message)
+    def __init__(self, *, seq: int, recorded: str, requested: str, what: str = "step"):
+        self.seq, self.recorded, self.requested = seq, recorded, requested
+        super().__init__(
+            "nondeterministic",
+            f"step {seq} was recorded as {recorded!r} but the code now runs {what} {requested!r}: "
+            "agent code must take the same steps in the same order on replay",
+        )
 
 
 class ParkForHuman(Suspend):

@@ -209,7 +209,7 @@ class RunExecutor:
     # Sagas (workers.saga).
     def _rolls_back(self, ctx: RunContext, kind: AgentKind, error_kind: str) -> bool:
         """A run that fails for good on an error its kind opts into rolls back what it did, if anything."""
-        return error_kind in kind.compensate_on and bool(ctx._compensations)
+        return error_kind in kind.compensate_on and bool(ctx.compensations)
 
     def _roll_back(self, ctx: RunContext, kind: AgentKind, *, reason: str, error: str, error_kind: str,
                    target: str = "failed") -> str | None:
@@ -223,17 +223,17 @@ class RunExecutor:
 
     def _resume_rollback(self, ctx: RunContext, kind: AgentKind, agent_input) -> str | None:
         """Replay the run, no step allowed to run, to learn its compensations; then carry the rollback on."""
-        ctx._rollback = "replay"
+        ctx.set_rollback("replay")
         try:
             self._call_agent(kind, ctx, agent_input)
         except LeaseLost:
             return None
         except BaseException:  # noqa: BLE001 - any way out ends the replay
             pass
-        ctx._rollback = None
-        plan = recorded_plan(ctx._recorded)
+        ctx.set_rollback(None)
+        plan = recorded_plan(ctx.step_log)
         if plan is None:  # a person cancelled the run with compensate: nothing recorded yet
-            if not ctx._compensations:
+            if not ctx.compensations:
                 return self._leave("cancelled", reason="cancelled", compensation="done")
             return self._roll_back(ctx, kind, reason="cancel", error="", error_kind="", target="cancelled")
         return self._compensate(Rollback(ctx), plan, kind)

@@ -4,7 +4,7 @@ The executor starts a rollback when a run fails for good on an error its
 kind lists in ``compensate_on`` (its context knows the compensations of the
 steps it ran or replayed), and resumes one when it claims a run whose
 ``compensation`` is ``running``: it then replays the agent function with no
-step allowed to run (``ctx._rollback = "replay"``) to learn them, and
+step allowed to run (``ctx.set_rollback("replay")``) to learn them, and
 carries the recorded plan on (``runs.engine.saga``).
 """
 
@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 from runs.db import release_connection
 from runs.engine import saga
 from runs.engine.steplog import RecordedStep
-from workers.errors import LeaseLost, ParkForHuman
+from workers.errors import ParkForHuman
 
 if TYPE_CHECKING:
     from workers.context import RunContext
+    from workers.steplog import StepLog
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,11 @@ def _steps(seqs: list[int], names: dict[int, str]) -> str:
     return ", ".join(f"{names.get(seq, 'step')} (step {seq})" for seq in seqs)
 
 
-def recorded_plan(recorded: dict[int, RecordedStep]) -> saga.RollbackPlan | None:
+def recorded_plan(log: StepLog) -> saga.RollbackPlan | None:
     """The rollback plan in a run's step log, if a rollback began."""
-    for seq in sorted(recorded, reverse=True):
-        step = recorded[seq]
+    for step in log.newest_first():
         if step.kind == "compensation" and step.name == saga.ROLLBACK_STEP and step.status == "done":
-            return saga.RollbackPlan.from_step(seq, step.output)
+            return saga.RollbackPlan.from_step(step.seq, step.output)
     return None
 
 
@@ -60,44 +60,44 @@ class Rollback:
 
     def begin(self, *, target: str, reason: str, error: str, error_kind: str) -> saga.RollbackPlan:
         """Record the plan: every finished step with a compensation, newest first."""
-        ctx = self.ctx
-        seq = max([ctx._seq, *ctx._recorded]) + 1
+        ctx, log = self.ctx, self.ctx.step_log
+        # After the run's last step: the steps it did not reach yet keep their positions.
+        position = log.take_at(log.end + 1, saga.ROLLBACK_STEP, what="rollback")
         plan = saga.RollbackPlan(
-            seq=seq,
-            plan=[{"seq": c.seq, "name": c.name} for c in sorted(ctx._compensations.values(), key=lambda c: -c.seq)],
+            seq=position.seq,
+            plan=[{"seq": c.seq, "name": c.name} for c in ctx.compensations],
             target=target, reason=reason, error=error, error_kind=error_kind,
         )
         try:
-            began = saga.begin_rollback(run_id=ctx.run_id, token=ctx._claimed.lease_token,
-                                        generation=ctx.generation, plan=plan, worker_id=ctx._worker.id)
+            began = saga.begin_rollback(run_id=ctx.run_id, token=ctx.claim.lease_token,
+                                        generation=ctx.generation, plan=plan, worker_id=ctx.worker_id)
         finally:
             release_connection()
         if not began:
-            ctx._control.lease_lost.set()
-            raise LeaseLost("lease lost while starting the rollback")
-        ctx._recorded[seq] = RecordedStep(seq=seq, name=saga.ROLLBACK_STEP, status="done",
-                                          output=plan.as_output(), kind="compensation")
+            raise ctx.lose_lease("lease lost while starting the rollback")
+        log.note(RecordedStep(seq=position.seq, name=saga.ROLLBACK_STEP, status="done",
+                              output=plan.as_output(), kind="compensation"))
         return plan
 
     def run(self, plan: saga.RollbackPlan) -> RolledBack:
         """Run each compensation not recorded yet. A failing one raises, as a failing step does."""
-        ctx = self.ctx
-        ctx._rollback = "compensate"
-        for position, entry in enumerate(plan.plan, start=1):
+        ctx, log = self.ctx, self.ctx.step_log
+        ctx.set_rollback("compensate")
+        for offset, entry in enumerate(plan.plan, start=1):
             seq, name = entry["seq"], entry["name"]
-            recorded = ctx._recorded.get(plan.seq + position)
+            recorded = log.recorded(plan.seq + offset)
             if recorded is not None and recorded.status == "done":
                 continue  # undone already (or skipped, or marked done, by a person)
-            compensator = ctx._compensations.get(seq)
+            compensator = ctx.compensation_of(seq)
             if compensator is None:
                 raise ParkForHuman(
                     f"the compensation of step {seq} ({name}) was not found when the run was replayed "
                     "(did the code change?): retry it, skip it or mark it done"
                 )
-            ctx._seq = plan.seq + position - 1
             key = f"{compensator.key or f'{ctx.run_id}:{ctx.generation}:{seq}'}:undo"
-            ctx._run_step(
-                f"undo {name}", compensator.fn, (compensator.output,), {}, side_effect=True,
+            ctx.execute_step(
+                f"undo {name}", compensator.fn, (compensator.output,), {},
+                at=log.take_at(plan.seq + offset, f"undo {name}", what="compensation"), side_effect=True,
                 idempotency_key=key, kind="compensation", input={"compensates": seq, "name": name},
                 compensates=seq,
             )

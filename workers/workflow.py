@@ -17,21 +17,21 @@ from uuid import UUID
 
 from runs.db import dumps, release_connection
 from runs.engine import family, timers
-from runs.engine.steplog import RecordedStep, unconsumed_messages
+from runs.engine.steplog import unconsumed_messages
 from runs.events import Actor
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from workers.errors import (
     AwaitChildren,
     AwaitMessage,
     Fatal,
-    LeaseLost,
-    NonDeterministic,
     Retryable,
     Sleep,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+
+    from workers.steplog import Position, StepLog
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,7 @@ class Workflow:
     """Sleep, spawn, gather and timed waits; mixed into ``RunContext``."""
 
     # RunContext's state and machinery (see workers.context, workers.recording).
-    _seq: int
-    _recorded: dict[int, RecordedStep]
+    _log: StepLog
 
     def sleep(self, seconds: float, *, name: str = "sleep") -> None:
         """Sleep durably for ``seconds``: the run goes back to the queue until then, holding no worker or slot.
@@ -103,18 +102,18 @@ class Workflow:
         self._sleep(name, seconds=None, until=when)
 
     def _sleep(self, name: str, *, seconds: float | None, until: datetime | None) -> None:
-        seq = self._seq = self._seq + 1
-        recorded = self._replayed(seq, name, "sleep")
-        if recorded is not None and recorded.status == "done":
+        position = self._log.take(name, what="sleep")
+        recorded = position.recorded
+        if position.done:
             return
         if recorded is None:
-            self._before_step(seq, "sleep")
-            until = self._start_timer(seq, name, "sleep", {"seconds": seconds, "until": until and until.isoformat()},
+            self._before_step(position.seq, "sleep")
+            until = self._start_timer(position, "sleep", {"seconds": seconds, "until": until and until.isoformat()},
                                       seconds=seconds, until=until)
         else:
             until = datetime.fromisoformat(recorded.output["until"])
         if self._claimed.claimed_at >= until:
-            self._finish_waiting(seq, name, "sleep", {"until": until.isoformat(), "slept": True}, recorded)
+            self._finish_waiting(position, "sleep", {"until": until.isoformat(), "slept": True})
             return
         raise Sleep(f"sleeping until {until.isoformat()}", until=until)
 
@@ -127,11 +126,12 @@ class Workflow:
         """
         if timeout is not None:
             timeout = _seconds(timeout, "timeout")
-        seq = self._seq + 1
-        recorded = self._recorded.get(seq)
-        if recorded is None or recorded.status != "done":
+        # Looked at before it is taken: with messages waiting, the step that consumes them takes it.
+        position = self._log.peek("messages", what="wait for a message")
+        recorded = position.recorded
+        if not position.done:
             if recorded is None:
-                self._before_step(seq, "message")
+                self._before_step(position.seq, "message")
             try:
                 pending = unconsumed_messages(self.run_id, limit=1)
             finally:
@@ -140,12 +140,11 @@ class Workflow:
                 if recorded is not None and recorded.kind == "message" and recorded.output:
                     until = datetime.fromisoformat(recorded.output["until"])
                     if self._claimed.claimed_at >= until:
-                        return self._finish_waiting(seq, "messages", "message", [], recorded, consumes=True)
+                        return self._finish_waiting(self._log.commit(position), "message", [], consumes=True)
                     raise AwaitMessage("waiting for a message", wake_at=until)
                 if timeout is None:
                     raise AwaitMessage("waiting for a message")
-                until = self._start_timer(seq, "messages", "message", {"timeout": timeout}, seconds=timeout,
-                                          until=None)
+                until = self._start_timer(position, "message", {"timeout": timeout}, seconds=timeout, until=None)
                 raise AwaitMessage("waiting for a message", wake_at=until)
         return self.messages()
 
@@ -160,9 +159,10 @@ class Workflow:
         run; by default the step's position; a retry from an earlier step
         spawns anew).
         """
-        seq = self._seq + 1
+        # Named after its position before it is taken (and checked): the step then commits to that position.
+        position = self._log.peek(f"spawn {kind}")
         # Per generation: a run retried from an earlier step spawns new children.
-        child_key = f"{self.generation}:{key}" if key else f"{self.generation}:{seq}"
+        child_key = f"{self.generation}:{key}" if key else f"{self.generation}:{position.seq}"
         budget = self.budget_left_cents
 
         def make_child(*, kind: str, input: dict, key: str) -> dict:
@@ -177,8 +177,8 @@ class Workflow:
                 raise Fatal(f"cannot spawn {kind!r}: {exc}") from None
             return {"run_id": str(made.run.pk), "kind": kind, "key": child_key}
 
-        output = self._run_step(f"spawn {kind}", make_child, (), {"kind": kind, "input": input, "key": child_key},
-                                kind="child")
+        output = self.execute_step(position.name, make_child, (), {"kind": kind, "input": input, "key": child_key},
+                                   at=self._log.commit(position), kind="child")
         return ChildRun.from_output(output)
 
     def gather(self, children: Iterable[ChildRun | UUID | str], *, min_success: int | None = None,
@@ -195,10 +195,10 @@ class Workflow:
             raise ValueError(f"min_success must be between 1 and the number of children ({len(ids)})")
         if timeout is not None:
             timeout = _seconds(timeout, "timeout")
-        seq = self._seq = self._seq + 1
-        recorded = self._replayed(seq, name, "child")
-        if recorded is not None and recorded.status == "done":
-            return [ChildOutcome.from_output(o) for o in recorded.output]
+        position = self._log.take(name, what="gather")
+        seq = position.seq
+        if position.done:
+            return [ChildOutcome.from_output(o) for o in position.recorded.output]
         self._before_step(seq, "child")  # with the budget, which what finished children spent counts in
         try:
             state = family.begin_gather(
@@ -208,8 +208,7 @@ class Workflow:
         finally:
             release_connection()
         if state is None:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while gathering children (step {seq})")
+            raise self.lose_lease(f"lease lost while gathering children (step {seq})")
         if len(state.children) != len(ids):
             raise Fatal("gather() was given runs that are not children of this run")
         if not state.met and not state.timed_out:
@@ -220,8 +219,7 @@ class Workflow:
         for child_id in state.pending:
             self._cancel_child(child_id)
         outcomes = [c.as_json() | ({"status": "cancelled"} if c.run_id in stragglers else {}) for c in state.children]
-        self._seq = seq - 1
-        result = self._finish_waiting(seq, name, "child", outcomes, recorded)
+        result = self._finish_waiting(position, "child", outcomes)
         return [ChildOutcome.from_output(o) for o in result]
 
     def _cancel_child(self, child_id: UUID) -> None:
@@ -233,16 +231,9 @@ class Workflow:
             release_connection()
 
     # Shared by the waiting steps.
-    def _replayed(self, seq: int, name: str, kind: str) -> RecordedStep | None:
-        recorded = self._recorded.get(seq)
-        if recorded is not None and recorded.name != name:
-            raise NonDeterministic(
-                f"step {seq} was recorded as {recorded.name!r} but the code now runs {name!r} ({kind})"
-            )
-        return recorded
-
-    def _start_timer(self, seq: int, name: str, kind: str, input: Any, *, seconds: float | None,
+    def _start_timer(self, position: Position, kind: str, input: Any, *, seconds: float | None,
                      until: datetime | None) -> datetime:
+        seq, name = position.seq, position.name
         try:
             end = timers.start_timer_step(
                 run_id=self.run_id, token=self._claimed.lease_token, generation=self.generation, seq=seq,
@@ -251,19 +242,17 @@ class Workflow:
         finally:
             release_connection()
         if end is None:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while starting step {seq} ({name})")
+            raise self.lose_lease(f"lease lost while starting step {seq} ({name})")
         return end
 
-    def _finish_waiting(self, seq: int, name: str, kind: str, output: Any, recorded: RecordedStep | None,
-                        *, consumes: bool = False) -> Any:
-        """Record a waiting step (sleep, timed wait, gather) as done with ``output``, as its next seq."""
-        self._seq = seq - 1
-        return self._run_step(name, lambda: output, (), {}, kind=kind, consumes_messages=consumes,
-                              started_at=_since(recorded))
+    def _finish_waiting(self, position: Position, kind: str, output: Any, *, consumes: bool = False) -> Any:
+        """Record a waiting step (sleep, timed wait, gather) as done with ``output``, at the position it took."""
+        return self.execute_step(position.name, lambda: output, (), {}, at=position, kind=kind,
+                                 consumes_messages=consumes, started_at=_since(position))
 
 
-def _since(recorded: RecordedStep | None) -> datetime | None:
+def _since(position: Position) -> datetime | None:
+    recorded = position.recorded
     if recorded is None or not isinstance(recorded.output, dict) or "since" not in recorded.output:
         return None
     return datetime.fromisoformat(recorded.output["since"]).astimezone(UTC)
