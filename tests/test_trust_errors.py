@@ -13,7 +13,7 @@ from django.test import Client
 from runs.models import Event, Run, Step
 from runs.services import submit_run
 from runs.streams.hub import StoredEvent
-from runs.streams.views import format_event
+from runs.streams.sse import format_event
 from runs.webhooks.deliveries import body_for
 from tests.conftest import ROOT, fresh
 from tests.factories import MembershipFactory, UserFactory

@@ -31,7 +31,7 @@ from runs.limits import MAX_INT
 from runs.models import TERMINAL_STATUSES, ApiKey, Membership, Run
 from runs.streams import tokens
 from runs.streams.grants import Grant, live
-from runs.streams.views import stream_response
+from runs.streams.sse import stream_response
 
 # Query parameters an API key could be smuggled in (and the key format itself, below).
 KEY_PARAMETERS = ("api_key", "apikey", "key", "access_token", "authorization")

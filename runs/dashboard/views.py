@@ -46,7 +46,7 @@ from runs.dashboard.forms import (
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
 from runs.models import Run, RunStatus
 from runs.registry import all_kinds
-from runs.streams.views import streams_served
+from runs.streams.sse import streams_served
 from runs.text import find_unstorable
 
 # htmx stops polling when a response has this status (a terminal run, a list with no live run).
@@ -147,7 +147,7 @@ def render_run_page(
     if request.user.is_staff:
         context["admin_url"] = reverse("admin:runs_run_change", args=[run.id])
     if not run.is_terminal and streams_served(request):
-        # Only a page an ASGI server answered follows an event stream (runs.streams.views).
+        # Only a page an ASGI server answered follows an event stream (runs.streams.sse).
         context["stream_url"] = _stream_url(run)
         context["status_labels"] = presenters.STATUS_LABELS
     return render(request, "runs/detail.html", context, status=status)
