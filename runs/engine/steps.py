@@ -79,6 +79,21 @@ RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 BATCH_GUARD = ("runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = p.run AND runs_run.lease_token = p.token"
                " AND runs_run.status = %(running)s::text")
 
+# Every statement that writes several runs locks their rows in one order,
+# the primary key's, before it writes them: two such statements over the
+# same runs (the heartbeat, the committer's checkpoints and exits, the
+# reaper, another worker's committer) then queue one behind the other
+# instead of deadlocking. The lock is the UPDATE's own (FOR NO KEY UPDATE),
+# so the UPDATE that follows never upgrades it. Rows of ``p``, the
+# statement's parameter table, that match the guard: BATCH_GUARD's plan.
+# The same holds of tenant rows, also locked in id order.
+LOCK_IN_ORDER = """locked AS (
+    SELECT runs_run.id FROM runs_run JOIN p ON true
+    WHERE {batch_guard}
+    ORDER BY runs_run.id
+    FOR NO KEY UPDATE OF runs_run
+)"""
+
 # Adds the step's cost to the tenant's spend of the day (UTC), only when
 # there is a cost: a no-op checkpoint does not touch the row.
 _DAILY_COST_CTE = """
@@ -110,6 +125,7 @@ WITH p AS (
              tokens_in bigint, tokens_out bigint, cost numeric, started_at timestamptz, text_replaced bool,
              steps_total int)
 ),
+{locked},
 r AS (
     UPDATE runs_run SET
         -- A compensation undoes a step: it is not progress.
@@ -122,8 +138,8 @@ r AS (
         heartbeat_at = statement_timestamp(),
         updated_at = statement_timestamp(),
         {next_seq}
-    FROM p
-    WHERE {batch_guard}
+    FROM p JOIN locked l ON l.id = p.run
+    WHERE runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = l.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.last_event_seq,
               runs_run.cancel_requested_at IS NOT NULL AS cancel, runs_run.pause_requested_at IS NOT NULL AS pause,
               runs_run.cost_cents + runs_run.children_cost_cents AS spent, runs_run.steps_done, runs_run.steps_total,
@@ -177,12 +193,13 @@ undone AS (
 """
 
 # Adds the steps' cost to their tenants' spend of the day (UTC), one row per
-# tenant; only in the statement when a step has a cost.
+# tenant, in tenant order (LOCK_IN_ORDER: two workers' batches write the same
+# tenants' rows); only in the statement when a step has a cost.
 _BATCH_DAILY_COST_CTE = """
 d AS (
     INSERT INTO runs_tenantdailycost (tenant_id, day, cost_cents)
     SELECT r.tenant_id, (statement_timestamp() AT TIME ZONE 'UTC')::date, sum(r.cost)
-    FROM r WHERE r.cost > 0 GROUP BY r.tenant_id
+    FROM r WHERE r.cost > 0 GROUP BY r.tenant_id ORDER BY r.tenant_id
     ON CONFLICT (tenant_id, day) DO UPDATE SET cost_cents = runs_tenantdailycost.cost_cents + EXCLUDED.cost_cents
 )"""
 
@@ -200,7 +217,7 @@ _CHECKPOINT_EVENTS = event_ctes(
 
 def _checkpoint_sql(*, messages: bool, undoes: bool, costs: bool) -> str:
     return sql(_CHECKPOINT_TEMPLATE, extra=sql((_MESSAGES_CTE if messages else "") + (_UNDONE_CTE if undoes else "")),
-               next_seq=next_seq(), columns=STEP_COLUMNS, batch_guard=BATCH_GUARD,
+               next_seq=next_seq(), columns=STEP_COLUMNS, locked=sql(LOCK_IN_ORDER, batch_guard=BATCH_GUARD),
                daily_cost=",\n" + _BATCH_DAILY_COST_CTE if costs else "", events=_CHECKPOINT_EVENTS)
 
 
