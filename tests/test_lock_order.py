@@ -26,6 +26,7 @@ from runs.services import submit_run
 from tests.conftest import wait_for
 from tests.factories import TenantFactory
 from tests.test_group_commit import finished_step
+from workers.committer import Committer, _Request
 
 WORKER_ID = uuid4()
 ROUNDS = 60
@@ -128,6 +129,28 @@ def test_heartbeat_and_batched_exits_in_opposite_orders_never_deadlock():
     assert errors == [], errors
     assert deadlocks() == before
     assert not Run.objects.filter(status="running").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_and_the_committer_s_checkpoints_and_exits_in_one_transaction_never_deadlock():
+    """The committer commits a batch's checkpoints and exits together: both statements' runs in one order."""
+    tenants = [TenantFactory(max_running=500) for _ in range(2)]
+    committer = Committer(worker_id=WORKER_ID, lease=60)
+    before = deadlocks()
+    errors = []
+    for _ in range(15):
+        claimed = claim(tenants, 8)
+        # The exits' runs come first in id order, the checkpoints' after: locked statement by
+        # statement, the transaction would take the later ones first.
+        leaving, stepping = claimed[:8], claimed[8:]
+        batch = [_Request(finished_step(c), is_exit=False) for c in reversed(stepping)]
+        batch += [_Request(exit_row(run_id=c.id, token=c.lease_token, target="done", reason="finished",
+                                    result_json="{}"), is_exit=True) for c in reversed(leaving)]
+        # What the committer's thread does with a batch (Committer._write): one transaction.
+        errors += concurrently(heartbeats(claimed, 3), functools.partial(committer._write, batch),
+                               heartbeats(claimed[1::2] + claimed[::2], 3))
+    assert errors == [], errors
+    assert deadlocks() == before
 
 
 @pytest.mark.django_db(transaction=True)
