@@ -86,9 +86,13 @@ def _flush(queues: set[str], counts: Counter[UUID]) -> None:
         if counts:
             tenants = sorted(counts)
             with connection.cursor() as cursor:
+                # The rows locked in id order, as every statement writing several tenants locks them.
                 cursor.execute(
-                    "UPDATE runs_tenant t SET queued = t.queued + v.n"
-                    " FROM unnest(%s::uuid[], %s::int[]) AS v(id, n) WHERE t.id = v.id",
+                    "WITH v AS (SELECT * FROM unnest(%s::uuid[], %s::int[]) AS v(id, n)),"
+                    " locked AS (SELECT t.id FROM runs_tenant t WHERE t.id IN (SELECT id FROM v)"
+                    " ORDER BY t.id FOR NO KEY UPDATE)"
+                    " UPDATE runs_tenant t SET queued = t.queued + v.n"
+                    " FROM v JOIN locked l ON l.id = v.id WHERE t.id = l.id",
                     [tenants, [counts[t] for t in tenants]],
                 )
     except Exception:

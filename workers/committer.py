@@ -162,8 +162,10 @@ class Committer:
         checkpoints = [r for r in batch if not r.is_exit]
         exits = [r for r in batch if r.is_exit]
         with transaction.atomic() if len(batch) > 1 else nullcontext():
-            done = checkpoint_many([r.item for r in checkpoints], worker_id=self.worker_id,
-                                   lease=self.lease) if checkpoints else []
+            # The checkpoints lock the exits' runs too, all in one order
+            # (runs.engine.steps.LOCK_IN_ORDER): a heartbeat could deadlock with this transaction otherwise.
+            done = checkpoint_many([r.item for r in checkpoints], worker_id=self.worker_id, lease=self.lease,
+                                   lock=[r.item["run"] for r in exits]) if checkpoints else []
             left = leave_many([r.item for r in exits]) if exits else []
         values = dict(zip(map(id, checkpoints), done, strict=True)) | dict(zip(map(id, exits), left, strict=True))
         return [values[id(r)] for r in batch]

@@ -138,7 +138,11 @@ candidates AS (
                    SELECT * FROM unnest(%(rkinds)s::text[], %(rversions)s::int[])))
             ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
             LIMIT LEAST(t.free, %(n)s)
-            FOR UPDATE SKIP LOCKED
+            -- Skipping is safe here, and never waiting is why these rows need
+            -- no id order: a run another transaction holds is not claimable
+            -- now anyway. The UPDATE's own lock, so that a foreign-key check
+            -- (a message posted to the run) neither waits nor makes it skipped.
+            FOR NO KEY UPDATE SKIP LOCKED
         ) x
         -- The tenant's best runs across its queues and kinds; rows locked
         -- above but not kept here are let go when the claim commits.
@@ -278,15 +282,27 @@ _HEARTBEAT_SQL = sql("""
 WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS h(id, token)
 ),
+-- The runs' rows locked in id order, as every statement that writes several
+-- runs locks them (runs.engine.steps.LOCK_IN_ORDER): taken in the order of
+-- the array, they deadlocked with the committer's checkpoints and exits,
+-- and the heartbeat PostgreSQL aborted lost every lease it was renewing.
+-- It waits for each row, never skips one: a run missing from its answer is
+-- a lost lease.
+locked AS (
+    SELECT r.id FROM runs_run r JOIN held h ON r.id = h.id
+    -- By primary key, whatever the statistics say of how many runs are
+    -- running (runs.engine.steps.BATCH_GUARD): a generic plan made when few
+    -- were joined every running run with every held one, 6.8 s for 5,000.
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.lease_token = h.token AND r.status = %(running)s::text
+    ORDER BY r.id
+    FOR NO KEY UPDATE OF r
+),
 extended AS (
     UPDATE runs_run r SET
         locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
         heartbeat_at = statement_timestamp()
-    FROM held h
-    -- By primary key, whatever the statistics say of how many runs are
-    -- running (runs.engine.steps.BATCH_GUARD): a generic plan made when few
-    -- were joined every running run with every held one, 6.8 s for 5,000.
-    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = h.id AND r.lease_token = h.token AND r.status = %(running)s::text
+    FROM locked l
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = l.id
     RETURNING r.lease_token, r.cancel_requested_at IS NOT NULL, r.pause_requested_at IS NOT NULL
 ),
 seen AS (

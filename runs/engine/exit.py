@@ -99,7 +99,9 @@ cur AS (
     FROM runs_run JOIN p ON true
     WHERE {batch_guard}
       {reaper_guard}
-    FOR UPDATE OF runs_run
+    -- In id order (runs.engine.steps.LOCK_IN_ORDER), with the UPDATE's own lock.
+    ORDER BY runs_run.id
+    FOR NO KEY UPDATE OF runs_run
 ),
 r AS (
     UPDATE runs_run SET
@@ -145,13 +147,24 @@ r AS (
               cur.a_give_slot
 ),
 -- Each tenant's row once, whatever number of its runs left: the slots given
--- back now, and the runs back in the queue.
+-- back now, and the runs back in the queue. The rows locked in id order, as
+-- the claim locks them: a batch of exits of several tenants and another
+-- worker's claim or exits would deadlock otherwise.
+n AS (
+    SELECT r.tenant_id, count(*) FILTER (WHERE r.a_give_slot) AS given,
+           count(*) FILTER (WHERE r.status = {queued}) AS requeued
+    FROM r GROUP BY r.tenant_id
+),
+tenants AS (
+    SELECT runs_tenant.id FROM runs_tenant JOIN n ON n.tenant_id = runs_tenant.id
+    WHERE n.given > 0 OR n.requeued > 0
+    ORDER BY runs_tenant.id
+    FOR NO KEY UPDATE OF runs_tenant
+),
 t AS (
     UPDATE runs_tenant SET running = GREATEST(runs_tenant.running - n.given, 0), queued = runs_tenant.queued + n.requeued
-    FROM (SELECT r.tenant_id, count(*) FILTER (WHERE r.a_give_slot) AS given,
-                 count(*) FILTER (WHERE r.status = {queued}) AS requeued
-          FROM r GROUP BY r.tenant_id) n
-    WHERE runs_tenant.id = n.tenant_id AND (n.given > 0 OR n.requeued > 0)
+    FROM n JOIN tenants l ON l.id = n.tenant_id
+    WHERE runs_tenant.id = l.id
 ),
 {events}
 SELECT id, status, queue, statement_timestamp(), parent_id, kind FROM r

@@ -91,6 +91,8 @@ def stop_past_deadline(stale: StaleLease) -> bool:
 
 # Runs waiting on people (or paused) past expires_at fail as `expired`, in
 # one statement per batch with their Events; they hold no slot to give back.
+# A run someone else has locked is skipped (left to the next pass): never
+# waiting on a row, the batch needs no id order to be deadlock-free.
 _EXPIRE_SQL = sql(
     """
 WITH r AS (
@@ -103,7 +105,7 @@ WITH r AS (
         WHERE status IN {parked} AND expires_at < statement_timestamp()
           -- Child runs one at a time (expire_waiting), each with its parent's wake-up.
           AND (CASE WHEN %(only)s::uuid IS NULL THEN parent_id IS NULL ELSE id = %(only)s::uuid END)
-        LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+        LIMIT %(batch)s FOR NO KEY UPDATE SKIP LOCKED
     )
     AND status IN {parked} AND expires_at < statement_timestamp()
     RETURNING id, last_event_seq, queue, kind

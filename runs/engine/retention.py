@@ -64,9 +64,20 @@ WITH doomed AS (
 ),
 -- ON DELETE SET NULL of runs_run.origin, which the database does not do. An array, so that
 -- run_origin_idx is probed for these ids whatever the planner guesses of forks and of the batch.
+-- The forks, which may be running, are waited for (their origin must go),
+-- so they are locked in id order (runs.engine.steps.LOCK_IN_ORDER): a worker's
+-- heartbeat over them would deadlock with this otherwise. The doomed runs
+-- above are skipped when locked, never waited for: they need no order.
+fork_rows AS (
+    SELECT f.id FROM runs_run f
+    WHERE f.origin_id = ANY (ARRAY(SELECT id FROM doomed)) AND f.id NOT IN (SELECT id FROM doomed)
+    ORDER BY f.id
+    FOR NO KEY UPDATE
+),
 forks AS (
     UPDATE runs_run f SET origin_id = NULL
-    WHERE f.origin_id = ANY (ARRAY(SELECT id FROM doomed)) AND f.id NOT IN (SELECT id FROM doomed)
+    FROM fork_rows l
+    WHERE f.id = l.id AND f.origin_id = ANY (ARRAY(SELECT id FROM doomed))
     RETURNING f.id
 ),
 -- Every table below is read through an index that leads with run_id.

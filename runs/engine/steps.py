@@ -14,6 +14,7 @@ storable on the way in (``runs.db.dumps_storable``), and the step says so.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -79,6 +80,27 @@ RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 BATCH_GUARD = ("runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = p.run AND runs_run.lease_token = p.token"
                " AND runs_run.status = %(running)s::text")
 
+# Every statement that writes several runs locks their rows in one order,
+# the primary key's, before it writes them: two such statements over the
+# same runs (the heartbeat, the committer's checkpoints and exits, the
+# reaper, another worker's committer) then queue one behind the other
+# instead of deadlocking. The lock is the UPDATE's own (FOR NO KEY UPDATE),
+# so the UPDATE that follows never upgrades it. The same holds of tenant
+# rows, also locked in id order.
+#
+# A transaction of several such statements must lock all its runs in the
+# first: the committer's checkpoints and exits commit together, and the
+# exits' runs, locked by a second statement, would come after the
+# checkpoints' in no order. So the checkpoint locks ``%(lock)s``: its own
+# runs and those of the exits that follow it (``checkpoint_many(lock=...)``),
+# found by primary key.
+LOCK_IN_ORDER = """locked AS (
+    SELECT runs_run.id FROM runs_run
+    WHERE runs_run.id = ANY(%(lock)s::uuid[])
+    ORDER BY runs_run.id
+    FOR NO KEY UPDATE
+)"""
+
 # Adds the step's cost to the tenant's spend of the day (UTC), only when
 # there is a cost: a no-op checkpoint does not touch the row.
 _DAILY_COST_CTE = """
@@ -110,6 +132,7 @@ WITH p AS (
              tokens_in bigint, tokens_out bigint, cost numeric, started_at timestamptz, text_replaced bool,
              steps_total int)
 ),
+{locked},
 r AS (
     UPDATE runs_run SET
         -- A compensation undoes a step: it is not progress.
@@ -122,8 +145,8 @@ r AS (
         heartbeat_at = statement_timestamp(),
         updated_at = statement_timestamp(),
         {next_seq}
-    FROM p
-    WHERE {batch_guard}
+    FROM p JOIN locked l ON l.id = p.run
+    WHERE {batch_guard} AND runs_run.id = l.id
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.last_event_seq,
               runs_run.cancel_requested_at IS NOT NULL AS cancel, runs_run.pause_requested_at IS NOT NULL AS pause,
               runs_run.cost_cents + runs_run.children_cost_cents AS spent, runs_run.steps_done, runs_run.steps_total,
@@ -177,12 +200,13 @@ undone AS (
 """
 
 # Adds the steps' cost to their tenants' spend of the day (UTC), one row per
-# tenant; only in the statement when a step has a cost.
+# tenant, in tenant order (LOCK_IN_ORDER: two workers' batches write the same
+# tenants' rows); only in the statement when a step has a cost.
 _BATCH_DAILY_COST_CTE = """
 d AS (
     INSERT INTO runs_tenantdailycost (tenant_id, day, cost_cents)
     SELECT r.tenant_id, (statement_timestamp() AT TIME ZONE 'UTC')::date, sum(r.cost)
-    FROM r WHERE r.cost > 0 GROUP BY r.tenant_id
+    FROM r WHERE r.cost > 0 GROUP BY r.tenant_id ORDER BY r.tenant_id
     ON CONFLICT (tenant_id, day) DO UPDATE SET cost_cents = runs_tenantdailycost.cost_cents + EXCLUDED.cost_cents
 )"""
 
@@ -200,7 +224,7 @@ _CHECKPOINT_EVENTS = event_ctes(
 
 def _checkpoint_sql(*, messages: bool, undoes: bool, costs: bool) -> str:
     return sql(_CHECKPOINT_TEMPLATE, extra=sql((_MESSAGES_CTE if messages else "") + (_UNDONE_CTE if undoes else "")),
-               next_seq=next_seq(), columns=STEP_COLUMNS, batch_guard=BATCH_GUARD,
+               next_seq=next_seq(), columns=STEP_COLUMNS, batch_guard=BATCH_GUARD, locked=LOCK_IN_ORDER,
                daily_cost=",\n" + _BATCH_DAILY_COST_CTE if costs else "", events=_CHECKPOINT_EVENTS)
 
 
@@ -237,8 +261,11 @@ _ROW_PARAMS = ("run", "token", "generation", "seq", "name", "kind", "input", "ou
                "tokens_out", "cost", "started_at", "text_replaced", "steps_total")
 
 
-def _execute_checkpoints(statement_key, rows: list[dict[str, Any]], scalars: dict[str, Any]) -> dict[UUID, tuple]:
-    params = {"rows": param_rows(rows, _ROW_PARAMS), "run": [row["run"] for row in rows], "running": RunStatus.RUNNING}
+def _execute_checkpoints(statement_key, rows: list[dict[str, Any]], scalars: dict[str, Any],
+                         lock: Iterable[UUID] = ()) -> dict[UUID, tuple]:
+    runs = [row["run"] for row in rows]
+    params = {"rows": param_rows(rows, _ROW_PARAMS), "run": runs, "lock": list({*runs, *lock}),
+              "running": RunStatus.RUNNING}
     params |= scalars
     with engine_cursor() as cursor:
         cursor.execute(_CHECKPOINT_SQL[statement_key], params)
@@ -271,7 +298,8 @@ def checkpoint(
     return None if answer is None else (*answer, item.output_json)
 
 
-def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float) -> list[Checkpointed | None]:
+def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float,
+                    lock: Iterable[UUID] = ()) -> list[Checkpointed | None]:
     """Record finished steps of different runs, in one statement: what ``checkpoint`` does for each.
 
     For steps that consume no messages and undo nothing (``checkpoint``
@@ -279,6 +307,10 @@ def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float) -
     anything is written (``Checkpoint.prepare`` finds it first). The
     answers are in the items' order, None for a run whose lease is lost
     (nothing of it was written; the others are).
+
+    ``lock`` names other runs the caller's transaction writes next (the
+    exits the committer commits with these checkpoints): their rows are
+    locked with the steps' runs, all in id order (``LOCK_IN_ORDER``).
     """
     rows = [item.prepare().row for item in items]
     if len({item.step.run_id for item in items}) != len(items):
@@ -288,7 +320,7 @@ def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float) -
     costs = any(item.step.cost_cents > 0 for item in items)
     found = _execute_checkpoints((False, False, costs), rows, {
         "lease": lease, "worker": worker_id, "message_ids": [], "compensates": None,
-    })
+    }, lock)
     answers: list[Checkpointed | None] = []
     for item in items:
         answer = found.get(item.step.run_id)

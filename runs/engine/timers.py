@@ -73,7 +73,9 @@ def start_timer_step(
 
 # Waiting runs whose timer is due go back to the queue, a batch at a time
 # on the partial index of waiting timers; SKIP LOCKED leaves a run that a
-# person or a child is changing to the next pass.
+# person or a child is changing to the next pass (a timer late by one pass
+# is still due then), and, never waiting on a run, needs no id order there.
+# The tenants' rows are locked in id order (runs.engine.steps.LOCK_IN_ORDER).
 _WAKE_DUE_SQL = sql("""
 WITH r AS (
     UPDATE runs_run SET status = {queued}, run_after = statement_timestamp(), wake_at = NULL,
@@ -81,15 +83,20 @@ WITH r AS (
     WHERE id IN (
         SELECT id FROM runs_run
         WHERE status = {waiting} AND wake_at IS NOT NULL AND wake_at <= statement_timestamp()
-        ORDER BY wake_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+        ORDER BY wake_at LIMIT %(batch)s FOR NO KEY UPDATE SKIP LOCKED
     )
     AND status = {waiting}
     RETURNING id, tenant_id, queue, last_event_seq
 ),
+n AS (SELECT tenant_id, count(*) AS n FROM r GROUP BY tenant_id),
+tenants AS (
+    SELECT runs_tenant.id FROM runs_tenant WHERE runs_tenant.id IN (SELECT tenant_id FROM n)
+    ORDER BY runs_tenant.id FOR NO KEY UPDATE
+),
 t AS (
     UPDATE runs_tenant SET queued = queued + n.n
-    FROM (SELECT tenant_id, count(*) AS n FROM r GROUP BY tenant_id) n
-    WHERE runs_tenant.id = n.tenant_id
+    FROM n JOIN tenants l ON l.id = n.tenant_id
+    WHERE runs_tenant.id = l.id
 ),
 {events}
 SELECT queue, count(*) FROM r GROUP BY queue
