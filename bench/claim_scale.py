@@ -174,10 +174,10 @@ def sizes() -> None:
     for name, tuples, heap, indexes, total in rows:
         say(f"  {name:<12} ~{max(tuples, 0):>10,} rows  heap {mb(heap):>9}  indexes {mb(indexes):>9}"
             f"  total {mb(total):>9}")
-    idx = sql("SELECT pg_relation_size('run_claim_kind_idx'), pg_relation_size('run_running_idx')")[0]
+    idx = sql("SELECT pg_relation_size('run_claim_order_idx'), pg_relation_size('run_running_idx')")[0]
     live = sql("SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'done'),"
                " count(*) FILTER (WHERE status = 'running') FROM runs_run")[0]
-    say(f"  run_claim_kind_idx {mb(idx[0])}, run_running_idx {mb(idx[1])};"
+    say(f"  run_claim_order_idx {mb(idx[0])}, run_running_idx {mb(idx[1])};"
         f" runs: {live[0]:,} queued, {live[1]:,} done, {live[2]:,} running")
 
 

@@ -3,6 +3,8 @@
 - A step, a kind or a task that raises ``SystemExit`` or ``KeyboardInterrupt``
   (or calls ``exit()``) fails its run at once with that error, and the
   worker goes on with its other runs (workers.classify, workers.executor).
+- Runs enqueued together with equal priority, due at the same moment, start
+  in the order they were enqueued (the claim index orders them by created_at).
 - A deferred task reads back the ``run_after`` it was enqueued with.
 """
 
@@ -15,6 +17,7 @@ from datetime import timedelta
 from uuid import UUID
 
 import pytest
+from django.db import transaction
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
@@ -81,6 +84,19 @@ def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_
     worker.send_signal(signal.SIGINT)
     assert worker.wait(30) == 0, processes.output(worker)
     assert "stopped" in processes.output(worker)
+
+
+def test_runs_enqueued_together_start_in_the_order_they_were_enqueued(processes, tmp_path):
+    order = tmp_path / "order"
+    # Due at the same moment (each enqueue without run_after would get its statement's own now()).
+    note = agents_core.note.using(run_after=timezone.now())
+    with transaction.atomic():
+        enqueued = [note.enqueue(str(order), str(n)) for n in range(30)]
+    runs = Run.objects.filter(pk__in=[result.id for result in enqueued])
+    assert len({(run.priority, run.run_after) for run in runs}) == 1  # nothing but the tie-break tells them apart
+    worker = processes.worker("--burst", "--poll", "0.1", "--concurrency", "1", **ENV)
+    assert worker.wait(120) == 0, processes.output(worker)
+    assert order.read_text().split() == [str(n) for n in range(30)]
 
 
 def test_a_deferred_task_reads_back_its_run_after(processes):

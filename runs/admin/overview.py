@@ -45,7 +45,7 @@ def queues_panel() -> dict:
     depth: dict[str, dict] = {}
     for row in Run.objects.filter(status__in=LIVE_STATUSES).values("queue", "status").annotate(n=Count("*")):
         depth.setdefault(row["queue"], {})[row["status"]] = row["n"]
-    # run_claim_kind_idx holds (queue, run_after) of queued runs: an index-only aggregate.
+    # run_claim_order_idx holds (queue, run_after) of queued runs: an index-only aggregate.
     oldest = dict(
         Run.objects.claimable().values("queue").annotate(oldest=Min("run_after")).values_list("queue", "oldest")
     )

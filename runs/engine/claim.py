@@ -64,7 +64,7 @@ def _rows(cursor) -> list[ClaimedRun]:
 # Walk tenant by tenant: only tenants that are not paused and have a free
 # slot are visited, and each contributes at most its free slots, so a tenant
 # at its limit with 100,000 queued runs costs the claim nothing. Inside a
-# tenant, queue by queue, a loose index scan of run_claim_kind_idx (one descent
+# tenant, queue by queue, a loose index scan of run_claim_order_idx (one descent
 # per kind present) finds which kinds have queued runs; only those this
 # worker claims (registered, not paused) are read, each in index order, so
 # 100,000 queued runs of a paused or unregistered kind cost one descent too.
@@ -125,7 +125,7 @@ candidates AS (
             SELECT kind FROM present WHERE kind IN (SELECT name FROM kinds)
         ) k
         CROSS JOIN LATERAL (
-            SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after
+            SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after, r.created_at
             FROM runs_run r
             WHERE r.tenant_id = t.id
               AND r.status = {queued}
@@ -136,7 +136,7 @@ candidates AS (
               -- a run recorded by a newer version waits for a worker that has it.
               AND (r.kind_version IS NULL OR (r.kind, r.kind_version) IN (
                    SELECT * FROM unnest(%(rkinds)s::text[], %(rversions)s::int[])))
-            ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.id
+            ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.created_at, r.id
             LIMIT LEAST(t.free, %(n)s)
             -- Skipping is safe here, and never waiting is why these rows need
             -- no id order: a run another transaction holds is not claimable
@@ -146,13 +146,13 @@ candidates AS (
         ) x
         -- The tenant's best runs across its queues and kinds; rows locked
         -- above but not kept here are let go when the claim commits.
-        ORDER BY x.priority, x.fresh, x.run_after, x.id
+        ORDER BY x.priority, x.fresh, x.run_after, x.created_at, x.id
         LIMIT LEAST(t.free, %(n)s)
     ) c
 ),
 picked AS (
-    SELECT c.*, row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.priority, c.fresh, c.run_after, c.id) AS rank
-    FROM (SELECT * FROM candidates ORDER BY priority, fresh, run_after, id LIMIT %(n)s) c
+    SELECT c.*, row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.priority, c.fresh, c.run_after, c.created_at, c.id) AS rank
+    FROM (SELECT * FROM candidates ORDER BY priority, fresh, run_after, created_at, id LIMIT %(n)s) c
 ),
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id

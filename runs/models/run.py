@@ -163,7 +163,7 @@ def default_expires_at():
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # Indexed by run_tenant_recent_idx and run_claim_kind_idx, which lead with it.
+    # Indexed by run_tenant_recent_idx and run_claim_order_idx, which lead with it.
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False)
     kind = models.CharField(max_length=100)
     kind_version = models.PositiveIntegerField(null=True, blank=True)
@@ -274,9 +274,12 @@ class Run(models.Model):
                 F("priority"),
                 ExpressionWrapper(Q(started_at__isnull=True), output_field=models.BooleanField()),
                 F("run_after"),
+                # Runs due at the same moment start in the order they were submitted
+                # (created_at is the submitting process's clock: one per run), then by id.
+                F("created_at"),
                 F("id"),
                 condition=Q(status=RunStatus.QUEUED),
-                name="run_claim_kind_idx",
+                name="run_claim_order_idx",
             ),
             # The reaper scans running runs only; locked_until stays out so a
             # heartbeat remains a HOT update.
