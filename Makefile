@@ -25,13 +25,14 @@ install: $(VENV)/.installed
 run: install
 	RUNS_EXAMPLES=$${RUNS_EXAMPLES:-1} $(VPY) manage.py up
 
-# The linters first (ruff, makemigrations --check): CI runs `make test` and nothing else.
+# The linters first (ruff format and check, makemigrations --check): CI runs `make test` and nothing else.
 test: lint
 	$(VPY) -m pytest
 
 # Development entry points: settings refuse to start with DEBUG off and no
 # SECRET_KEY (`make run` turns DEBUG on in manage.py up, `make test` brings its own key).
 lint: install
+	$(VENV)/bin/ruff format --check config runs workers examples tests bench
 	$(VENV)/bin/ruff check config runs workers examples tests bench
 	DEBUG=$${DEBUG:-1} RUNS_EXAMPLES=1 $(VPY) manage.py makemigrations --check --dry-run
 

@@ -44,7 +44,6 @@ QUEUES = ["default", "short", "long"]
 SPACING_S = 30 * 24 * 3600  # runs are spread over 30 days, the newest now
 
 
-
 def insert_select(model, rows: dict[str, str], source: str, params: dict) -> None:
     """INSERT INTO <model> (...) SELECT <rows> FROM <source>; other NOT NULL columns get the model default."""
     from django.db import connection
@@ -54,11 +53,15 @@ def insert_select(model, rows: dict[str, str], source: str, params: dict) -> Non
         if field.column in rows or field.null or field.has_db_default() or field.db_returning:
             continue
         if not field.has_default():
-            raise RuntimeError(f"{model._meta.db_table}.{field.column} has no default: give it a value")
+            raise RuntimeError(
+                f"{model._meta.db_table}.{field.column} has no default: give it a value"
+            )
         params[f"d_{field.column}"] = field.get_db_prep_save(field.get_default(), connection)
         rows[field.column] = f"%(d_{field.column})s"
-    sql(f"INSERT INTO {model._meta.db_table} ({', '.join(rows)}) SELECT {', '.join(rows.values())} FROM {source}",
-        params)
+    sql(
+        f"INSERT INTO {model._meta.db_table} ({', '.join(rows)}) SELECT {', '.join(rows.values())} FROM {source}",
+        params,
+    )
 
 
 # g = 1..n; the newest run is g = n. r spreads statuses evenly over time.
@@ -92,7 +95,7 @@ RUN_ROWS = {
     "locked_by": "CASE WHEN status = 'running' THEN %(worker)s::uuid END",
     # Every tenth running run has a lease that expired a minute ago: stuck.
     "locked_until": "CASE WHEN status = 'running' THEN statement_timestamp()"
-                    " + CASE WHEN g %% 50000 = 0 THEN interval '-1 minute' ELSE interval '5 minutes' END END",
+    " + CASE WHEN g %% 50000 = 0 THEN interval '-1 minute' ELSE interval '5 minutes' END END",
     "claimed_at": "CASE WHEN status = 'running' THEN statement_timestamp() - interval '90 seconds' END",
     "heartbeat_at": "CASE WHEN status = 'running' THEN statement_timestamp() - interval '10 seconds' END",
     "run_after": "created",
@@ -101,7 +104,7 @@ RUN_ROWS = {
     "result": "CASE WHEN status = 'done' THEN jsonb_build_object('summary', repeat('ok ', 30)) END",
     "error": "CASE WHEN status = 'failed' THEN 'the CRM answered 422: field email is invalid' ELSE '' END",
     "error_kind": "CASE WHEN status = 'failed' THEN"
-                  " (ARRAY['retryable','fatal','ambiguous','deadline','budget'])[1 + (g / 20) %% 5] ELSE '' END",
+    " (ARRAY['retryable','fatal','ambiguous','deadline','budget'])[1 + (g / 20) %% 5] ELSE '' END",
     "idempotency_key": "CASE WHEN g %% 3 = 0 THEN 'order-' || g END",
     "request_hash": "md5(g::text)",
     "cost_cents": "(g %% 100) / 10.0",
@@ -121,74 +124,161 @@ def fill(n: int) -> dict:
     from runs.models import Event, Run, Step, Tenant, TenantDailyCost, Worker
 
     tenants = [
-        Tenant.objects.create(name=f"Tenant {i}", slug=f"tenant-{i:02d}", max_running=20, max_queued=1_000_000,
-                              daily_cost_cap_cents=50_000 if i % 5 == 0 else None)
+        Tenant.objects.create(
+            name=f"Tenant {i}",
+            slug=f"tenant-{i:02d}",
+            max_running=20,
+            max_queued=1_000_000,
+            daily_cost_cap_cents=50_000 if i % 5 == 0 else None,
+        )
         for i in range(TENANTS)
     ]
     worker = uuid.uuid4()
     started = time.perf_counter()
-    insert_select(Run, dict(RUN_ROWS), RUN_SOURCE, {
-        "n": n, "spacing": SPACING_S / n, "tenants": [t.pk for t in tenants], "n_tenants": TENANTS,
-        "kinds": KINDS, "queues": QUEUES, "worker": worker,
-    })
+    insert_select(
+        Run,
+        dict(RUN_ROWS),
+        RUN_SOURCE,
+        {
+            "n": n,
+            "spacing": SPACING_S / n,
+            "tenants": [t.pk for t in tenants],
+            "n_tenants": TENANTS,
+            "kinds": KINDS,
+            "queues": QUEUES,
+            "worker": worker,
+        },
+    )
     say(f"  runs      {n:>10,} in {time.perf_counter() - started:5.1f} s")
 
     started = time.perf_counter()
     steps_of = "runs_run r CROSS JOIN generate_series(1, 3) AS s(seq) WHERE r.last_event_seq = 5"
-    insert_select(Step, {
-        "run_id": "r.id", "seq": "s.seq", "name": "'step-' || s.seq",
-        "kind": "(ARRAY['llm','tool','llm'])[s.seq]",
-        "input": "jsonb_build_object('prompt', repeat('context ', 20))",
-        "output": "CASE WHEN r.status = 'queued' THEN NULL ELSE jsonb_build_object('text', repeat('answer ', 20)) END",
-        "tokens_in": "1200", "tokens_out": "300", "cost_cents": "0.42",
-        "status": "CASE WHEN r.status = 'queued' THEN 'running' ELSE 'done' END", "executions": "1",
-        "started_at": "r.started_at", "ended_at": "r.finished_at",
-    }, steps_of, {})
+    insert_select(
+        Step,
+        {
+            "run_id": "r.id",
+            "seq": "s.seq",
+            "name": "'step-' || s.seq",
+            "kind": "(ARRAY['llm','tool','llm'])[s.seq]",
+            "input": "jsonb_build_object('prompt', repeat('context ', 20))",
+            "output": "CASE WHEN r.status = 'queued' THEN NULL ELSE jsonb_build_object('text', repeat('answer ', 20)) END",
+            "tokens_in": "1200",
+            "tokens_out": "300",
+            "cost_cents": "0.42",
+            "status": "CASE WHEN r.status = 'queued' THEN 'running' ELSE 'done' END",
+            "executions": "1",
+            "started_at": "r.started_at",
+            "ended_at": "r.finished_at",
+        },
+        steps_of,
+        {},
+    )
     steps = sql("SELECT count(*) FROM runs_step")[0][0]
     say(f"  steps     {steps:>10,} in {time.perf_counter() - started:5.1f} s")
 
     started = time.perf_counter()
-    insert_select(Event, {
-        "run_id": "r.id", "seq": "e.seq",
-        "type": "CASE WHEN e.seq = 1 THEN 'run.submitted' WHEN e.seq = r.last_event_seq THEN 'run.' || r.status"
-                " ELSE 'step.done' END",
-        "actor_type": "CASE WHEN e.seq = 1 THEN 'api_key' ELSE 'worker' END",
-        "payload": "jsonb_build_object('seq', e.seq)", "created_at": "r.created_at + make_interval(secs => e.seq)",
-    }, "runs_run r CROSS JOIN LATERAL generate_series(1, r.last_event_seq) AS e(seq)", {})
+    insert_select(
+        Event,
+        {
+            "run_id": "r.id",
+            "seq": "e.seq",
+            "type": "CASE WHEN e.seq = 1 THEN 'run.submitted' WHEN e.seq = r.last_event_seq THEN 'run.' || r.status"
+            " ELSE 'step.done' END",
+            "actor_type": "CASE WHEN e.seq = 1 THEN 'api_key' ELSE 'worker' END",
+            "payload": "jsonb_build_object('seq', e.seq)",
+            "created_at": "r.created_at + make_interval(secs => e.seq)",
+        },
+        "runs_run r CROSS JOIN LATERAL generate_series(1, r.last_event_seq) AS e(seq)",
+        {},
+    )
     events = sql("SELECT count(*) FROM runs_event")[0][0]
     say(f"  events    {events:>10,} in {time.perf_counter() - started:5.1f} s")
 
     # What the claim and the checkpoints would have kept: counters and today's spend.
-    sql("UPDATE runs_tenant t SET running = c.running, queued = c.queued FROM ("
+    sql(
+        "UPDATE runs_tenant t SET running = c.running, queued = c.queued FROM ("
         " SELECT tenant_id, count(*) FILTER (WHERE status = 'running') AS running,"
         " count(*) FILTER (WHERE status = 'queued') AS queued FROM runs_run GROUP BY tenant_id) c"
-        " WHERE c.tenant_id = t.id")
+        " WHERE c.tenant_id = t.id"
+    )
     from django.utils import timezone
 
     today = timezone.now().date()
     TenantDailyCost.objects.bulk_create(
-        [TenantDailyCost(tenant=t, day=today, cost_cents=1000 + 37 * i) for i, t in enumerate(tenants)]
+        [
+            TenantDailyCost(tenant=t, day=today, cost_cents=1000 + 37 * i)
+            for i, t in enumerate(tenants)
+        ]
     )
     now = timezone.now()
     from datetime import timedelta
 
     Worker.objects.bulk_create(
-        [Worker(id=worker, host="bench-1", pid=1, queues=QUEUES, kinds=KINDS, concurrency=50, runs_held=40)]
-        + [Worker(host=f"bench-{i}", pid=i, queues=QUEUES, kinds=KINDS, concurrency=50, runs_held=40)
-           for i in range(2, 5)]
-        + [Worker(host="bench-dead", pid=i, queues=QUEUES, kinds=KINDS, concurrency=50, runs_held=3,
-                  last_seen_at=now - timedelta(hours=1)) for i in range(3)]
-        + [Worker(host="bench-old", pid=i, queues=QUEUES, kinds=KINDS, concurrency=50,
-                  last_seen_at=now - timedelta(days=2), stopped_at=now - timedelta(days=2)) for i in range(10)]
+        [
+            Worker(
+                id=worker,
+                host="bench-1",
+                pid=1,
+                queues=QUEUES,
+                kinds=KINDS,
+                concurrency=50,
+                runs_held=40,
+            )
+        ]
+        + [
+            Worker(
+                host=f"bench-{i}", pid=i, queues=QUEUES, kinds=KINDS, concurrency=50, runs_held=40
+            )
+            for i in range(2, 5)
+        ]
+        + [
+            Worker(
+                host="bench-dead",
+                pid=i,
+                queues=QUEUES,
+                kinds=KINDS,
+                concurrency=50,
+                runs_held=3,
+                last_seen_at=now - timedelta(hours=1),
+            )
+            for i in range(3)
+        ]
+        + [
+            Worker(
+                host="bench-old",
+                pid=i,
+                queues=QUEUES,
+                kinds=KINDS,
+                concurrency=50,
+                last_seen_at=now - timedelta(days=2),
+                stopped_at=now - timedelta(days=2),
+            )
+            for i in range(10)
+        ]
     )
     started = time.perf_counter()
-    for table in ("runs_run", "runs_step", "runs_event", "runs_tenant", "runs_tenantdailycost", "runs_worker"):
+    for table in (
+        "runs_run",
+        "runs_step",
+        "runs_event",
+        "runs_tenant",
+        "runs_tenantdailycost",
+        "runs_worker",
+    ):
         sql(f"VACUUM ANALYZE {table}")
     say(f"  VACUUM ANALYZE in {time.perf_counter() - started:5.1f} s")
-    with_steps = Run.objects.filter(status="failed", last_event_seq=5).order_by("-created_at").values_list(
-        "id", flat=True).first()
-    key = Run.objects.filter(idempotency_key__isnull=False).order_by("created_at").values_list(
-        "idempotency_key", flat=True).first()
+    with_steps = (
+        Run.objects.filter(status="failed", last_event_seq=5)
+        .order_by("-created_at")
+        .values_list("id", flat=True)
+        .first()
+    )
+    key = (
+        Run.objects.filter(idempotency_key__isnull=False)
+        .order_by("created_at")
+        .values_list("idempotency_key", flat=True)
+        .first()
+    )
     return {"run_with_steps": with_steps, "idempotency_key": key}
 
 
@@ -206,9 +296,13 @@ def publish_fleet(processes: int) -> str:
         kind = KINDS[n % len(KINDS)]
         process.claimed(queue=QUEUES[n % len(QUEUES)], kind=kind, waited_seconds=n / 1000)
         process.started(kind=kind, after_claim_seconds=n / 10000)
-        process.run_finished(queue=QUEUES[n % len(QUEUES)], kind=kind, status=("done", "failed", "cancelled")[n % 3])
+        process.run_finished(
+            queue=QUEUES[n % len(QUEUES)], kind=kind, status=("done", "failed", "cancelled")[n % 3]
+        )
         for step_kind in StepKind.values:
-            process.step_finished(kind=kind, step_kind=step_kind, status="done" if n % 7 else "failed", seconds=n / 50)
+            process.step_finished(
+                kind=kind, step_kind=step_kind, status="done" if n % 7 else "failed", seconds=n / 50
+            )
         process.retried(kind=kind, error_class=("Retryable", "HTTPError", "TimeoutError")[n % 3])
     for _ in range(processes):
         publisher = Publisher(role="worker")
@@ -234,8 +328,14 @@ def measure(client, label: str, url: str, *, repeat: int, headers: dict | None =
         times.append((time.perf_counter() - started) * 1000)
     with CaptureQueriesContext(connection) as queries:
         client.get(url, headers=headers)
-    return {"label": label, "url": url, "p50": pct(times, 50), "max": max(times), "queries": len(queries),
-            "sql": [q["sql"] for q in queries.captured_queries]}
+    return {
+        "label": label,
+        "url": url,
+        "p50": pct(times, 50),
+        "max": max(times),
+        "queries": len(queries),
+        "sql": [q["sql"] for q in queries.captured_queries],
+    }
 
 
 def explain(sql_text: str) -> str:
@@ -247,13 +347,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of each page's slowest query")
+    parser.add_argument(
+        "--explain", action="store_true", help="print EXPLAIN ANALYZE of each page's slowest query"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
     db = Database(agent_modules="bench.agents")
     try:
         db.setup()
-        say(f"server     : {'DATABASE_URL' if db.from_env else 'embedded PostgreSQL'} · {db.version.split(',')[0]}")
+        say(
+            f"server     : {'DATABASE_URL' if db.from_env else 'embedded PostgreSQL'} · {db.version.split(',')[0]}"
+        )
         say(f"database   : {db.name} (dropped at the end)")
         say(f"fill       : {args.runs:,} runs")
         ids = fill(args.runs)
@@ -261,7 +365,9 @@ def main(argv=None) -> int:
         from django.contrib.auth import get_user_model
         from django.test import Client
 
-        admin = get_user_model().objects.create_superuser("bench-admin", "admin@example.com", "bench-pass")
+        admin = get_user_model().objects.create_superuser(
+            "bench-admin", "admin@example.com", "bench-pass"
+        )
         client = Client()
         client.force_login(admin)
         run_url = f"/admin/runs/run/{ids['run_with_steps']}/change/"
@@ -273,11 +379,18 @@ def main(argv=None) -> int:
         ]
         extras = [
             ("changelist, page 200", "/admin/runs/run/?p=200", {}),
-            ("changelist by tenant + queue", "/admin/runs/run/?tenant__id__exact="
-             + str(get_tenant_id()) + "&queue=short", {}),
+            (
+                "changelist by tenant + queue",
+                "/admin/runs/run/?tenant__id__exact=" + str(get_tenant_id()) + "&queue=short",
+                {},
+            ),
             ("search by idempotency key", f"/admin/runs/run/?q={ids['idempotency_key']}", {}),
             ("search by run id", f"/admin/runs/run/?q={ids['run_with_steps']}", {}),
-            ("overview panel (htmx)", "/admin/runs/run/overview/?panel=queues", {"HX-Request": "true"}),
+            (
+                "overview panel (htmx)",
+                "/admin/runs/run/overview/?panel=queues",
+                {"HX-Request": "true"},
+            ),
             ("step changelist", "/admin/runs/step/", {}),
             ("tenant changelist", "/admin/runs/tenant/", {}),
             ("worker changelist", "/admin/runs/worker/", {}),
@@ -290,8 +403,14 @@ def main(argv=None) -> int:
         for label, url, headers in pages + extras:
             result = measure(client, label, url, repeat=args.repeat, headers=headers)
             results.append(result)
-            flag = "" if result["p50"] < TARGET_MS or (label, url, headers) in extras else "  OVER TARGET"
-            say(f"{label:32} {result['p50']:8.1f} {result['max']:8.1f} {result['queries']:8d}{flag}")
+            flag = (
+                ""
+                if result["p50"] < TARGET_MS or (label, url, headers) in extras
+                else "  OVER TARGET"
+            )
+            say(
+                f"{label:32} {result['p50']:8.1f} {result['max']:8.1f} {result['queries']:8d}{flag}"
+            )
             if args.explain:
                 for query in result["sql"]:
                     if query.lstrip().upper().startswith("SELECT") and "runs_run" in query:
@@ -301,7 +420,9 @@ def main(argv=None) -> int:
         bulk(client)
         ok = all(r["p50"] < TARGET_MS for r in results[: len(pages)])
         say()
-        say(f"target: each of the first {len(pages)} pages under {TARGET_MS:.0f} ms (p50): {'met' if ok else 'MISSED'}")
+        say(
+            f"target: each of the first {len(pages)} pages under {TARGET_MS:.0f} ms (p50): {'met' if ok else 'MISSED'}"
+        )
         return 0 if ok else 1
     finally:
         db.drop()
@@ -313,18 +434,34 @@ def bulk(client) -> None:
 
     tenant = get_tenant_id()
     cases = [
-        ("bulk cancel: all paused runs", "cancel_runs", "status__exact=paused", {"status": "paused"}, "cancelled"),
-        ("bulk retry: one tenant's fatal failures", "retry_runs",
-         f"status__exact=failed&error_kind__exact=fatal&tenant__id__exact={tenant}",
-         {"status": "failed", "error_kind": "fatal", "tenant_id": tenant}, "queued"),
+        (
+            "bulk cancel: all paused runs",
+            "cancel_runs",
+            "status__exact=paused",
+            {"status": "paused"},
+            "cancelled",
+        ),
+        (
+            "bulk retry: one tenant's fatal failures",
+            "retry_runs",
+            f"status__exact=failed&error_kind__exact=fatal&tenant__id__exact={tenant}",
+            {"status": "failed", "error_kind": "fatal", "tenant_id": tenant},
+            "queued",
+        ),
     ]
     for label, action, query, lookup, reached in cases:
         ids = list(Run.objects.filter(**lookup).values_list("pk", flat=True))
         started = time.perf_counter()
-        response = client.post(f"/admin/runs/run/?{query}", {
-            "action": action, "select_across": "1", "index": "0", "_selected_action": [str(ids[0])],
-            "apply": "1",  # past the confirmation page (runs.admin.confirmations)
-        })
+        response = client.post(
+            f"/admin/runs/run/?{query}",
+            {
+                "action": action,
+                "select_across": "1",
+                "index": "0",
+                "_selected_action": [str(ids[0])],
+                "apply": "1",  # past the confirmation page (runs.admin.confirmations)
+            },
+        )
         seconds = time.perf_counter() - started
         changed = Run.objects.filter(pk__in=ids, status=reached).count()
         if response.status_code != 302 or changed != len(ids):

@@ -108,10 +108,14 @@ def _chaos_keyed(ctx: RunContext, run_id: str, sleep: float) -> dict:
 
     key = ctx.idempotency_key
     _chaos_pause(sleep / 2)
-    _chaos_sql("INSERT INTO bench_chaos_attempts (run_id, step, key, pid) VALUES (%s, 'keyed', %s, %s)",
-               (run_id, key, os.getpid()))
-    _chaos_sql("INSERT INTO bench_chaos_keyed (key, run_id, pid) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
-               (key, run_id, os.getpid()))
+    _chaos_sql(
+        "INSERT INTO bench_chaos_attempts (run_id, step, key, pid) VALUES (%s, 'keyed', %s, %s)",
+        (run_id, key, os.getpid()),
+    )
+    _chaos_sql(
+        "INSERT INTO bench_chaos_keyed (key, run_id, pid) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
+        (key, run_id, os.getpid()),
+    )
     _chaos_pause(sleep / 2)
     return {"key": key}
 
@@ -120,7 +124,9 @@ def _chaos_unkeyed(run_id: str, sleep: float) -> dict:
     import os
 
     _chaos_pause(sleep / 2)
-    _chaos_sql("INSERT INTO bench_chaos_unkeyed (run_id, pid) VALUES (%s, %s)", (run_id, os.getpid()))
+    _chaos_sql(
+        "INSERT INTO bench_chaos_unkeyed (run_id, pid) VALUES (%s, %s)", (run_id, os.getpid())
+    )
     _chaos_pause(sleep / 2)
     return {"ok": True}
 
@@ -132,7 +138,9 @@ def bench_chaos(ctx: RunContext, data: dict) -> dict:
     run_id = str(ctx.run_id)
     ctx.progress(total=3)
     ctx.step("plain", _chaos_plain, sleep)
-    keyed = ctx.step("keyed", lambda: _chaos_keyed(ctx, run_id, sleep), side_effect=True, idempotency_key=True)
+    keyed = ctx.step(
+        "keyed", lambda: _chaos_keyed(ctx, run_id, sleep), side_effect=True, idempotency_key=True
+    )
     ctx.step("unkeyed", _chaos_unkeyed, run_id, sleep, side_effect=True)
     return {"key": keyed["key"]}
 

@@ -50,16 +50,31 @@ LIVE = ("queued", "running", "waiting", "paused")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, default=2.0, help="how long to keep killing (default 2)")
-    p.add_argument("--workers", type=int, default=3, help="runworker processes kept alive (default 3)")
-    p.add_argument("--kill-every", type=float, default=1.5, help="seconds between kills (default 1.5)")
+    p.add_argument(
+        "--minutes", type=float, default=2.0, help="how long to keep killing (default 2)"
+    )
+    p.add_argument(
+        "--workers", type=int, default=3, help="runworker processes kept alive (default 3)"
+    )
+    p.add_argument(
+        "--kill-every", type=float, default=1.5, help="seconds between kills (default 1.5)"
+    )
     p.add_argument("--runs", type=int, default=2000, help="runs submitted up front (default 2000)")
-    p.add_argument("--concurrency", type=int, default=5, help="runs in flight per worker (default 5)")
-    p.add_argument("--sleep", type=float, default=0.03, help="base seconds each step sleeps (default 0.03)")
+    p.add_argument(
+        "--concurrency", type=int, default=5, help="runs in flight per worker (default 5)"
+    )
+    p.add_argument(
+        "--sleep", type=float, default=0.03, help="base seconds each step sleeps (default 0.03)"
+    )
     p.add_argument("--lease", type=float, default=3.0)
     p.add_argument("--heartbeat", type=float, default=1.0)
     p.add_argument("--poll", type=float, default=0.2)
-    p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for survivors (default 120)")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for survivors (default 120)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed for choosing whom to kill")
     return p.parse_args(argv)
 
@@ -85,9 +100,24 @@ class Chaos:
     def start_worker(self) -> subprocess.Popen:
         a = self.args
         self.started += 1
-        proc = self.children.start(f"worker-{self.started}", [
-            PY, MANAGE, "runworker", "--queues", QUEUE, "--concurrency", str(a.concurrency),
-            "--lease", str(a.lease), "--heartbeat", str(a.heartbeat), "--poll", str(a.poll)])
+        proc = self.children.start(
+            f"worker-{self.started}",
+            [
+                PY,
+                MANAGE,
+                "runworker",
+                "--queues",
+                QUEUE,
+                "--concurrency",
+                str(a.concurrency),
+                "--lease",
+                str(a.lease),
+                "--heartbeat",
+                str(a.heartbeat),
+                "--poll",
+                str(a.poll),
+            ],
+        )
         self.workers.append(proc)
         return proc
 
@@ -114,12 +144,18 @@ class Chaos:
 
 
 def create_tables() -> None:
-    sql("CREATE TABLE bench_chaos_attempts (run_id uuid NOT NULL, step text NOT NULL, key text NOT NULL, "
-        "pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
-    sql("CREATE TABLE bench_chaos_keyed (key text PRIMARY KEY, run_id uuid NOT NULL, pid int NOT NULL, "
-        "at timestamptz NOT NULL DEFAULT clock_timestamp())")
-    sql("CREATE TABLE bench_chaos_unkeyed (run_id uuid NOT NULL, pid int NOT NULL, "
-        "at timestamptz NOT NULL DEFAULT clock_timestamp())")
+    sql(
+        "CREATE TABLE bench_chaos_attempts (run_id uuid NOT NULL, step text NOT NULL, key text NOT NULL, "
+        "pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    )
+    sql(
+        "CREATE TABLE bench_chaos_keyed (key text PRIMARY KEY, run_id uuid NOT NULL, pid int NOT NULL, "
+        "at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    )
+    sql(
+        "CREATE TABLE bench_chaos_unkeyed (run_id uuid NOT NULL, pid int NOT NULL, "
+        "at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    )
     sql("CREATE TABLE bench_chaos_submitted (id uuid PRIMARY KEY)")
 
 
@@ -134,7 +170,11 @@ def submit(n: int, sleep: float) -> float:
     ids = []
     with transaction.atomic():
         for _ in range(n):
-            ids.append(submit_run(tenant=tenant, kind="bench_chaos", input={"sleep": sleep}, queue=QUEUE).id)
+            ids.append(
+                submit_run(
+                    tenant=tenant, kind="bench_chaos", input={"sleep": sleep}, queue=QUEUE
+                ).id
+            )
     from django.db import connection
 
     with connection.cursor() as cur:
@@ -143,12 +183,25 @@ def submit(n: int, sleep: float) -> float:
     return time.perf_counter() - t0
 
 
-def report(args, chaos: Chaos, t_start: float, t_chaos_end: float, t_end: float, dry_at: float | None,
-           drained: bool) -> int:
+def report(
+    args,
+    chaos: Chaos,
+    t_start: float,
+    t_chaos_end: float,
+    t_end: float,
+    dry_at: float | None,
+    drained: bool,
+) -> int:
     n = args.runs
-    status = dict(sql("SELECT status, count(*) FROM runs_run r JOIN bench_chaos_submitted s ON s.id = r.id "
-                      "GROUP BY status"))
-    rows = sql("SELECT count(*) FROM runs_run WHERE id IN (SELECT id FROM bench_chaos_submitted)")[0][0]
+    status = dict(
+        sql(
+            "SELECT status, count(*) FROM runs_run r JOIN bench_chaos_submitted s ON s.id = r.id "
+            "GROUP BY status"
+        )
+    )
+    rows = sql("SELECT count(*) FROM runs_run WHERE id IN (SELECT id FROM bench_chaos_submitted)")[
+        0
+    ][0]
     vanished = n - rows
     done = status.get("done", 0)
     waiting_human = status.get("waiting_human", 0)
@@ -156,41 +209,73 @@ def report(args, chaos: Chaos, t_start: float, t_chaos_end: float, t_end: float,
     cancelled = status.get("cancelled", 0)
     live = sum(status.get(s, 0) for s in LIVE)
     lost = n - (done + waiting_human + failed + cancelled + live)
-    wh_kinds = dict(sql("SELECT coalesce(nullif(error_kind, ''), '(none)'), count(*) FROM runs_run "
-                        "WHERE status = 'waiting_human' GROUP BY 1"))
+    wh_kinds = dict(
+        sql(
+            "SELECT coalesce(nullif(error_kind, ''), '(none)'), count(*) FROM runs_run "
+            "WHERE status = 'waiting_human' GROUP BY 1"
+        )
+    )
     handed = wh_kinds.get("ambiguous", 0)
-    failed_kinds = sql("SELECT coalesce(nullif(error_kind, ''), '(none)'), count(*), "
-                       "left(min(coalesce(error, '')), 160) FROM runs_run WHERE status = 'failed' GROUP BY 1 "
-                       "ORDER BY 2 DESC")
+    failed_kinds = sql(
+        "SELECT coalesce(nullif(error_kind, ''), '(none)'), count(*), "
+        "left(min(coalesce(error, '')), 160) FROM runs_run WHERE status = 'failed' GROUP BY 1 "
+        "ORDER BY 2 DESC"
+    )
     # Where the handed-over runs stopped: which step is the written-ahead one.
-    handed_steps = dict(sql(
-        "SELECT s.name, count(*) FROM runs_run r JOIN runs_step s ON s.run_id = r.id "
-        "WHERE r.status = 'waiting_human' AND s.status IN ('running', 'waiting') GROUP BY 1"))
+    handed_steps = dict(
+        sql(
+            "SELECT s.name, count(*) FROM runs_run r JOIN runs_step s ON s.run_id = r.id "
+            "WHERE r.status = 'waiting_human' AND s.status IN ('running', 'waiting') GROUP BY 1"
+        )
+    )
     # Keyed effects: the engine must never call one step's effect with two keys.
-    multi_key = sql("SELECT run_id, step, count(DISTINCT key), array_agg(DISTINCT key) FROM bench_chaos_attempts "
-                    "GROUP BY run_id, step HAVING count(DISTINCT key) > 1")
-    attempts, distinct_calls = sql("SELECT count(*), count(DISTINCT (run_id, step, key)) FROM bench_chaos_attempts")[0]
+    multi_key = sql(
+        "SELECT run_id, step, count(DISTINCT key), array_agg(DISTINCT key) FROM bench_chaos_attempts "
+        "GROUP BY run_id, step HAVING count(DISTINCT key) > 1"
+    )
+    attempts, distinct_calls = sql(
+        "SELECT count(*), count(DISTINCT (run_id, step, key)) FROM bench_chaos_attempts"
+    )[0]
     repeated_same_key = attempts - distinct_calls
-    runs_repeating = sql("SELECT count(*) FROM (SELECT 1 FROM bench_chaos_attempts GROUP BY run_id, step, key "
-                         "HAVING count(*) > 1) x")[0][0]
+    runs_repeating = sql(
+        "SELECT count(*) FROM (SELECT 1 FROM bench_chaos_attempts GROUP BY run_id, step, key "
+        "HAVING count(*) > 1) x"
+    )[0][0]
     keyed_applied = sql("SELECT count(*) FROM bench_chaos_keyed")[0][0]
-    done_without_keyed = sql("SELECT count(*) FROM runs_run r WHERE r.status = 'done' AND r.kind = 'bench_chaos' "
-                             "AND NOT EXISTS (SELECT 1 FROM bench_chaos_keyed k WHERE k.run_id = r.id)")[0][0]
+    done_without_keyed = sql(
+        "SELECT count(*) FROM runs_run r WHERE r.status = 'done' AND r.kind = 'bench_chaos' "
+        "AND NOT EXISTS (SELECT 1 FROM bench_chaos_keyed k WHERE k.run_id = r.id)"
+    )[0][0]
     # Unkeyed effects: more than once for a run is only acceptable if a person was asked.
-    unkeyed_twice = sql("SELECT u.run_id, count(*), r.status FROM bench_chaos_unkeyed u JOIN runs_run r "
-                        "ON r.id = u.run_id GROUP BY u.run_id, r.status HAVING count(*) > 1")
+    unkeyed_twice = sql(
+        "SELECT u.run_id, count(*), r.status FROM bench_chaos_unkeyed u JOIN runs_run r "
+        "ON r.id = u.run_id GROUP BY u.run_id, r.status HAVING count(*) > 1"
+    )
     unkeyed_twice_bad = [row for row in unkeyed_twice if row[2] != "waiting_human"]
-    done_without_unkeyed = sql("SELECT count(*) FROM runs_run r WHERE r.status = 'done' AND r.kind = 'bench_chaos' "
-                               "AND NOT EXISTS (SELECT 1 FROM bench_chaos_unkeyed u WHERE u.run_id = r.id)")[0][0]
-    handed_with_effect = sql("SELECT count(DISTINCT r.id) FROM runs_run r JOIN bench_chaos_unkeyed u ON "
-                             "u.run_id = r.id WHERE r.status = 'waiting_human'")[0][0]
+    done_without_unkeyed = sql(
+        "SELECT count(*) FROM runs_run r WHERE r.status = 'done' AND r.kind = 'bench_chaos' "
+        "AND NOT EXISTS (SELECT 1 FROM bench_chaos_unkeyed u WHERE u.run_id = r.id)"
+    )[0][0]
+    handed_with_effect = sql(
+        "SELECT count(DISTINCT r.id) FROM runs_run r JOIN bench_chaos_unkeyed u ON "
+        "u.run_id = r.id WHERE r.status = 'waiting_human'"
+    )[0][0]
     # Throughput on the DB clock.
-    in_chaos = sql("SELECT count(*) FROM runs_run WHERE status IN ('done', 'failed') AND finished_at >= "
-                   "to_timestamp(%s) AND finished_at < to_timestamp(%s)", [t_start, t_chaos_end])[0][0]
-    after = sql("SELECT count(*), EXTRACT(EPOCH FROM max(finished_at))::float8 FROM runs_run WHERE status IN "
-                "('done', 'failed') AND finished_at >= to_timestamp(%s)", [t_chaos_end])[0]
-    last_finish = sql("SELECT EXTRACT(EPOCH FROM max(finished_at))::float8 FROM runs_run WHERE finished_at < "
-                      "to_timestamp(%s)", [t_chaos_end])[0][0]
+    in_chaos = sql(
+        "SELECT count(*) FROM runs_run WHERE status IN ('done', 'failed') AND finished_at >= "
+        "to_timestamp(%s) AND finished_at < to_timestamp(%s)",
+        [t_start, t_chaos_end],
+    )[0][0]
+    after = sql(
+        "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at))::float8 FROM runs_run WHERE status IN "
+        "('done', 'failed') AND finished_at >= to_timestamp(%s)",
+        [t_chaos_end],
+    )[0]
+    last_finish = sql(
+        "SELECT EXTRACT(EPOCH FROM max(finished_at))::float8 FROM runs_run WHERE finished_at < "
+        "to_timestamp(%s)",
+        [t_chaos_end],
+    )[0][0]
 
     say()
     say("=" * 78)
@@ -198,48 +283,80 @@ def report(args, chaos: Chaos, t_start: float, t_chaos_end: float, t_end: float,
     say("=" * 78)
     say(f"runs submitted                     : {n}")
     say(f"done                               : {done}")
-    say(f"handed to a person                 : {handed} (waiting_human, error_kind ambiguous; "
-        f"written-ahead step: {handed_steps or '-'}; {handed_with_effect} of them had applied the effect)")
+    say(
+        f"handed to a person                 : {handed} (waiting_human, error_kind ambiguous; "
+        f"written-ahead step: {handed_steps or '-'}; {handed_with_effect} of them had applied the effect)"
+    )
     other_wh = {k: v for k, v in wh_kinds.items() if k != "ambiguous"}
     if other_wh:
         say(f"  other waiting_human              : {other_wh}")
-    say(f"failed                             : {failed}" + ("" if not failed_kinds else " (" + "; ".join(
-        f"{kind}: {count}, e.g. {error!r}" for kind, count, error in failed_kinds) + ")"))
+    say(
+        f"failed                             : {failed}"
+        + (
+            ""
+            if not failed_kinds
+            else " ("
+            + "; ".join(f"{kind}: {count}, e.g. {error!r}" for kind, count, error in failed_kinds)
+            + ")"
+        )
+    )
     if cancelled:
         say(f"cancelled                          : {cancelled}")
-    say(f"still live at the end              : {live}" + (f" {({s: status[s] for s in LIVE if s in status})}"
-                                                            if live else ""))
+    say(
+        f"still live at the end              : {live}"
+        + (f" { ({s: status[s] for s in LIVE if s in status}) }" if live else "")
+    )
     say(f"LOST (must be 0)                   : {lost} (run rows vanished: {vanished})")
-    say(f"KEYED (run, step) with >1 key (0)  : {len(multi_key)}"
-        + (f" e.g. {multi_key[:3]}" if multi_key else ""))
-    say(f"keyed calls repeated, same key     : {repeated_same_key} extra calls on {runs_repeating} steps "
+    say(
+        f"KEYED (run, step) with >1 key (0)  : {len(multi_key)}"
+        + (f" e.g. {multi_key[:3]}" if multi_key else "")
+    )
+    say(
+        f"keyed calls repeated, same key     : {repeated_same_key} extra calls on {runs_repeating} steps "
         f"({attempts} calls, {keyed_applied} applied by the idempotent callee); "
-        f"done runs without a keyed effect: {done_without_keyed}")
-    say(f"UNKEYED >1 not handed over (0)     : {len(unkeyed_twice_bad)}"
+        f"done runs without a keyed effect: {done_without_keyed}"
+    )
+    say(
+        f"UNKEYED >1 not handed over (0)     : {len(unkeyed_twice_bad)}"
         + (f" e.g. {unkeyed_twice_bad[:3]}" if unkeyed_twice_bad else "")
         + f" ({len(unkeyed_twice)} runs executed it more than once in all); "
-          f"done runs without an unkeyed effect: {done_without_unkeyed}")
-    say(f"kills                              : {chaos.kills} SIGKILLs, {chaos.started} workers started"
-        + (f"; workers that exited on their own: {chaos.unexpected_exits}" if chaos.unexpected_exits else ""))
+        f"done runs without an unkeyed effect: {done_without_unkeyed}"
+    )
+    say(
+        f"kills                              : {chaos.kills} SIGKILLs, {chaos.started} workers started"
+        + (
+            f"; workers that exited on their own: {chaos.unexpected_exits}"
+            if chaos.unexpected_exits
+            else ""
+        )
+    )
     chaos_s = t_chaos_end - t_start
-    say(f"throughput during the chaos        : {in_chaos} runs finished in {chaos_s:.1f} s -> "
-        f"{in_chaos / chaos_s:.1f} runs/s")
+    say(
+        f"throughput during the chaos        : {in_chaos} runs finished in {chaos_s:.1f} s -> "
+        f"{in_chaos / chaos_s:.1f} runs/s"
+    )
     if dry_at is not None and last_finish:
         busy = max(last_finish - t_start, 1e-9)
-        say(f"  (no run was left to work on after {dry_at - t_start:.1f} s of chaos; the chaos ended there; "
-            f"over the busy part, to the last finish: {in_chaos / busy:.1f} runs/s)")
+        say(
+            f"  (no run was left to work on after {dry_at - t_start:.1f} s of chaos; the chaos ended there; "
+            f"over the busy part, to the last finish: {in_chaos / busy:.1f} runs/s)"
+        )
     after_n, after_last = after
     if after_n:
         span = max((after_last or t_chaos_end) - t_chaos_end, 1e-9)
-        say(f"throughput after the chaos         : {after_n} runs finished in {span:.1f} s -> "
-            f"{after_n / span:.1f} runs/s")
+        say(
+            f"throughput after the chaos         : {after_n} runs finished in {span:.1f} s -> "
+            f"{after_n / span:.1f} runs/s"
+        )
     else:
         say("throughput after the chaos         : nothing left to finish")
     if not drained:
         say(f"DRAIN TIMED OUT after {args.drain_timeout:.0f} s with {live} runs live")
     bad = lost or vanished or multi_key or unkeyed_twice_bad
-    say(f"verdict                            : {'FAILED' if bad else 'OK'} "
-        f"(total bench time after submit {t_end - t_start:.0f} s)")
+    say(
+        f"verdict                            : {'FAILED' if bad else 'OK'} "
+        f"(total bench time after submit {t_end - t_start:.0f} s)"
+    )
     return 1 if bad else 0
 
 
@@ -263,12 +380,16 @@ def main(argv=None) -> int:
         say("=" * 78)
         say(f"PostgreSQL : {db.version}")
         say(f"database   : {db.name} (created for this run, dropped at the end)")
-        say(f"machine    : {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        say(
+            f"machine    : {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
         say(f"logs       : {logdir}")
-        say(f"config     : {args.runs} runs of bench_chaos (plain, keyed side effect, unkeyed side effect, "
+        say(
+            f"config     : {args.runs} runs of bench_chaos (plain, keyed side effect, unkeyed side effect, "
             f"~{args.sleep * 1000:.0f} ms each); {args.workers} workers x concurrency {args.concurrency}, "
             f"lease {args.lease} s, heartbeat {args.heartbeat} s, poll {args.poll} s; reap --interval 1; "
-            f"a SIGKILL every {args.kill_every} s for {args.minutes} min")
+            f"a SIGKILL every {args.kill_every} s for {args.minutes} min"
+        )
         create_tables()
         enqueue_s = submit(args.runs, args.sleep)
         say(f"submitted  : {args.runs} runs in {enqueue_s:.2f} s")
@@ -295,11 +416,15 @@ def main(argv=None) -> int:
             if time.monotonic() - last_note >= 10:
                 last_note = time.monotonic()
                 st = dict(sql("SELECT status, count(*) FROM runs_run GROUP BY status"))
-                say(f"  chaos {time.monotonic() - (chaos_end - args.minutes * 60):5.0f} s: {chaos.kills} kills, "
-                    f"statuses {st}")
+                say(
+                    f"  chaos {time.monotonic() - (chaos_end - args.minutes * 60):5.0f} s: {chaos.kills} kills, "
+                    f"statuses {st}"
+                )
         t_chaos_end = db_now()
-        say(f"chaos over : {chaos.kills} kills in {t_chaos_end - t_start:.1f} s; draining (timeout "
-            f"{args.drain_timeout:.0f} s)")
+        say(
+            f"chaos over : {chaos.kills} kills in {t_chaos_end - t_start:.1f} s; draining (timeout "
+            f"{args.drain_timeout:.0f} s)"
+        )
         drain_end = time.monotonic() + args.drain_timeout
         drained = False
         while time.monotonic() < drain_end:

@@ -47,7 +47,6 @@ QUEUE = "default"
 KINDS = {KIND: 1}
 
 
-
 def make_tenant(slug: str, *, max_running: int):
     from runs.models import Tenant
 
@@ -130,9 +129,7 @@ class Claimer:
 
         for run in claimed:
             if (
-                leave_running(
-                    run_id=run.id, token=run.lease_token, target="queued", reason="bench"
-                )
+                leave_running(run_id=run.id, token=run.lease_token, target="queued", reason="bench")
                 is None
             ):
                 raise RuntimeError(f"could not give run {run.id} back")

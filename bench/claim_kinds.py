@@ -93,9 +93,11 @@ def check_order(claimer: KindsClaimer, tenant, label: str) -> None:
             top = [c.id for c in claimer.claim(n)]
             transaction.set_rollback(True)
         partial.append(set(top) == set(want[:n]))
-    say(f"  verify: a claim of all takes {len(got_ids)} of {len(want)} claimable runs, "
+    say(
+        f"  verify: a claim of all takes {len(got_ids)} of {len(want)} claimable runs, "
         f"of kinds {sorted({c.kind for c in claimed})}; claims of 1, 2, 3 take the 1, 2, 3 best in "
-        f"ORDER BY priority, fresh, run_after, id: {partial} -> {'OK' if ok and all(partial) else 'WRONG'}")
+        f"ORDER BY priority, fresh, run_after, id: {partial} -> {'OK' if ok and all(partial) else 'WRONG'}"
+    )
     if not (ok and all(partial)):
         raise RuntimeError(f"{label}: the claim took the wrong runs")
 
@@ -123,34 +125,55 @@ def run(args) -> list[dict]:
     KindState.objects.create(name=PAUSED, paused=True)
     # The claimable runs lose on priority against every backlog run (0-8 there, 9 here):
     # only the kind filter lets them through. Mixed kinds, interleaved ages.
-    for i, kind in enumerate(("bench_claim", "bench_claim_b", "bench_claim", "bench_claim_b", "bench_claim")):
-        insert_queued(tenant, 1, priority="9", kind=kind,
-                      run_after=f"statement_timestamp() - make_interval(secs => {100 + i})")
+    for i, kind in enumerate(
+        ("bench_claim", "bench_claim_b", "bench_claim", "bench_claim_b", "bench_claim")
+    ):
+        insert_queued(
+            tenant,
+            1,
+            priority="9",
+            kind=kind,
+            run_after=f"statement_timestamp() - make_interval(secs => {100 + i})",
+        )
     analyze()
-    results = scenario(claimer, tenant, "1. 5 claimable runs of 2 registered kinds, nothing else queued", args,
-                       explain=True)
+    results = scenario(
+        claimer,
+        tenant,
+        "1. 5 claimable runs of 2 registered kinds, nothing else queued",
+        args,
+        explain=True,
+    )
 
     started = time.perf_counter()
     insert_queued(tenant, args.queued, priority="(g % 9)", kind=PAUSED)
     analyze()
     results += scenario(
-        claimer, tenant,
+        claimer,
+        tenant,
         f"2. the same tenant and queue with {args.queued:,} queued runs of the paused kind {PAUSED} "
         f"(inserted in {time.perf_counter() - started:.1f} s, then VACUUM ANALYZE)",
-        args, explain=True,
+        args,
+        explain=True,
     )
 
     sql("UPDATE runs_run SET kind = %(u)s WHERE kind = %(p)s", {"u": UNREGISTERED, "p": PAUSED})
     analyze()
     results += scenario(
-        claimer, tenant, f"3. those {args.queued:,} runs of {UNREGISTERED!r} instead (not registered by the worker)",
-        args, explain=False,
+        claimer,
+        tenant,
+        f"3. those {args.queued:,} runs of {UNREGISTERED!r} instead (not registered by the worker)",
+        args,
+        explain=False,
     )
 
     insert_queued(tenant, args.queued, priority="(g % 9)", kind=PAUSED)
     analyze()
     results += scenario(
-        claimer, tenant, f"4. both: {args.queued:,} paused and {args.queued:,} unregistered", args, explain=False,
+        claimer,
+        tenant,
+        f"4. both: {args.queued:,} paused and {args.queued:,} unregistered",
+        args,
+        explain=False,
     )
     queued = Run.objects.filter(tenant=tenant, status="queued").count()
     say()
@@ -159,9 +182,15 @@ def run(args) -> list[dict]:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--queued", type=int, default=100_000, help="runs of each unclaimable kind (default 100000)")
-    parser.add_argument("--iterations", type=int, default=500, help="timed claims per figure (default 500)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--queued", type=int, default=100_000, help="runs of each unclaimable kind (default 100000)"
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=500, help="timed claims per figure (default 500)"
+    )
     args = parser.parse_args(argv)
     if args.queued < 1 or args.iterations < 10:
         parser.error("--queued must be at least 1 and --iterations at least 10")
@@ -183,7 +212,9 @@ def main(argv=None) -> int:
         say("settings   : " + ", ".join(f"{k}={v}" for k, v in sorted(db.settings.items())))
         say(f"database   : {db.name} (created for this run, dropped at the end)")
         one, five, _ = os.getloadavg()
-        say(f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {one:.2f} {five:.2f}")
+        say(
+            f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {one:.2f} {five:.2f}"
+        )
         indexes = sql(
             "SELECT indexdef FROM pg_indexes WHERE tablename = 'runs_run' AND indexname LIKE 'run_claim%%'"
         )
@@ -193,12 +224,19 @@ def main(argv=None) -> int:
         base = {r["n"]: r for r in results[:2]}
         say()
         say("summary (claim p50 / p99 ms, committed; the target: as without the backlog):")
-        labels = ["1. nothing else", f"2. {args.queued:,} paused", f"3. {args.queued:,} unregistered", "4. both"]
+        labels = [
+            "1. nothing else",
+            f"2. {args.queued:,} paused",
+            f"3. {args.queued:,} unregistered",
+            "4. both",
+        ]
         for i, label in enumerate(labels):
             one, five = results[2 * i], results[2 * i + 1]
-            say(f"  {label:<28} claim of 1: {one['p50']:6.2f} / {one['p99']:6.2f}   "
+            say(
+                f"  {label:<28} claim of 1: {one['p50']:6.2f} / {one['p99']:6.2f}   "
                 f"claim of 5: {five['p50']:6.2f} / {five['p99']:6.2f}   "
-                f"(x{one['p50'] / base[1]['p50']:.1f} and x{five['p50'] / base[5]['p50']:.1f} the baseline p50)")
+                f"(x{one['p50'] / base[1]['p50']:.1f} and x{five['p50'] / base[5]['p50']:.1f} the baseline p50)"
+            )
         return 0
     finally:
         db.drop()

@@ -133,31 +133,64 @@ def fill(tenant, *, finished: int, queued: int, tag: str) -> None:
     from runs.models import Event, Run, Step
 
     started = time.perf_counter()
-    insert_select(Run, dict(ROWS), SOURCE, {
-        "finished": finished, "total": finished + queued, "spacing": 30 * 24 * 3600 / max(finished, 1),
-        "tenant": tenant.pk, "kind": KIND, "queue": QUEUE, "fill": tag,
-    })
+    insert_select(
+        Run,
+        dict(ROWS),
+        SOURCE,
+        {
+            "finished": finished,
+            "total": finished + queued,
+            "spacing": 30 * 24 * 3600 / max(finished, 1),
+            "tenant": tenant.pk,
+            "kind": KIND,
+            "queue": QUEUE,
+            "fill": tag,
+        },
+    )
     # What submit_run's after-commit counter would have done.
-    sql("UPDATE runs_tenant SET queued = queued + %(n)s WHERE id = %(tenant)s", {"n": queued, "tenant": tenant.pk})
-    say(f"  runs      {finished + queued:>10,} in {time.perf_counter() - started:6.1f} s"
-        f" ({finished:,} done, {queued:,} queued)")
+    sql(
+        "UPDATE runs_tenant SET queued = queued + %(n)s WHERE id = %(tenant)s",
+        {"n": queued, "tenant": tenant.pk},
+    )
+    say(
+        f"  runs      {finished + queued:>10,} in {time.perf_counter() - started:6.1f} s"
+        f" ({finished:,} done, {queued:,} queued)"
+    )
     if finished:
         these = "r.status = 'done' AND r.input->>'fill' = %(fill)s"
         started = time.perf_counter()
-        insert_select(Step, {
-            "run_id": "r.id", "seq": "1", "name": "'s1'", "kind": "'custom'", "input": "'[0]'::jsonb",
-            "output": "jsonb_build_object('i', 0)", "status": "'done'", "executions": "1",
-            "started_at": "r.started_at", "ended_at": "r.finished_at",
-        }, f"runs_run r WHERE {these}", {"fill": tag})
+        insert_select(
+            Step,
+            {
+                "run_id": "r.id",
+                "seq": "1",
+                "name": "'s1'",
+                "kind": "'custom'",
+                "input": "'[0]'::jsonb",
+                "output": "jsonb_build_object('i', 0)",
+                "status": "'done'",
+                "executions": "1",
+                "started_at": "r.started_at",
+                "ended_at": "r.finished_at",
+            },
+            f"runs_run r WHERE {these}",
+            {"fill": tag},
+        )
         say(f"  steps     {finished:>10,} in {time.perf_counter() - started:6.1f} s")
         started = time.perf_counter()
-        insert_select(Event, {
-            "run_id": "r.id", "seq": "e.seq",
-            "type": "CASE e.seq WHEN 1 THEN 'run.queued' WHEN 2 THEN 'step.done' ELSE 'run.' || r.status END",
-            "actor_type": "CASE WHEN e.seq = 1 THEN 'api_key' ELSE 'worker' END",
-            "payload": "jsonb_build_object('seq', e.seq)",
-            "created_at": "r.created_at + make_interval(secs => e.seq)",
-        }, f"runs_run r CROSS JOIN generate_series(1, 3) AS e(seq) WHERE {these}", {"fill": tag})
+        insert_select(
+            Event,
+            {
+                "run_id": "r.id",
+                "seq": "e.seq",
+                "type": "CASE e.seq WHEN 1 THEN 'run.queued' WHEN 2 THEN 'step.done' ELSE 'run.' || r.status END",
+                "actor_type": "CASE WHEN e.seq = 1 THEN 'api_key' ELSE 'worker' END",
+                "payload": "jsonb_build_object('seq', e.seq)",
+                "created_at": "r.created_at + make_interval(secs => e.seq)",
+            },
+            f"runs_run r CROSS JOIN generate_series(1, 3) AS e(seq) WHERE {these}",
+            {"fill": tag},
+        )
         say(f"  events    {3 * finished:>10,} in {time.perf_counter() - started:6.1f} s")
     started = time.perf_counter()
     for table in TABLES:
@@ -172,13 +205,21 @@ def sizes() -> None:
         {"t": list(TABLES)},
     )
     for name, tuples, heap, indexes, total in rows:
-        say(f"  {name:<12} ~{max(tuples, 0):>10,} rows  heap {mb(heap):>9}  indexes {mb(indexes):>9}"
-            f"  total {mb(total):>9}")
-    idx = sql("SELECT pg_relation_size('run_claim_order_idx'), pg_relation_size('run_running_idx')")[0]
-    live = sql("SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'done'),"
-               " count(*) FILTER (WHERE status = 'running') FROM runs_run")[0]
-    say(f"  run_claim_order_idx {mb(idx[0])}, run_running_idx {mb(idx[1])};"
-        f" runs: {live[0]:,} queued, {live[1]:,} done, {live[2]:,} running")
+        say(
+            f"  {name:<12} ~{max(tuples, 0):>10,} rows  heap {mb(heap):>9}  indexes {mb(indexes):>9}"
+            f"  total {mb(total):>9}"
+        )
+    idx = sql(
+        "SELECT pg_relation_size('run_claim_order_idx'), pg_relation_size('run_running_idx')"
+    )[0]
+    live = sql(
+        "SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'done'),"
+        " count(*) FILTER (WHERE status = 'running') FROM runs_run"
+    )[0]
+    say(
+        f"  run_claim_order_idx {mb(idx[0])}, run_running_idx {mb(idx[1])};"
+        f" runs: {live[0]:,} queued, {live[1]:,} done, {live[2]:,} running"
+    )
 
 
 def mb(n: int) -> str:
@@ -189,8 +230,9 @@ def give_back(claimed) -> None:
     from runs.engine.exit import leave_running
 
     for run in claimed:
-        exited = leave_running(run_id=run.id, token=run.lease_token, target="queued", reason="bench",
-                               delay_seconds=0)
+        exited = leave_running(
+            run_id=run.id, token=run.lease_token, target="queued", reason="bench", delay_seconds=0
+        )
         if exited is None or exited.status != "queued":
             raise RuntimeError(f"could not give run {run.id} back ({exited})")
 
@@ -205,7 +247,9 @@ def time_claims(label: str, *, iterations: int, worker_id, claim_kinds) -> dict:
     load0 = os.getloadavg()[0]
     for i in range(warmup + iterations):
         started = time.perf_counter()
-        claimed = claims.claim(worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds, n=CLAIM_N, lease=LEASE)
+        claimed = claims.claim(
+            worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds, n=CLAIM_N, lease=LEASE
+        )
         elapsed = (time.perf_counter() - started) * 1000
         if len(claimed) != CLAIM_N:
             raise RuntimeError(f"{label}: claimed {len(claimed)} runs, expected {CLAIM_N}")
@@ -214,15 +258,22 @@ def time_claims(label: str, *, iterations: int, worker_id, claim_kinds) -> dict:
             times.append(elapsed)
     busy1, total1 = cpu_times()
     figures = {
-        "label": label, "p50": pct(times, 50), "p95": pct(times, 95), "p99": pct(times, 99),
-        "max": max(times), "mean": sum(times) / len(times), "count": len(times),
+        "label": label,
+        "p50": pct(times, 50),
+        "p95": pct(times, 95),
+        "p99": pct(times, 99),
+        "max": max(times),
+        "mean": sum(times) / len(times),
+        "count": len(times),
         "busy": (busy1 - busy0) / (total1 - total0) * 100 if total1 > total0 else float("nan"),
         "load": (load0, os.getloadavg()[0]),
     }
-    say(f"  {label:<6} claim n={CLAIM_N}: p50 {figures['p50']:6.2f}  p95 {figures['p95']:6.2f}"
+    say(
+        f"  {label:<6} claim n={CLAIM_N}: p50 {figures['p50']:6.2f}  p95 {figures['p95']:6.2f}"
         f"  p99 {figures['p99']:6.2f}  max {figures['max']:6.2f}  mean {figures['mean']:6.2f} ms"
         f"  ({figures['count']} claims after {warmup} warm-up; machine CPU busy {figures['busy']:.0f}%,"
-        f" load {figures['load'][0]:.2f} -> {figures['load'][1]:.2f})")
+        f" load {figures['load'][0]:.2f} -> {figures['load'][1]:.2f})"
+    )
     return figures
 
 
@@ -244,7 +295,9 @@ def explain_claim(worker_id, claim_kinds) -> list[str]:
 
     with connection.execute_wrapper(capture):
         try:
-            claims.claim(worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds, n=CLAIM_N, lease=LEASE)
+            claims.claim(
+                worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds, n=CLAIM_N, lease=LEASE
+            )
         except Captured:
             pass
     assert captured["sql"] == claims._CLAIM_STATEMENT
@@ -273,10 +326,15 @@ class AutoExplain:
         self.raw = connection.connection
         self.raw.add_notice_handler(self._notice)
         sql("LOAD 'auto_explain'")
-        for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
-                               ("auto_explain.log_buffers", "on"), ("auto_explain.log_wal", "on"),
-                               ("auto_explain.log_timing", "on"), ("auto_explain.log_format", self.fmt),
-                               ("client_min_messages", "log")):
+        for setting, value in (
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_analyze", "on"),
+            ("auto_explain.log_buffers", "on"),
+            ("auto_explain.log_wal", "on"),
+            ("auto_explain.log_timing", "on"),
+            ("auto_explain.log_format", self.fmt),
+            ("client_min_messages", "log"),
+        ):
             sql("SELECT set_config(%(name)s, %(value)s, false)", {"name": setting, "value": value})
         self.messages.clear()  # the set_config calls themselves
         return self
@@ -287,9 +345,15 @@ class AutoExplain:
 
     def __exit__(self, *exc):
         self.raw.remove_notice_handler(self._notice)
-        for setting in ("client_min_messages", "auto_explain.log_min_duration", "auto_explain.log_analyze",
-                        "auto_explain.log_buffers", "auto_explain.log_wal", "auto_explain.log_timing",
-                        "auto_explain.log_format"):
+        for setting in (
+            "client_min_messages",
+            "auto_explain.log_min_duration",
+            "auto_explain.log_analyze",
+            "auto_explain.log_buffers",
+            "auto_explain.log_wal",
+            "auto_explain.log_timing",
+            "auto_explain.log_format",
+        ):
             sql(f"RESET {setting}")
 
     def plans(self) -> list[str]:
@@ -310,7 +374,9 @@ def logged_claim_plan(worker_id, claim_kinds, *, fmt: str = "text") -> str | Non
     from runs.engine import claim as claims
 
     with AutoExplain(fmt=fmt) as log, transaction.atomic():
-        got = claims.claim(worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds, n=CLAIM_N, lease=LEASE)
+        got = claims.claim(
+            worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds, n=CLAIM_N, lease=LEASE
+        )
         transaction.set_rollback(True)
     if len(got) != CLAIM_N:
         raise RuntimeError(f"auto_explain claim: {len(got)} runs")
@@ -332,7 +398,7 @@ def claim_nodes(worker_id, claim_kinds) -> list[dict]:
     message = logged_claim_plan(worker_id, claim_kinds, fmt="json")
     if not message:
         return []
-    doc = json.loads(message[message.index("{"):])
+    doc = json.loads(message[message.index("{") :])
     nodes: list[dict] = []
 
     def buffers(node: dict) -> int:
@@ -350,15 +416,18 @@ def claim_nodes(worker_id, claim_kinds) -> list[dict]:
             if node.get("Index Name"):
                 label += f" using {node['Index Name']}"
             label += f" on {node.get('Relation Name', '')} {node.get('Alias', '')}"
-            nodes.append({
-                "label": f"{where}: {label}" if where else label,
-                "loops": int(node.get("Actual Loops", 0)),
-                "rows": float(node.get("Actual Rows", 0)),
-                "buffers": buffers(node) - (sum(buffers(c) for c in children) if own else 0),
-                "ms": elapsed(node) - (sum(elapsed(c) for c in children) if own else 0.0),
-                "heap_fetches": node.get("Heap Fetches"),
-                "removed": int(node.get("Rows Removed by Filter", 0)) + int(node.get("Rows Removed by Index Recheck", 0)),
-            })
+            nodes.append(
+                {
+                    "label": f"{where}: {label}" if where else label,
+                    "loops": int(node.get("Actual Loops", 0)),
+                    "rows": float(node.get("Actual Rows", 0)),
+                    "buffers": buffers(node) - (sum(buffers(c) for c in children) if own else 0),
+                    "ms": elapsed(node) - (sum(elapsed(c) for c in children) if own else 0.0),
+                    "heap_fetches": node.get("Heap Fetches"),
+                    "removed": int(node.get("Rows Removed by Filter", 0))
+                    + int(node.get("Rows Removed by Index Recheck", 0)),
+                }
+            )
         for child in children:
             walk(child, depth + 1, where)
 
@@ -368,8 +437,10 @@ def claim_nodes(worker_id, claim_kinds) -> list[dict]:
 
 def compare_nodes(small: list[dict], large: list[dict]) -> None:
     """The claim's table-reading and -writing nodes, small state next to large state."""
-    say(f"    {'node (CTE or subplan: node on relation alias)':<72} {'small: buf':>10} {'ms':>6} | {'large: buf':>10}"
-        f" {'ms':>6} {'heap fetches':>13}")
+    say(
+        f"    {'node (CTE or subplan: node on relation alias)':<72} {'small: buf':>10} {'ms':>6} | {'large: buf':>10}"
+        f" {'ms':>6} {'heap fetches':>13}"
+    )
     labels = [n["label"] for n in small]
     if labels != [n["label"] for n in large]:
         say("    (the two states' plans differ in shape: nodes listed by position)")
@@ -426,8 +497,10 @@ def statement_wal(plan_json: str) -> tuple[int, int]:
     return total_bytes, total_records
 
 
-HEADER = (f"  {'held':>14} {'p50 ms':>8} {'p95 ms':>8} {'CPU ms/hb':>10} {'(schedstat)':>11} {'WAL B/hb':>10}"
-          f" {'stmt WAL B':>10} | {'p50 us/run':>10} {'CPU us/run':>10} {'WAL B/run':>9}  beats")
+HEADER = (
+    f"  {'held':>14} {'p50 ms':>8} {'p95 ms':>8} {'CPU ms/hb':>10} {'(schedstat)':>11} {'WAL B/hb':>10}"
+    f" {'stmt WAL B':>10} | {'p50 us/run':>10} {'CPU us/run':>10} {'WAL B/run':>9}  beats"
+)
 
 
 def measure_heartbeats(args, worker_id, held: dict, label: str) -> dict:
@@ -461,16 +534,25 @@ def measure_heartbeats(args, worker_id, held: dict, label: str) -> dict:
     stmt_wal, stmt_records = statement_wal(plans[-1]) if plans else (0, 0)
     beats, n = len(times), len(held)
     row = {
-        "label": label, "held": n, "beats": beats, "p50": pct(times, 50), "p95": pct(times, 95),
+        "label": label,
+        "held": n,
+        "beats": beats,
+        "p50": pct(times, 50),
+        "p95": pct(times, 95),
         "cpu_ms": (cpu1 - cpu0) * 1000 / beats,
         "sched_ms": None if sched0 is None else (sched1 - sched0) * 1000 / beats,
-        "wal": float(wal) / beats, "stmt_wal": stmt_wal, "stmt_records": stmt_records, "pid": pid,
+        "wal": float(wal) / beats,
+        "stmt_wal": stmt_wal,
+        "stmt_records": stmt_records,
+        "pid": pid,
     }
     sched = "-" if row["sched_ms"] is None else f"{row['sched_ms']:.3f}"
     cpu_run = row["sched_ms"] if row["sched_ms"] is not None else row["cpu_ms"]
-    say(f"  {label:>14} {row['p50']:8.2f} {row['p95']:8.2f} {row['cpu_ms']:10.2f} {sched:>11} {row['wal']:10,.0f}"
+    say(
+        f"  {label:>14} {row['p50']:8.2f} {row['p95']:8.2f} {row['cpu_ms']:10.2f} {sched:>11} {row['wal']:10,.0f}"
         f" {stmt_wal:10,} | {row['p50'] * 1000 / n:10.1f} {cpu_run * 1000 / n:10.1f}"
-        f" {stmt_wal / n:9.0f}  {beats}")
+        f" {stmt_wal / n:9.0f}  {beats}"
+    )
     return row
 
 
@@ -489,30 +571,43 @@ def heartbeats(args, tenant, claim_kinds) -> list[dict]:
     from runs.engine.fleet import register_worker
 
     worker_id = uuid.uuid4()
-    register_worker(worker_id=worker_id, queues=[QUEUE], kinds=list(claim_kinds), concurrency=max(args.held))
+    register_worker(
+        worker_id=worker_id, queues=[QUEUE], kinds=list(claim_kinds), concurrency=max(args.held)
+    )
     held: dict[int, uuid.UUID] = {}
     results = []
     say(HEADER)
     for target in args.held:
         while len(held) < target:
-            got = claims.claim(worker_id=worker_id, queues=[QUEUE], kinds=claim_kinds,
-                               n=min(target - len(held), 1000), lease=LEASE)
+            got = claims.claim(
+                worker_id=worker_id,
+                queues=[QUEUE],
+                kinds=claim_kinds,
+                n=min(target - len(held), 1000),
+                lease=LEASE,
+            )
             if not got:
                 raise RuntimeError(f"nothing left to claim at {len(held)} held (want {target})")
             held.update({c.lease_token: c.id for c in got})
         results.append(measure_heartbeats(args, worker_id, held, f"{len(held):,}"))
     pid = results[-1]["pid"]
-    say(f"  (backend {pid}; /proc/{pid}/stat counts CPU in {1000 / os.sysconf('SC_CLK_TCK'):.0f} ms ticks)")
+    say(
+        f"  (backend {pid}; /proc/{pid}/stat counts CPU in {1000 / os.sysconf('SC_CLK_TCK'):.0f} ms ticks)"
+    )
     running = sql("SELECT count(*) FROM runs_run WHERE status = 'running'")[0][0]
     estimate = sql("SELECT reltuples::bigint FROM pg_class WHERE relname = 'run_running_idx'")[0][0]
     say()
-    say(f"  the plan of one heartbeat of {len(held):,} runs ({running:,} running in the table; the statistics,"
-        f" from the last ANALYZE, say run_running_idx holds ~{max(estimate, 0):,}):")
+    say(
+        f"  the plan of one heartbeat of {len(held):,} runs ({running:,} running in the table; the statistics,"
+        f" from the last ANALYZE, say run_running_idx holds ~{max(estimate, 0):,}):"
+    )
     for line in heartbeat_plan(worker_id, held):
         say("    " + line)
     say()
-    say(f"  ANALYZE runs_run with the {running:,} runs running (as autovacuum would, eventually);"
-        " the cached plans are planned again:")
+    say(
+        f"  ANALYZE runs_run with the {running:,} runs running (as autovacuum would, eventually);"
+        " the cached plans are planned again:"
+    )
     sql("ANALYZE runs_run")
     say(HEADER)
     results.append(measure_heartbeats(args, worker_id, held, f"{len(held):,} analyzed"))
@@ -520,7 +615,9 @@ def heartbeats(args, tenant, claim_kinds) -> list[dict]:
     say(f"  the plan of one heartbeat of {len(held):,} runs after that ANALYZE:")
     for line in heartbeat_plan(worker_id, held):
         say("    " + line)
-    hot = sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs_run'")[0]
+    hot = sql(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs_run'"
+    )[0]
     say(f"  (runs_run updates so far: {hot[0]:,}, of them HOT: {hot[1]:,})")
     return results
 
@@ -529,74 +626,136 @@ def run(args) -> None:
     from runs.models import Tenant
 
     claim_kinds = kinds()
-    tenant = Tenant.objects.create(name="Claim scale", slug="bench-claim-scale", max_running=100_000,
-                                   max_queued=100_000_000)
+    tenant = Tenant.objects.create(
+        name="Claim scale", slug="bench-claim-scale", max_running=100_000, max_queued=100_000_000
+    )
     worker_id = uuid.uuid4()
 
     say()
-    say(f"1. claim latency at scale (claim n={CLAIM_N}, queue {QUEUE}, kind {KIND}, one tenant, autocommit)")
+    say(
+        f"1. claim latency at scale (claim n={CLAIM_N}, queue {QUEUE}, kind {KIND}, one tenant, autocommit)"
+    )
     say()
     say(f"small state: {SMALL_FINISHED:,} done + {SMALL_QUEUED:,} queued")
     fill(tenant, finished=SMALL_FINISHED, queued=SMALL_QUEUED, tag="small")
     sizes()
-    small = time_claims("small", iterations=args.iterations, worker_id=worker_id, claim_kinds=claim_kinds)
+    small = time_claims(
+        "small", iterations=args.iterations, worker_id=worker_id, claim_kinds=claim_kinds
+    )
     small_nodes = claim_nodes(worker_id, claim_kinds)
 
     say()
-    say(f"large state: {args.finished:,} done + {args.queued:,} queued (adding"
-        f" {args.finished - SMALL_FINISHED:,} + {args.queued - SMALL_QUEUED:,} to the same database)")
-    fill(tenant, finished=args.finished - SMALL_FINISHED, queued=args.queued - SMALL_QUEUED, tag="large")
+    say(
+        f"large state: {args.finished:,} done + {args.queued:,} queued (adding"
+        f" {args.finished - SMALL_FINISHED:,} + {args.queued - SMALL_QUEUED:,} to the same database)"
+    )
+    fill(
+        tenant,
+        finished=args.finished - SMALL_FINISHED,
+        queued=args.queued - SMALL_QUEUED,
+        tag="large",
+    )
     sizes()
-    large = time_claims("large", iterations=args.iterations, worker_id=worker_id, claim_kinds=claim_kinds)
+    large = time_claims(
+        "large", iterations=args.iterations, worker_id=worker_id, claim_kinds=claim_kinds
+    )
 
     say()
     for q in ("p50", "p95", "p99"):
         ratio = large[q] / small[q]
-        goal = f" (goal <= {GOAL_RATIO:g}x: {'met' if ratio <= GOAL_RATIO else 'NOT met'})" if q != "p99" else ""
+        goal = (
+            f" (goal <= {GOAL_RATIO:g}x: {'met' if ratio <= GOAL_RATIO else 'NOT met'})"
+            if q != "p99"
+            else ""
+        )
         say(f"  large/small {q}: {large[q]:.2f} / {small[q]:.2f} ms = {ratio:.2f}x{goal}")
 
     say()
     # First: a rollback (the two plans below) makes psycopg deallocate the connection's prepared statements.
-    say("  prepared statements on this connection after the timed claims (generic / custom plans so far):")
+    say(
+        "  prepared statements on this connection after the timed claims (generic / custom plans so far):"
+    )
     for generic, custom, text in prepared_statements()[:4]:
         say(f"    {generic:>5} / {custom:<5} {text[:90]}")
     say()
-    say("  the plan the worker's statement ran (auto_explain of one claim in the large state, rolled back):")
+    say(
+        "  the plan the worker's statement ran (auto_explain of one claim in the large state, rolled back):"
+    )
     for line in generic_claim_plan(worker_id, claim_kinds):
         say("    " + line)
     say()
-    say("  the claim's nodes that read or write a table, small state vs large state (auto_explain of one claim each,")
-    say("  rolled back; shared buffers hit+read and ms: a scan's inclusive of its subplans, an Update's or Insert's own):")
+    say(
+        "  the claim's nodes that read or write a table, small state vs large state (auto_explain of one claim each,"
+    )
+    say(
+        "  rolled back; shared buffers hit+read and ms: a scan's inclusive of its subplans, an Update's or Insert's own):"
+    )
     compare_nodes(small_nodes, claim_nodes(worker_id, claim_kinds))
     say()
-    say("  EXPLAIN (ANALYZE, BUFFERS) of one claim in the large state (same statement and parameters, rolled back;")
+    say(
+        "  EXPLAIN (ANALYZE, BUFFERS) of one claim in the large state (same statement and parameters, rolled back;"
+    )
     say("  planned for these parameter values):")
     for line in explain_claim(worker_id, claim_kinds):
         say("    " + line)
 
     say()
-    say(f"2. heartbeat cost versus runs held (large state; heartbeat lease {LEASE} s; {args.beats} beats per size,"
-        f" fewer (at least 10) past {args.beat_seconds:g} s)")
+    say(
+        f"2. heartbeat cost versus runs held (large state; heartbeat lease {LEASE} s; {args.beats} beats per size,"
+        f" fewer (at least 10) past {args.beat_seconds:g} s)"
+    )
     heartbeats(args, tenant, claim_kinds)
-    say("  CPU ms/hb: the backend's utime+stime per heartbeat (/proc/<pid>/stat), schedstat: its on-CPU time;")
-    say("  WAL B/hb: pg_current_wal_lsn() difference / beats (the whole server's WAL, other databases' too);")
-    say("  stmt WAL B: the heartbeat statement's own WAL (auto_explain, ModifyTable nodes; no commit record).")
+    say(
+        "  CPU ms/hb: the backend's utime+stime per heartbeat (/proc/<pid>/stat), schedstat: its on-CPU time;"
+    )
+    say(
+        "  WAL B/hb: pg_current_wal_lsn() difference / beats (the whole server's WAL, other databases' too);"
+    )
+    say(
+        "  stmt WAL B: the heartbeat statement's own WAL (auto_explain, ModifyTable nodes; no commit record)."
+    )
     say("  per run: p50, CPU (schedstat when available) and statement WAL divided by runs held.")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--finished", type=int, default=None,
-                        help="finished (done) runs in the large state (default 1000000; --quick 100000)")
-    parser.add_argument("--queued", type=int, default=None,
-                        help="queued runs in the large state (default 100000; --quick 10000)")
-    parser.add_argument("--iterations", type=int, default=None,
-                        help="timed claims per state (default 300; --quick 50)")
-    parser.add_argument("--quick", action="store_true", help="small counts: 100000 + 10000, 50 iterations")
-    parser.add_argument("--held", default="1,10,100,1000,5000", help="runs held per heartbeat size (default %(default)s)")
-    parser.add_argument("--beats", type=int, default=50, help="timed heartbeats per size (default 50)")
-    parser.add_argument("--beat-seconds", type=float, default=120,
-                        help="stop a size's heartbeats after this long, once 10 are done (default 120)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--finished",
+        type=int,
+        default=None,
+        help="finished (done) runs in the large state (default 1000000; --quick 100000)",
+    )
+    parser.add_argument(
+        "--queued",
+        type=int,
+        default=None,
+        help="queued runs in the large state (default 100000; --quick 10000)",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="timed claims per state (default 300; --quick 50)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small counts: 100000 + 10000, 50 iterations"
+    )
+    parser.add_argument(
+        "--held",
+        default="1,10,100,1000,5000",
+        help="runs held per heartbeat size (default %(default)s)",
+    )
+    parser.add_argument(
+        "--beats", type=int, default=50, help="timed heartbeats per size (default 50)"
+    )
+    parser.add_argument(
+        "--beat-seconds",
+        type=float,
+        default=120,
+        help="stop a size's heartbeats after this long, once 10 are done (default 120)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     if args.finished is None:
@@ -610,11 +769,15 @@ def parse_args(argv=None):
     except ValueError:
         parser.error("--held takes comma-separated numbers, like 1,10,100")
     if args.finished < SMALL_FINISHED or args.queued < SMALL_QUEUED:
-        parser.error(f"the large state needs at least {SMALL_FINISHED} finished and {SMALL_QUEUED} queued runs")
+        parser.error(
+            f"the large state needs at least {SMALL_FINISHED} finished and {SMALL_QUEUED} queued runs"
+        )
     if args.iterations < 10 or args.beats < 1 or not args.held or args.held[0] < 1:
         parser.error("--iterations must be at least 10, --beats at least 1, --held positive")
     if args.held[-1] > args.queued:
-        parser.error(f"--held {args.held[-1]} needs at least as many queued runs (--queued {args.queued})")
+        parser.error(
+            f"--held {args.held[-1]} needs at least as many queued runs (--queued {args.queued})"
+        )
     return args
 
 
@@ -627,23 +790,31 @@ def main(argv=None) -> int:
     try:
         db.setup()
         say("=" * 78)
-        say("agentruns claim scale benchmark: claim latency at scale, heartbeat cost versus runs held")
+        say(
+            "agentruns claim scale benchmark: claim latency at scale, heartbeat cost versus runs held"
+        )
         say("=" * 78)
         say(f"server     : {'DATABASE_URL' if db.from_env else 'embedded PostgreSQL (.data/pg)'}")
         say(f"PostgreSQL : {db.version}")
         say("settings   : " + ", ".join(f"{k}={v}" for k, v in sorted(db.settings.items())))
         say(f"database   : {db.name} (created for this run, dropped at the end)")
         one, five, fifteen = os.getloadavg()
-        say(f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]},"
-            f" load average {one:.2f} {five:.2f} {fifteen:.2f} (before)")
-        say(f"options    : --finished {args.finished} --queued {args.queued} --iterations {args.iterations}"
+        say(
+            f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]},"
+            f" load average {one:.2f} {five:.2f} {fifteen:.2f} (before)"
+        )
+        say(
+            f"options    : --finished {args.finished} --queued {args.queued} --iterations {args.iterations}"
             f" --held {','.join(map(str, args.held))} --beats {args.beats} --beat-seconds {args.beat_seconds:g}"
-            f"{' (--quick)' if args.quick else ''}")
+            f"{' (--quick)' if args.quick else ''}"
+        )
         run(args)
         say()
         one, five, fifteen = os.getloadavg()
-        say(f"load average {one:.2f} {five:.2f} {fifteen:.2f} (after) on {os.cpu_count()} CPUs;"
-            f" wall time {time.perf_counter() - wall:.0f} s")
+        say(
+            f"load average {one:.2f} {five:.2f} {fifteen:.2f} (after) on {os.cpu_count()} CPUs;"
+            f" wall time {time.perf_counter() - wall:.0f} s"
+        )
         return 0
     finally:
         db.drop()

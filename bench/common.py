@@ -63,7 +63,12 @@ class Database:
         # measures with DEBUG off, as production runs: a throwaway key, this machine only.
         os.environ.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
         # Plain HTTP on loopback, as the tests: no redirect to https, no secure-only cookies.
-        for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS"):
+        for name in (
+            "SECURE_SSL_REDIRECT",
+            "SESSION_COOKIE_SECURE",
+            "CSRF_COOKIE_SECURE",
+            "SECURE_HSTS_SECONDS",
+        ):
             os.environ.setdefault(name, "0")
         import django
 
@@ -129,8 +134,13 @@ class Children:
         self.count += 1
         path = self.logdir / f"{self.count:03d}-{name}.log"
         with open(path, "wb") as log:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=self.env if env is None else env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         proc.log_path = path  # type: ignore[attr-defined]
         proc.bench_name = name  # type: ignore[attr-defined]
         self.procs.append(proc)

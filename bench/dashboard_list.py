@@ -46,7 +46,6 @@ STATUS = """CASE
 HTMX = {"HX-Request": "true"}
 
 
-
 def insert_runs(tenant, n: int, *, spacing: int = 30) -> None:
     """n runs of ``tenant``, ``spacing`` seconds apart, in one INSERT ... SELECT generate_series."""
     from django.db import connection
@@ -72,13 +71,13 @@ def insert_runs(tenant, n: int, *, spacing: int = 30) -> None:
         "steps_total": "6",
         "steps_done": "CASE WHEN st = 'done' THEN 6 WHEN st = 'queued' THEN 0 ELSE 3 END",
         "current_step": "CASE WHEN st IN ('running', 'waiting_human', 'paused', 'failed') THEN 'extract_facts' "
-                        "ELSE '' END",
+        "ELSE '' END",
         "cost_cents": "(g %% 97) * 0.013",
         "last_event_seq": "6",
         # A realistic row: the list must not drag results and inputs along.
         "result": "CASE WHEN st = 'done' THEN jsonb_build_object('brief', repeat('lorem ipsum ', 60)) END",
         "error": "CASE WHEN st = 'failed' THEN 'step 4 (extract_facts): Fatal: the model refused the document' "
-                 "ELSE '' END",
+        "ELSE '' END",
         "error_kind": "CASE WHEN st = 'failed' THEN 'fatal' ELSE '' END",
     }
     params: dict = {"tenant": tenant.pk, "n": n}
@@ -86,7 +85,9 @@ def insert_runs(tenant, n: int, *, spacing: int = 30) -> None:
         if field.column in rows or field.null or field.has_db_default():
             continue
         if not field.has_default():
-            raise RuntimeError(f"runs_run.{field.column} has no default: give it a value in insert_runs()")
+            raise RuntimeError(
+                f"runs_run.{field.column} has no default: give it a value in insert_runs()"
+            )
         params[f"d_{field.column}"] = field.get_db_prep_save(field.get_default(), connection)
         rows[field.column] = f"%(d_{field.column})s"
     sql(
@@ -103,9 +104,18 @@ def add_steps(run, n: int) -> None:
 
     Step.objects.bulk_create(
         Step(
-            run=run, seq=seq, name=f"step{seq}", kind="llm" if seq % 2 else "tool", status="done",
-            input={"args": [f"question {seq} " * 20]}, output={"answer": f"finding {seq} " * 40},
-            tokens_in=900, tokens_out=200, cost_cents=0.0255, started_at=run.created_at, ended_at=run.created_at,
+            run=run,
+            seq=seq,
+            name=f"step{seq}",
+            kind="llm" if seq % 2 else "tool",
+            status="done",
+            input={"args": [f"question {seq} " * 20]},
+            output={"answer": f"finding {seq} " * 40},
+            tokens_in=900,
+            tokens_out=200,
+            cost_cents=0.0255,
+            started_at=run.created_at,
+            ended_at=run.created_at,
         )
         for seq in range(1, n + 1)
     )
@@ -181,7 +191,9 @@ def run(args) -> None:
     insert_runs(tiny, 60, spacing=args.runs * 30 // 60)
     sql("VACUUM ANALYZE runs_run")
     sql("CHECKPOINT")  # the insert's writes are flushed before anything is timed
-    say(f"inserted {args.runs:,} + {max(1, args.runs // 10):,} + 60 runs in {time.perf_counter() - started:.1f} s")
+    say(
+        f"inserted {args.runs:,} + {max(1, args.runs // 10):,} + 60 runs in {time.perf_counter() - started:.1f} s"
+    )
     say(f"machine    : {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
     user = get_user_model().objects.create_user("bench", password="bench-pass")
@@ -195,17 +207,27 @@ def run(args) -> None:
 
     running = Run.objects.filter(tenant=tenant, status="running").order_by("-created_at").first()
     add_steps(running, args.steps)
-    waiting = Run.objects.filter(tenant=tenant, status="waiting_human").order_by("-created_at").first()
-    Step.objects.create(run=waiting, seq=4, name="publish", kind="approval", status="waiting",
-                        input={"proposal": {"title": "Brief", "body": "lorem ipsum " * 50}})
+    waiting = (
+        Run.objects.filter(tenant=tenant, status="waiting_human").order_by("-created_at").first()
+    )
+    Step.objects.create(
+        run=waiting,
+        seq=4,
+        name="publish",
+        kind="approval",
+        status="waiting",
+        input={"proposal": {"title": "Brief", "body": "lorem ipsum " * 50}},
+    )
     middle = Run.objects.filter(tenant=tenant).order_by("-created_at", "-id")[args.runs // 2]
     from runs.selectors import encode_cursor
 
     deep_cursor = encode_cursor(middle)
     prefix = str(middle.id)[:6]
 
-    quiet = (f"/runs/{running.id}/?state={presenters.controls_version(running)}"
-             f"&seen={presenters.timeline_version(running)}")
+    quiet = (
+        f"/runs/{running.id}/?state={presenters.controls_version(running)}"
+        f"&seen={presenters.timeline_version(running)}"
+    )
     pages = [
         ("list page (first page, 50 rows)", "/", None, 200),
         ("list poll (htmx partial)", "/", HTMX, 200),
@@ -213,19 +235,38 @@ def run(args) -> None:
         ("list filtered: status=waiting_human", "/?status=waiting_human", None, 200),
         ("list filtered: kind=bench_noop&status=done", "/?kind=bench_noop&status=done", None, 200),
         ("list search by id prefix", f"/?q={prefix}", None, 200),
-        (f"list page {args.runs // 2 // 50:,} (keyset cursor)", f"/?cursor={deep_cursor}", None, 200),
+        (
+            f"list page {args.runs // 2 // 50:,} (keyset cursor)",
+            f"/?cursor={deep_cursor}",
+            None,
+            200,
+        ),
         ("run page (full)", f"/runs/{running.id}/", None, 200),
         ("run poll, nothing changed", quiet, HTMX, 200),
-        (f"run poll, timeline changed ({args.steps} steps)", quiet.replace("&seen=", "&seen=old"), HTMX, 200),
-        ("run poll, waiting for approval, state changed", f"/runs/{waiting.id}/?state=old&seen=old", HTMX, 200),
+        (
+            f"run poll, timeline changed ({args.steps} steps)",
+            quiet.replace("&seen=", "&seen=old"),
+            HTMX,
+            200,
+        ),
+        (
+            "run poll, waiting for approval, state changed",
+            f"/runs/{waiting.id}/?state=old&seen=old",
+            HTMX,
+            200,
+        ),
     ]
     say()
     say(f"{'request':52} {'p50 ms':>8} {'p99 ms':>8} {'queries':>8} {'KiB':>6}")
     results = measure(client, pages, args.requests)
-    results |= measure(tiny_client, [("list page of a 60-run tenant among them", "/", None, 200)], args.requests)
+    results |= measure(
+        tiny_client, [("list page of a 60-run tenant among them", "/", None, 200)], args.requests
+    )
     for name, result in results.items():
-        say(f"{name:52} {result['p50']:8.2f} {result['p99']:8.2f} {result['queries']:8d} "
-            f"{result['bytes'] / 1024:6.1f}")
+        say(
+            f"{name:52} {result['p50']:8.2f} {result['p99']:8.2f} {result['queries']:8d} "
+            f"{result['bytes'] / 1024:6.1f}"
+        )
 
     say()
     for title, filters in [
@@ -244,15 +285,25 @@ def run(args) -> None:
     say(f"PostgreSQL: {connection.cursor().connection.info.server_version}")
     first = results["list page (first page, 50 rows)"]
     say()
-    say(f"list page with {args.runs:,} runs: p50 {first['p50']:.1f} ms, p99 {first['p99']:.1f} ms "
-        f"({first['queries']} queries)")
+    say(
+        f"list page with {args.runs:,} runs: p50 {first['p50']:.1f} ms, p99 {first['p99']:.1f} ms "
+        f"({first['queries']} queries)"
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=100_000, help="runs of the measured tenant (default 100,000)")
-    parser.add_argument("--requests", type=int, default=50, help="timed requests per page (default 50)")
-    parser.add_argument("--steps", type=int, default=30, help="steps in the polled run's timeline (default 30)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=100_000, help="runs of the measured tenant (default 100,000)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=50, help="timed requests per page (default 50)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=30, help="steps in the polled run's timeline (default 30)"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
     database = Database(agent_modules="bench.agents")

@@ -122,9 +122,9 @@ def statement_kind(query: str) -> str:
         return "step log"
     if "pg_notify" in q:
         return "notify"
-    if q.startswith("INSERT INTO \"runs_run\""):
+    if q.startswith('INSERT INTO "runs_run"'):
         return "insert run"
-    if q.startswith("INSERT INTO \"runs_event\""):
+    if q.startswith('INSERT INTO "runs_event"'):
         return "insert event"
     if q.upper().startswith(("COMMIT", "BEGIN", "SAVEPOINT", "RELEASE")):
         return q.split()[0].upper()
@@ -202,9 +202,12 @@ class ActivitySampler:
 
     def _backend_cpu(self, conn) -> None:
         """CPU seconds of the bench database's backends (from /proc; the last reading before each exits)."""
-        pids = [pid for (pid,) in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()]
+        pids = [
+            pid
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        ]
         for pid in pids:
             try:
                 with open(f"/proc/{pid}/stat") as fh:
@@ -223,14 +226,21 @@ class ActivitySampler:
         total = sum(self.counts.values())
         if not total or not self.samples:
             return [f"{indent}(no active backends sampled)"]
-        lines = [f"{indent}{self.samples} samples of pg_stat_activity, on average "
-                 f"{total / self.samples:.1f} active backends; share of backend time by statement and wait:"]
+        lines = [
+            f"{indent}{self.samples} samples of pg_stat_activity, on average "
+            f"{total / self.samples:.1f} active backends; share of backend time by statement and wait:"
+        ]
         for (kind, wait), n in sorted(self.counts.items(), key=lambda kv: -kv[1])[:top]:
             lines.append(f"{indent}  {n / total * 100:5.1f}%  {kind:<12} {wait}")
         locked = sum(self.lock_tables.values())
         if locked:
-            lines.append(f"{indent}row-lock waits by table (sampled): " + ", ".join(
-                f"{rel} {n / locked * 100:.0f}%" for rel, n in sorted(self.lock_tables.items(), key=lambda kv: -kv[1])))
+            lines.append(
+                f"{indent}row-lock waits by table (sampled): "
+                + ", ".join(
+                    f"{rel} {n / locked * 100:.0f}%"
+                    for rel, n in sorted(self.lock_tables.items(), key=lambda kv: -kv[1])
+                )
+            )
         return lines
 
 
@@ -248,7 +258,11 @@ class Bench:
         base_url = ensure_database_url()
         if was_set:
             parts = urlsplit(base_url)
-            shown = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")) if parts.password else parts
+            shown = (
+                parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+                if parts.password
+                else parts
+            )
             self.server_label = f"DATABASE_URL ({urlunsplit(shown)})"
         else:
             self.server_label = "embedded PostgreSQL (.data/pg, started or joined by this bench)"
@@ -258,10 +272,12 @@ class Bench:
         self.db_name = f"bench_{os.getpid()}"
         with psycopg.connect(base_url, autocommit=True) as conn:
             self.pg_version = conn.execute("SELECT version()").fetchone()[0]
-            settings = dict(conn.execute(
-                "SELECT name, setting FROM pg_settings WHERE name IN "
-                "('synchronous_commit', 'fsync', 'shared_buffers', 'max_connections', 'wal_level')"
-            ).fetchall())
+            settings = dict(
+                conn.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name IN "
+                    "('synchronous_commit', 'fsync', 'shared_buffers', 'max_connections', 'wal_level')"
+                ).fetchall()
+            )
             conn.execute(f'CREATE DATABASE "{self.db_name}"')
         self.db_created = True
         self.pg_settings = settings
@@ -304,16 +320,28 @@ class Bench:
     def code_version() -> str:
         """The commit measured, and engine files that differ from it in the working tree."""
         try:
-            head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=10).stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--", "config", "runs", "workers"], cwd=ROOT,
-                                   capture_output=True, text=True, timeout=10).stdout.split("\n")
+            head = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--", "config", "runs", "workers"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.split("\n")
         except (OSError, subprocess.SubprocessError):
             return os.environ.get("BENCH_CODE_VERSION", "(not a git checkout)")
         if not head:
             return os.environ.get("BENCH_CODE_VERSION", "(not a git checkout)")
         changed = [line[3:] for line in dirty if line.strip()]
-        return f"commit {head}" + (f", with uncommitted changes in {', '.join(changed)}" if changed else ", clean")
+        return f"commit {head}" + (
+            f", with uncommitted changes in {', '.join(changed)}" if changed else ", clean"
+        )
 
     @staticmethod
     def load() -> str:
@@ -348,11 +376,15 @@ class Bench:
 
         say()
         say("-" * 78)
-        say("0. CALIBRATION: commit latency and update rates of this server (scratch table, autocommit)")
+        say(
+            "0. CALIBRATION: commit latency and update rates of this server (scratch table, autocommit)"
+        )
         say("-" * 78)
         seconds = 1.5 if self.args.quick else 3.0
         with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+            conn.execute(
+                "CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)"
+            )
             conn.execute("INSERT INTO bench_counter SELECT g, 0 FROM generate_series(0, 63) g")
             lat = []
             end = time.monotonic() + seconds
@@ -360,8 +392,10 @@ class Bench:
                 t0 = time.perf_counter()
                 conn.execute("UPDATE bench_counter SET n = n + 1 WHERE id = 0")
                 lat.append((time.perf_counter() - t0) * 1000)
-        say(f"[calibrate] one-row UPDATE + COMMIT, 1 client: p50 {pct(lat, 50):.2f} ms, p99 {pct(lat, 99):.2f} ms "
-            f"({len(lat) / seconds:.0f}/s)")
+        say(
+            f"[calibrate] one-row UPDATE + COMMIT, 1 client: p50 {pct(lat, 50):.2f} ms, p99 {pct(lat, 99):.2f} ms "
+            f"({len(lat) / seconds:.0f}/s)"
+        )
 
         def hammer(clients: int, same_row: bool) -> float:
             counts = [0] * clients
@@ -374,7 +408,9 @@ class Bench:
                         c.execute("UPDATE bench_counter SET n = n + 1 WHERE id = %s", [row])
                         counts[i] += 1
 
-            threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)]
+            threads = [
+                threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)
+            ]
             for t in threads:
                 t.start()
             time.sleep(seconds)
@@ -385,10 +421,14 @@ class Bench:
 
         hot = hammer(10, True)
         spread = hammer(10, False)
-        say(f"[calibrate] 10 clients updating ONE row: {hot:.0f} updates/s (each holds the row lock through its commit)")
+        say(
+            f"[calibrate] 10 clients updating ONE row: {hot:.0f} updates/s (each holds the row lock through its commit)"
+        )
         say(f"[calibrate] 10 clients, one row each   : {spread:.0f} updates/s (group commit)")
-        say(f"[calibrate] a run updates its tenant's row twice (claim, exit): one busy tenant is capped near "
-            f"{hot / 2:.0f} runs/s on this server")
+        say(
+            f"[calibrate] a run updates its tenant's row twice (claim, exit): one busy tenant is capped near "
+            f"{hot / 2:.0f} runs/s on this server"
+        )
         self.results["calibrate"] = {"hot": hot, "spread": spread, "commit_p50": pct(lat, 50)}
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute("DROP TABLE bench_counter")
@@ -407,7 +447,9 @@ class Bench:
         say("-" * 78)
         say("1. ACCEPT: POST /api/runs latency (manage.py serve + Django + PostgreSQL)")
         say("-" * 78)
-        say(f"server     : manage.py serve --workers {args.web_workers} (uvicorn, one process per core; keep-alive on)")
+        say(
+            f"server     : manage.py serve --workers {args.web_workers} (uvicorn, one process per core; keep-alive on)"
+        )
         say("runs go to queue 'bench_accept'; no worker runs during this phase")
         say(f"({self.load()} at the start of the phase)")
         proc = children.start("serve", argv)
@@ -419,26 +461,41 @@ class Bench:
         for clients in args.clients:
             total = args.posts if clients > 1 else max(200, args.posts // 5)
             with ActivitySampler(self.url) as sampler:
-                res = self._http_load(port, body, headers, clients=clients, total=total, warmup=args.warmup,
-                                      cpu_of=proc.pid)
+                res = self._http_load(
+                    port,
+                    body,
+                    headers,
+                    clients=clients,
+                    total=total,
+                    warmup=args.warmup,
+                    cpu_of=proc.pid,
+                )
             sent += len(res["latencies"]) + res["warmup"]
             ok = res["status"].get(202, 0)
             lat = res["latencies"]
             label = f"{clients} client{'s' if clients > 1 else ''}"
-            say(f"[accept, {label}] {len(lat)} requests (after {res['warmup']} warm-up), "
-                f"{ok} answered 202, others {dict((k, v) for k, v in res['status'].items() if k != 202) or 'none'}")
+            say(
+                f"[accept, {label}] {len(lat)} requests (after {res['warmup']} warm-up), "
+                f"{ok} answered 202, others {dict((k, v) for k, v in res['status'].items() if k != 202) or 'none'}"
+            )
             if ok < len(lat):
                 # A redirect or an error answers faster than a submit: such figures measure nothing.
-                say(f"[accept, {label}] NOT VALID: only {ok} of {len(lat)} measured requests submitted a run")
+                say(
+                    f"[accept, {label}] NOT VALID: only {ok} of {len(lat)} measured requests submitted a run"
+                )
                 self.results[f"accept_{clients}"] = {"invalid": True}
             elif lat:
                 p50, p90, p99 = pct(lat, 50), pct(lat, 90), pct(lat, 99)
                 verdict = "meets" if p99 < TARGET_ACCEPT_P99_MS else "MISSES"
-                say(f"[accept, {label}] p50 {p50:.2f} ms   p90 {p90:.2f} ms   p99 {p99:.2f} ms   "
+                say(
+                    f"[accept, {label}] p50 {p50:.2f} ms   p90 {p90:.2f} ms   p99 {p99:.2f} ms   "
                     f"max {max(lat):.2f} ms   {res['rps']:.0f} requests/s   "
-                    f"(target p99 < {TARGET_ACCEPT_P99_MS:.0f} ms: {verdict})")
-                say(f"[accept, {label}] server CPU {res['cpu_ms']:.2f} ms per request; the whole machine was "
-                    f"{res['busy']:.0f}% busy while measuring")
+                    f"(target p99 < {TARGET_ACCEPT_P99_MS:.0f} ms: {verdict})"
+                )
+                say(
+                    f"[accept, {label}] server CPU {res['cpu_ms']:.2f} ms per request; the whole machine was "
+                    f"{res['busy']:.0f}% busy while measuring"
+                )
                 if clients > 1:
                     for line in sampler.report(indent="    ", top=8):
                         say(line)
@@ -463,7 +520,9 @@ class Bench:
             time.sleep(0.1)
         raise RuntimeError(f"the server did not answer within {timeout}s:\n{children.tail(proc)}")
 
-    def _http_load(self, port, body, headers, *, clients: int, total: int, warmup: int, cpu_of: int) -> dict:
+    def _http_load(
+        self, port, body, headers, *, clients: int, total: int, warmup: int, cpu_of: int
+    ) -> dict:
         per_client = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
         latencies: list[list[float]] = [[] for _ in range(clients)]
         statuses: list[dict] = [{} for _ in range(clients)]
@@ -514,9 +573,14 @@ class Bench:
         for codes in statuses:
             for k, v in codes.items():
                 status[k] = status.get(k, 0) + v
-        return {"latencies": merged, "status": status, "rps": len(merged) / elapsed if elapsed else 0.0,
-                "warmup": warmup * clients, "cpu_ms": (cpu1 - cpu0) / max(len(merged), 1) * 1000,
-                "busy": (sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1) * 100}
+        return {
+            "latencies": merged,
+            "status": status,
+            "rps": len(merged) / elapsed if elapsed else 0.0,
+            "warmup": warmup * clients,
+            "cpu_ms": (cpu1 - cpu0) / max(len(merged), 1) * 1000,
+            "busy": (sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1) * 100,
+        }
 
     # Phase 2: dispatch latency.
     def phase_dispatch(self, children: Children) -> None:
@@ -532,7 +596,9 @@ class Bench:
         say(f"({self.load()} at the start of the phase)")
         tenant = self.tenant("bench-dispatch")
         workers = [
-            children.start(f"dispatch-worker-{i}", [PY, MANAGE, "runworker", "--queues", "bench_dispatch"])
+            children.start(
+                f"dispatch-worker-{i}", [PY, MANAGE, "runworker", "--queues", "bench_dispatch"]
+            )
             for i in range(2)
         ]
         # Ready = both listener connections have issued LISTEN.
@@ -561,7 +627,9 @@ class Bench:
                 # Registered before submit_run's own NOTIFY hook, so it runs
                 # first, right after COMMIT returned.
                 transaction.on_commit(lambda: marks.append(time.time()))
-                run = submit_run(tenant=tenant, kind="bench_probe", input={"i": i}, queue="bench_dispatch")
+                run = submit_run(
+                    tenant=tenant, kind="bench_probe", input={"i": i}, queue="bench_dispatch"
+                )
             if record:
                 committed[run.id] = marks[0]
             time.sleep(args.dispatch_pause)
@@ -605,16 +673,22 @@ class Bench:
             if claimed_at is not None:
                 to_claim.append((claimed_at - commit) * 1000)
                 claim_to_step.append((started - claimed_at) * 1000)
-        say(f"[dispatch] {len(total)} runs measured (after {args.dispatch_warmup} warm-up), one at a time, "
-            f"{args.dispatch_pause * 1000:.0f} ms pause; not finished: {missing + lost}")
+        say(
+            f"[dispatch] {len(total)} runs measured (after {args.dispatch_warmup} warm-up), one at a time, "
+            f"{args.dispatch_pause * 1000:.0f} ms pause; not finished: {missing + lost}"
+        )
         if total:
             p50, p99 = pct(total, 50), pct(total, 99)
             verdict = "meets" if p50 < TARGET_DISPATCH_P50_MS else "MISSES"
-            say(f"[dispatch] submit->first step: p50 {p50:.2f} ms   p90 {pct(total, 90):.2f} ms   "
-                f"p99 {p99:.2f} ms   max {max(total):.2f} ms   (target p50 < {TARGET_DISPATCH_P50_MS:.0f} ms: {verdict})")
-            say(f"[dispatch]   of which commit->claim statement start: p50 {pct(to_claim, 50):.2f} ms, "
+            say(
+                f"[dispatch] submit->first step: p50 {p50:.2f} ms   p90 {pct(total, 90):.2f} ms   "
+                f"p99 {p99:.2f} ms   max {max(total):.2f} ms   (target p50 < {TARGET_DISPATCH_P50_MS:.0f} ms: {verdict})"
+            )
+            say(
+                f"[dispatch]   of which commit->claim statement start: p50 {pct(to_claim, 50):.2f} ms, "
                 f"p99 {pct(to_claim, 99):.2f} ms; claim->first step: p50 {pct(claim_to_step, 50):.2f} ms, "
-                f"p99 {pct(claim_to_step, 99):.2f} ms")
+                f"p99 {pct(claim_to_step, 99):.2f} ms"
+            )
             self.results["dispatch"] = {"p50": p50, "p99": p99}
 
     # Phase 3: throughput.
@@ -623,18 +697,26 @@ class Bench:
         say("-" * 78)
         say("3. THROUGHPUT: no-op runs drained by 2 `runworker --burst` processes")
         say("-" * 78)
-        say("each configuration starts from an empty runs table (TRUNCATE), enqueues with submit_run")
-        say("in one transaction, then ANALYZE, then starts the two workers; wall time includes their start-up")
+        say(
+            "each configuration starts from an empty runs table (TRUNCATE), enqueues with submit_run"
+        )
+        say(
+            "in one transaction, then ANALYZE, then starts the two workers; wall time includes their start-up"
+        )
         for steps, concurrency, tenants in self.args.configs:
             self.throughput_once(children, steps=steps, concurrency=concurrency, tenants=tenants)
 
     def _stats(self) -> tuple[int, int]:
         time.sleep(1.1)  # backends flush their counters at most once a second (and on exit)
         self.sql("SELECT pg_stat_clear_snapshot()")
-        row = self.sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs_run'")
+        row = self.sql(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs_run'"
+        )
         return row[0] if row else (0, 0)
 
-    def throughput_once(self, children: Children, *, steps: int, concurrency: int, tenants: int) -> None:
+    def throughput_once(
+        self, children: Children, *, steps: int, concurrency: int, tenants: int
+    ) -> None:
         from django.db import transaction
 
         from runs.services import submit_run
@@ -642,17 +724,25 @@ class Bench:
         n = self.args.runs
         label = f"{steps}-step runs, 2 workers x concurrency {concurrency}, {tenants} tenant{'s' if tenants > 1 else ''}"
         self.sql("TRUNCATE runs_run CASCADE")
-        counters = {c for (c,) in self.sql(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs_tenant' "
-            "AND column_name IN ('running', 'queued')")}
+        counters = {
+            c
+            for (c,) in self.sql(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs_tenant' "
+                "AND column_name IN ('running', 'queued')"
+            )
+        }
         if counters:
             self.sql("UPDATE runs_tenant SET " + ", ".join(f"{c} = 0" for c in sorted(counters)))
         tenant_objs = [self.tenant(f"bench-tp-{i}") for i in range(tenants)]
         t0 = time.perf_counter()
         with transaction.atomic():
             for i in range(n):
-                submit_run(tenant=tenant_objs[i % tenants], kind="bench_steps", input={"steps": steps},
-                           queue="bench_tp")
+                submit_run(
+                    tenant=tenant_objs[i % tenants],
+                    kind="bench_steps",
+                    input={"steps": steps},
+                    queue="bench_tp",
+                )
         enqueue_s = time.perf_counter() - t0
         self.sql("ANALYZE runs_run")
         self.sql("ANALYZE runs_tenant")
@@ -665,7 +755,16 @@ class Bench:
         workers = [
             children.start(
                 f"tp-c{concurrency}-s{steps}-t{tenants}-{i}",
-                [PY, MANAGE, "runworker", "--burst", "--queues", "bench_tp", "--concurrency", str(concurrency)],
+                [
+                    PY,
+                    MANAGE,
+                    "runworker",
+                    "--burst",
+                    "--queues",
+                    "bench_tp",
+                    "--concurrency",
+                    str(concurrency),
+                ],
             )
             for i in range(2)
         ]
@@ -686,7 +785,8 @@ class Bench:
 
         status = dict(self.sql("SELECT status, count(*) FROM runs_run GROUP BY status"))
         complete = self.sql(
-            "SELECT count(*) FROM runs_run WHERE status = 'done' AND steps_done = %s AND attempt = 1", [steps]
+            "SELECT count(*) FROM runs_run WHERE status = 'done' AND steps_done = %s AND attempt = 1",
+            [steps],
         )[0][0]
         step_rows = self.sql("SELECT count(*) FROM runs_step WHERE status = 'done'")[0][0]
         first, last = self.sql(
@@ -698,46 +798,62 @@ class Bench:
         ok = complete == n and step_rows == n * steps and running_left == 0 and not timed_out
         say()
         say(f"[throughput: {label}]  ({self.load()} at the end)")
-        say(f"  enqueue: {n} runs via submit_run in one transaction in {enqueue_s:.2f} s ({n / enqueue_s:.0f} runs/s)")
-        say(f"  verify : statuses {status}; done with steps_done={steps} and attempt=1: {complete}/{n}; "
+        say(
+            f"  enqueue: {n} runs via submit_run in one transaction in {enqueue_s:.2f} s ({n / enqueue_s:.0f} runs/s)"
+        )
+        say(
+            f"  verify : statuses {status}; done with steps_done={steps} and attempt=1: {complete}/{n}; "
             f"step rows done: {step_rows}/{n * steps}; tenant running counters left: {running_left}; "
-            f"worker exit codes {exit_codes}{'; TIMED OUT' if timed_out else ''} -> {'OK' if ok else 'FAILED'}")
+            f"worker exit codes {exit_codes}{'; TIMED OUT' if timed_out else ''} -> {'OK' if ok else 'FAILED'}"
+        )
         if not ok:
             for w in workers:
                 say(f"  --- {w.bench_name} log tail ---\n{children.tail(w)}")
         runs_s = n / wall
         if not ok:
             say("  (the rates below are NOT valid: the runs were not all processed)")
-        say(f"  wall   : {wall:.2f} s from starting the workers to both exiting -> {runs_s:.0f} runs/s, "
-            f"{runs_s * steps:.0f} steps/s")
+        say(
+            f"  wall   : {wall:.2f} s from starting the workers to both exiting -> {runs_s:.0f} runs/s, "
+            f"{runs_s * steps:.0f} steps/s"
+        )
         if active == active:
-            say(f"  active : {active:.2f} s from the first claim to the last finish (DB clock) -> "
-                f"{n / active:.0f} runs/s, {n * steps / active:.0f} steps/s")
+            say(
+                f"  active : {active:.2f} s from the first claim to the last finish (DB clock) -> "
+                f"{n / active:.0f} runs/s, {n * steps / active:.0f} steps/s"
+            )
         cpu = (cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime)
-        say(f"  CPU    : worker processes used {cpu[0]:.1f} s user + {cpu[1]:.1f} s sys "
+        say(
+            f"  CPU    : worker processes used {cpu[0]:.1f} s user + {cpu[1]:.1f} s sys "
             f"({(cpu[0] + cpu[1]) / wall * 100:.0f}% of one core over the wall time); the whole machine was "
-            f"{(sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1) * 100:.0f}% busy (all processes, PostgreSQL included)")
+            f"{(sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1) * 100:.0f}% busy (all processes, PostgreSQL included)"
+        )
         pg_cpu = sampler.backend_cpu_seconds(sampler.baseline)
         worker_cpu = cpu[0] + cpu[1]
-        say(f"           PostgreSQL backends of the bench database used {pg_cpu:.1f} s CPU; engine CPU per run: "
+        say(
+            f"           PostgreSQL backends of the bench database used {pg_cpu:.1f} s CPU; engine CPU per run: "
             f"{worker_cpu / n * 1000:.2f} ms Python + {pg_cpu / n * 1000:.2f} ms PostgreSQL = "
             f"{(worker_cpu + pg_cpu) / n * 1000:.2f} ms -> CPU-bound ceiling on {os.cpu_count()} cores about "
-            f"{os.cpu_count() * n / max(worker_cpu + pg_cpu, 1e-9):.0f} runs/s")
+            f"{os.cpu_count() * n / max(worker_cpu + pg_cpu, 1e-9):.0f} runs/s"
+        )
         d_upd, d_hot = upd1 - upd0, hot1 - hot0
         share = d_hot / d_upd * 100 if d_upd else float("nan")
-        say(f"  HOT    : runs_run updates during the phase {d_upd} ({d_upd / n:.2f} per run), HOT {d_hot} -> "
+        say(
+            f"  HOT    : runs_run updates during the phase {d_upd} ({d_upd / n:.2f} per run), HOT {d_hot} -> "
             f"{share:.1f}% HOT (a claim and the exit change status, which the partial indexes depend on, "
-            f"so at most {steps}/{steps + 2} = {steps / (steps + 2) * 100:.0f}% can be HOT)")
+            f"so at most {steps}/{steps + 2} = {steps / (steps + 2) * 100:.0f}% can be HOT)"
+        )
         problems = {}
         for w in workers:
             try:
                 text = Path(w.log_path).read_text(errors="replace")
             except OSError:
                 continue
-            for label, needle in (("deadlocks", "OperationalError: deadlock detected"),
-                                  ("executor crashed", "executor crashed"),
-                                  ("claim failed", "claim failed"),
-                                  ("lease lost", "lease lost")):
+            for label, needle in (
+                ("deadlocks", "OperationalError: deadlock detected"),
+                ("executor crashed", "executor crashed"),
+                ("claim failed", "claim failed"),
+                ("lease lost", "lease lost"),
+            ):
                 problems[label] = problems.get(label, 0) + text.count(needle)
         say("  errors : in the worker logs: " + ", ".join(f"{k} x{v}" for k, v in problems.items()))
         self.problems = problems
@@ -745,7 +861,10 @@ class Bench:
         for line in sampler.report(indent="    "):
             say(line)
         self.results[f"tp_s{steps}_c{concurrency}_t{tenants}"] = {
-            "runs_s": runs_s, "active_runs_s": n / active if active == active else None, "ok": ok, "hot": share,
+            "runs_s": runs_s,
+            "active_runs_s": n / active if active == active else None,
+            "ok": ok,
+            "hot": share,
         }
 
     def summary(self) -> None:
@@ -757,40 +876,72 @@ class Bench:
             if key.startswith("accept_") and value.get("invalid"):
                 say(f"accept ({key.split('_')[1]} clients): NOT VALID (see above)")
             elif key.startswith("accept_"):
-                say(f"accept ({key.split('_')[1]} clients): p50 {value['p50']:.2f} ms, p99 {value['p99']:.2f} ms, "
-                    f"{value['rps']:.0f} req/s   [target p99 < {TARGET_ACCEPT_P99_MS:.0f} ms]")
+                say(
+                    f"accept ({key.split('_')[1]} clients): p50 {value['p50']:.2f} ms, p99 {value['p99']:.2f} ms, "
+                    f"{value['rps']:.0f} req/s   [target p99 < {TARGET_ACCEPT_P99_MS:.0f} ms]"
+                )
             elif key == "dispatch":
-                say(f"dispatch: p50 {value['p50']:.2f} ms, p99 {value['p99']:.2f} ms   "
-                    f"[target p50 < {TARGET_DISPATCH_P50_MS:.0f} ms]")
+                say(
+                    f"dispatch: p50 {value['p50']:.2f} ms, p99 {value['p99']:.2f} ms   "
+                    f"[target p50 < {TARGET_DISPATCH_P50_MS:.0f} ms]"
+                )
             elif key == "calibrate":
-                say(f"calibration: commit p50 {value['commit_p50']:.2f} ms; one hot row {value['hot']:.0f} updates/s; "
-                    f"10 rows {value['spread']:.0f} updates/s")
+                say(
+                    f"calibration: commit p50 {value['commit_p50']:.2f} ms; one hot row {value['hot']:.0f} updates/s; "
+                    f"10 rows {value['spread']:.0f} updates/s"
+                )
             else:
                 _, s, c, t = key.split("_")
                 if not value["ok"]:
-                    say(f"throughput {s[1:]}-step, concurrency {c[1:]}, {t[1:]} tenant(s): NOT VERIFIED (see above)")
+                    say(
+                        f"throughput {s[1:]}-step, concurrency {c[1:]}, {t[1:]} tenant(s): NOT VERIFIED (see above)"
+                    )
                     continue
                 active = f"{value['active_runs_s']:.0f}" if value["active_runs_s"] else "?"
-                say(f"throughput {s[1:]}-step, concurrency {c[1:]}, {t[1:]} tenant(s): {value['runs_s']:.0f} runs/s wall, "
+                say(
+                    f"throughput {s[1:]}-step, concurrency {c[1:]}, {t[1:]} tenant(s): {value['runs_s']:.0f} runs/s wall, "
                     f"{active} runs/s active, HOT {value['hot']:.0f}%, {'verified' if value['ok'] else 'NOT VERIFIED'}   "
-                    "[the peers, side by side: bench/peers.py]")
+                    "[the peers, side by side: bench/peers.py]"
+                )
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller counts (about a minute)")
-    parser.add_argument("--runs", type=int, help="runs per throughput configuration (default 20000, quick 3000)")
-    parser.add_argument("--posts", type=int, help="measured POSTs with concurrent clients (default 3000, quick 800)")
-    parser.add_argument("--clients", default="16,1", help="client counts for the accept phase (default 16,1)")
-    parser.add_argument("--dispatch", type=int, help="measured dispatch probes (default 300, quick 80)")
-    parser.add_argument("--concurrency", default=None,
-                        help="per-worker concurrencies for 3-step runs (default 5,10,20; quick 5)")
-    parser.add_argument("--extra", default=None,
-                        help="extra throughput configs steps:concurrency:tenants, comma separated "
-                             "(default 1:10:1,3:10:10; quick none)")
-    parser.add_argument("--web-workers", type=int, default=2, help="manage.py serve processes (default 2)")
-    parser.add_argument("--phases", default="calibrate,accept,dispatch,throughput", help="which phases to run")
-    parser.add_argument("--phase-timeout", type=float, default=300.0, help="time limit of each phase (s)")
+    parser.add_argument(
+        "--runs", type=int, help="runs per throughput configuration (default 20000, quick 3000)"
+    )
+    parser.add_argument(
+        "--posts", type=int, help="measured POSTs with concurrent clients (default 3000, quick 800)"
+    )
+    parser.add_argument(
+        "--clients", default="16,1", help="client counts for the accept phase (default 16,1)"
+    )
+    parser.add_argument(
+        "--dispatch", type=int, help="measured dispatch probes (default 300, quick 80)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        help="per-worker concurrencies for 3-step runs (default 5,10,20; quick 5)",
+    )
+    parser.add_argument(
+        "--extra",
+        default=None,
+        help="extra throughput configs steps:concurrency:tenants, comma separated "
+        "(default 1:10:1,3:10:10; quick none)",
+    )
+    parser.add_argument(
+        "--web-workers", type=int, default=2, help="manage.py serve processes (default 2)"
+    )
+    parser.add_argument(
+        "--phases", default="calibrate,accept,dispatch,throughput", help="which phases to run"
+    )
+    parser.add_argument(
+        "--phase-timeout", type=float, default=300.0, help="time limit of each phase (s)"
+    )
     args = parser.parse_args(argv)
     args.runs = args.runs or (3000 if args.quick else 20000)
     args.posts = args.posts or (800 if args.quick else 3000)
@@ -815,6 +966,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+
     def terminate(signum, frame):
         raise SystemExit(128 + signum)
 

@@ -101,7 +101,9 @@ class Sampler:
         self.interval = interval
         self.samples: list[dict] = []
         self.worker_cpu = 0.0
-        self.backend_cpu: dict[int, float] = {}  # the worker's backends: the last CPU reading of each
+        self.backend_cpu: dict[
+            int, float
+        ] = {}  # the worker's backends: the last CPU reading of each
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
 
@@ -115,10 +117,14 @@ class Sampler:
     def _run(self) -> None:
         import psycopg
 
-        with psycopg.connect(self.url, autocommit=True, application_name="bench inflight sampler") as conn:
+        with psycopg.connect(
+            self.url, autocommit=True, application_name="bench inflight sampler"
+        ) as conn:
             while not self._stop.is_set():
                 started = time.time()
-                running = conn.execute("SELECT count(*) FROM runs_run WHERE status = 'running'").fetchone()[0]
+                running = conn.execute(
+                    "SELECT count(*) FROM runs_run WHERE status = 'running'"
+                ).fetchone()[0]
                 backends = conn.execute(
                     "SELECT pid, coalesce(state, '?') FROM pg_stat_activity"
                     " WHERE datname = current_database() AND application_name = %s"
@@ -154,7 +160,9 @@ def py_spy_summary(pid: int) -> list[str]:
     if not Path(exe).exists() and not shutil.which(exe):
         return ["(py-spy is not installed: .venv/bin/pip install py-spy)"]
     try:
-        out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return [f"(py-spy failed: {exc})"]
     if out.returncode != 0:
@@ -170,7 +178,13 @@ def py_spy_summary(pid: int) -> list[str]:
         if not frames:
             continue
         engine = next(
-            (f for f in frames if any(f"({d}/" in f or f"/{d}/" in f for d in ("workers", "runs", "config", "bench"))),
+            (
+                f
+                for f in frames
+                if any(
+                    f"({d}/" in f or f"/{d}/" in f for d in ("workers", "runs", "config", "bench")
+                )
+            ),
             "(no engine frame)",
         )
         places[f"{_frame(frames[0])}  <-  {_frame(engine)}"] += 1
@@ -231,25 +245,42 @@ def run(args, db: Database) -> dict:
     from runs.services import submit_run
     from runs.tenants import ensure_tenant
 
-    tenant, _ = ensure_tenant(slug="bench-inflight", max_running=args.max_running, max_queued=10_000_000)
+    tenant, _ = ensure_tenant(
+        slug="bench-inflight", max_running=args.max_running, max_queued=10_000_000
+    )
     started = time.perf_counter()
     with transaction.atomic():
         for _ in range(args.runs):
-            submit_run(tenant=tenant, kind=KIND, input={"sleep": args.sleep, "steps": args.steps, "fast": args.fast}, queue=QUEUE)
-    say(f"enqueued {args.runs:,} runs via submit_run in one transaction in {time.perf_counter() - started:.2f} s")
+            submit_run(
+                tenant=tenant,
+                kind=KIND,
+                input={"sleep": args.sleep, "steps": args.steps, "fast": args.fast},
+                queue=QUEUE,
+            )
+    say(
+        f"enqueued {args.runs:,} runs via submit_run in one transaction in {time.perf_counter() - started:.2f} s"
+    )
     sql("ANALYZE runs_run")
     sql("ANALYZE runs_tenant")
 
     env = os.environ.copy()
-    env.pop("RUNS_APPLICATION_NAME", None)  # the sampler finds the worker's backends by the default name
+    env.pop(
+        "RUNS_APPLICATION_NAME", None
+    )  # the sampler finds the worker's backends by the default name
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["AGENT_MODULES"] = "bench.agents"
     logdir = Path(tempfile.mkdtemp(prefix="bench-inflight-"))
     log_path = logdir / "runworker.log"
     argv = [
-        sys.executable, str(ROOT / "manage.py"), "runworker", "--burst",
-        "--queues", QUEUE, "--concurrency", str(args.concurrency),
+        sys.executable,
+        str(ROOT / "manage.py"),
+        "runworker",
+        "--burst",
+        "--queues",
+        QUEUE,
+        "--concurrency",
+        str(args.concurrency),
     ]
     say(f"worker     : {' '.join(argv[1:])}  (log {log_path})")
     with open(log_path, "wb") as log:
@@ -265,7 +296,9 @@ def run(args, db: Database) -> dict:
                 worker.wait(args.py_spy)
             except subprocess.TimeoutExpired:
                 dump = py_spy_summary(worker.pid)
-        limit = args.timeout or max(120.0, 10 * (args.runs / args.concurrency) * max(args.sleep, 0.01) * args.steps)
+        limit = args.timeout or max(
+            120.0, 10 * (args.runs / args.concurrency) * max(args.sleep, 0.01) * args.steps
+        )
         try:
             worker.wait(max(0.1, limit - (time.time() - t0)))
         except subprocess.TimeoutExpired:
@@ -287,7 +320,9 @@ def run(args, db: Database) -> dict:
         "SELECT count(*) FROM runs_run WHERE status = 'done' AND steps_done = %(k)s AND attempt = 1",
         {"k": args.steps + args.fast},
     )[0][0]
-    fast_done = sql("SELECT count(*) FROM runs_step WHERE status = 'done' AND name LIKE 'fast%%'")[0][0]
+    fast_done = sql("SELECT count(*) FROM runs_step WHERE status = 'done' AND name LIKE 'fast%%'")[
+        0
+    ][0]
     spans = step_intervals()
     running_left = sql("SELECT running FROM runs_tenant WHERE id = %(t)s", {"t": tenant.pk})[0][0]
     ok = (
@@ -322,84 +357,136 @@ def run(args, db: Database) -> dict:
     threads = [s["threads"] for s in sampler.samples if s["threads"] is not None]
     waves = math.ceil(args.runs / args.concurrency)
     ideal = waves * args.steps * args.sleep
-    peak_states: dict = max(sampler.samples, key=lambda s: s["connections"])["states"] if sampler.samples else {}
+    peak_states: dict = (
+        max(sampler.samples, key=lambda s: s["connections"])["states"] if sampler.samples else {}
+    )
 
     say()
-    say(f"verify     : statuses {statuses}; done with {args.fast + args.steps} step(s) and attempt 1: "
+    say(
+        f"verify     : statuses {statuses}; done with {args.fast + args.steps} step(s) and attempt 1: "
         f"{complete}/{args.runs}; slow steps done {len(spans)}/{args.runs * args.steps}, no-op steps done "
         f"{fast_done}/{args.runs * args.fast}; tenant running left {running_left}; "
-        f"worker exit code {worker.returncode}{'; TIMED OUT' if timed_out else ''} -> {'OK' if ok else 'FAILED'}")
+        f"worker exit code {worker.returncode}{'; TIMED OUT' if timed_out else ''} -> {'OK' if ok else 'FAILED'}"
+    )
     say("worker log : " + ", ".join(f"{k} x{v}" for k, v in problems.items()))
     if not ok:
         say("  --- worker log tail ---")
         say("\n".join(log_text.splitlines()[-30:]))
         say("  (the figures below are NOT valid: the runs were not all processed)")
-    say(f"drain      : {wall:.2f} s from starting the worker to its exit; ideal {ideal:.2f} s "
-        f"({waves} wave(s) of {args.concurrency} x {args.steps} step(s) x {args.sleep:g} s, start-up aside)")
-    say(f"             first step began {first_claim - t0:.2f} s after the start, the last ended at {last_end - t0:.2f} s"
-        f" -> {args.runs / active:.0f} runs/s, {args.runs * args.steps / active:.0f} steps/s over the active span")
-    say(f"in flight  : steps executing, time average over the active span {busy / active:.1f} "
+    say(
+        f"drain      : {wall:.2f} s from starting the worker to its exit; ideal {ideal:.2f} s "
+        f"({waves} wave(s) of {args.concurrency} x {args.steps} step(s) x {args.sleep:g} s, start-up aside)"
+    )
+    say(
+        f"             first step began {first_claim - t0:.2f} s after the start, the last ended at {last_end - t0:.2f} s"
+        f" -> {args.runs / active:.0f} runs/s, {args.runs * args.steps / active:.0f} steps/s over the active span"
+    )
+    say(
+        f"in flight  : steps executing, time average over the active span {busy / active:.1f} "
         f"(sum of step durations {busy:.1f} s / {active:.2f} s); sampled every {args.interval:g} s: "
         f"mean {sum(executing) / max(len(executing), 1):.1f}, p50 {pct(executing, 50) if executing else 0}, "
-        f"max {max(executing, default=0)}")
+        f"max {max(executing, default=0)}"
+    )
     if running:
-        say(f"             runs in status running (claimed): mean {sum(running) / len(running):.1f}, "
-            f"p50 {pct(running, 50)}, max {max(running)}")
+        say(
+            f"             runs in status running (claimed): mean {sum(running) / len(running):.1f}, "
+            f"p50 {pct(running, 50)}, max {max(running)}"
+        )
     if connections:
-        say(f"connections: worker backends (application_name {APPLICATION_NAME!r}) max {max(connections)}, "
-            f"p50 {pct(connections, 50)}; at the peak {peak_states}")
+        say(
+            f"connections: worker backends (application_name {APPLICATION_NAME!r}) max {max(connections)}, "
+            f"p50 {pct(connections, 50)}; at the peak {peak_states}"
+        )
     to_step, to_done = latencies()
     if to_step:
-        say(f"latency    : claim -> first slow step began p50 {pct(to_step, 50) * 1000:.0f} ms, p90 "
+        say(
+            f"latency    : claim -> first slow step began p50 {pct(to_step, 50) * 1000:.0f} ms, p90 "
             f"{pct(to_step, 90) * 1000:.0f}, max {max(to_step) * 1000:.0f}; last slow step ended -> run done "
-            f"p50 {pct(to_done, 50) * 1000:.0f} ms, p90 {pct(to_done, 90) * 1000:.0f}, max {max(to_done) * 1000:.0f}")
-    say(f"CPU        : the worker process {sampler.worker_cpu:.1f} s, its PostgreSQL backends "
+            f"p50 {pct(to_done, 50) * 1000:.0f} ms, p90 {pct(to_done, 90) * 1000:.0f}, max {max(to_done) * 1000:.0f}"
+        )
+    say(
+        f"CPU        : the worker process {sampler.worker_cpu:.1f} s, its PostgreSQL backends "
         f"{sum(sampler.backend_cpu.values()):.1f} s ({len(sampler.backend_cpu)} backends), over {wall:.1f} s of wall "
         f"time on {os.cpu_count()} CPUs -> {sampler.worker_cpu / args.runs * 1000:.2f} + "
-        f"{sum(sampler.backend_cpu.values()) / args.runs * 1000:.2f} ms per run")
+        f"{sum(sampler.backend_cpu.values()) / args.runs * 1000:.2f} ms per run"
+    )
     if rss:
-        say(f"memory     : worker VmRSS max {max(rss):.0f} MB, at the end {rss[-1]:.0f} MB; threads max {max(threads)}")
+        say(
+            f"memory     : worker VmRSS max {max(rss):.0f} MB, at the end {rss[-1]:.0f} MB; threads max {max(threads)}"
+        )
     if args.timeline:
-        say("timeline   : seconds after the worker's start: steps executing / runs running / connections / RSS MB")
+        say(
+            "timeline   : seconds after the worker's start: steps executing / runs running / connections / RSS MB"
+        )
         all_executing = executing_at(spans, [s["t"] for s in sampler.samples])
         next_t = 0.0
         row = []
         for sample, n in zip(sampler.samples, all_executing, strict=True):
             if sample["t"] - t0 >= next_t:
-                row.append(f"{sample['t'] - t0:5.1f}s {n:4d}/{sample['running']:4d}/{sample['connections']:2d}/"
-                           f"{sample['rss_mb'] or 0:3.0f}")
+                row.append(
+                    f"{sample['t'] - t0:5.1f}s {n:4d}/{sample['running']:4d}/{sample['connections']:2d}/"
+                    f"{sample['rss_mb'] or 0:3.0f}"
+                )
                 next_t += args.timeline
         for i in range(0, len(row), 4):
-            say("  " + "   ".join(row[i:i + 4]))
+            say("  " + "   ".join(row[i : i + 4]))
     if dump:
         say(f"py-spy     : the worker's threads {args.py_spy:g} s after its start")
         for line in dump:
             say("  " + line)
     mean_in_flight = busy / active
     say()
-    say(f"goal       : >= {GOAL_IN_FLIGHT} in flight on average (at concurrency 500): {mean_in_flight:.0f}; "
+    say(
+        f"goal       : >= {GOAL_IN_FLIGHT} in flight on average (at concurrency 500): {mean_in_flight:.0f}; "
         f"<= {GOAL_CONNECTIONS} connections: {max(connections, default=0)}; <= {GOAL_RSS_MB} MB RSS: "
-        f"{max(rss, default=0):.0f} MB   (printed, not asserted)")
+        f"{max(rss, default=0):.0f} MB   (printed, not asserted)"
+    )
     return {"ok": ok}
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=1000, help="runs to drain (default 1000)")
-    parser.add_argument("--sleep", type=float, default=2.0, help="seconds each step sleeps (default 2; 0 = no-op)")
+    parser.add_argument(
+        "--sleep", type=float, default=2.0, help="seconds each step sleeps (default 2; 0 = no-op)"
+    )
     parser.add_argument("--steps", type=int, default=1, help="steps per run (default 1)")
-    parser.add_argument("--fast", type=int, default=0, help="no-op steps before the slow ones (default 0)")
-    parser.add_argument("--concurrency", type=int, default=500, help="runworker --concurrency (default 500)")
-    parser.add_argument("--max-running", type=int, default=10_000, help="the tenant's max_running (default 10000)")
-    parser.add_argument("--interval", type=float, default=0.1, help="sampling interval in seconds (default 0.1)")
-    parser.add_argument("--py-spy", type=float, default=None, metavar="SECONDS",
-                        help="run `py-spy dump` on the worker this long after its start and summarise its threads")
-    parser.add_argument("--timeline", type=float, default=None, metavar="SECONDS",
-                        help="also print the samples every SECONDS (steps executing, running, connections, RSS)")
-    parser.add_argument("--timeout", type=float, default=None, help="give up on the drain after this many seconds")
+    parser.add_argument(
+        "--fast", type=int, default=0, help="no-op steps before the slow ones (default 0)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=500, help="runworker --concurrency (default 500)"
+    )
+    parser.add_argument(
+        "--max-running", type=int, default=10_000, help="the tenant's max_running (default 10000)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=0.1, help="sampling interval in seconds (default 0.1)"
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="run `py-spy dump` on the worker this long after its start and summarise its threads",
+    )
+    parser.add_argument(
+        "--timeline",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="also print the samples every SECONDS (steps executing, running, connections, RSS)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="give up on the drain after this many seconds"
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.steps < 1 or args.concurrency < 1 or args.sleep < 0 or args.fast < 0:
-        parser.error("--runs, --steps and --concurrency must be at least 1, --sleep and --fast at least 0")
+        parser.error(
+            "--runs, --steps and --concurrency must be at least 1, --sleep and --fast at least 0"
+        )
     return args
 
 
@@ -417,11 +504,19 @@ def main(argv=None) -> int:
         say(f"PostgreSQL : {db.version}")
         say(f"database   : {db.name} (created for this run, dropped at the end)")
         one, five, _ = os.getloadavg()
-        say(f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {one:.2f} {five:.2f}")
-        say(f"runs       : {args.runs:,} of {KIND}, {args.fast} no-op step(s) then {args.steps} step(s) of "
+        say(
+            f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {one:.2f} {five:.2f}"
+        )
+        say(
+            f"runs       : {args.runs:,} of {KIND}, {args.fast} no-op step(s) then {args.steps} step(s) of "
             f"{args.sleep:g} s each, "
-            f"one worker at concurrency {args.concurrency}")
-        pool = {k: os.environ.get(k) for k in ("RUNS_DB_POOL", "RUNS_DB_POOL_MAX", "RUNS_DB_POOL_TIMEOUT") if os.environ.get(k)}
+            f"one worker at concurrency {args.concurrency}"
+        )
+        pool = {
+            k: os.environ.get(k)
+            for k in ("RUNS_DB_POOL", "RUNS_DB_POOL_MAX", "RUNS_DB_POOL_TIMEOUT")
+            if os.environ.get(k)
+        }
         if pool:
             say(f"pool env   : {pool}")
         result = run(args, db)

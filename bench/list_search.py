@@ -45,20 +45,28 @@ SPAN_S = 30 * 24 * 3600  # a month of runs, the newest now
 SMALL_TENANTS = 10
 
 # Vocabulary of the inputs (SQL arrays, indexed by g).
-COMPANIES = ("ARRAY['Acme', 'Globex', 'Initech', 'Umbrella', 'Hooli', 'Stark', 'Wayne', 'Tyrell', 'Soylent',"
-             " 'Cyberdyne', 'Vandelay', 'Wonka', 'Oscorp', 'Massive', 'Pied Piper', 'Aperture', 'Black Mesa',"
-             " 'Monarch', 'Gringotts', 'Duff']")
+COMPANIES = (
+    "ARRAY['Acme', 'Globex', 'Initech', 'Umbrella', 'Hooli', 'Stark', 'Wayne', 'Tyrell', 'Soylent',"
+    " 'Cyberdyne', 'Vandelay', 'Wonka', 'Oscorp', 'Massive', 'Pied Piper', 'Aperture', 'Black Mesa',"
+    " 'Monarch', 'Gringotts', 'Duff']"
+)
 SECTORS = "ARRAY['Robotics', 'Foods', 'Logistics', 'Energy', 'Labs', 'Systems', 'Health', 'Media', 'Capital', 'Motors']"
-CITIES = ("ARRAY['Lisbon', 'Lyon', 'Leeds', 'Austin', 'Osaka', 'Porto', 'Graz', 'Turin', 'Ghent', 'Malmo', 'Cork',"
-          " 'Bilbao']")
+CITIES = (
+    "ARRAY['Lisbon', 'Lyon', 'Leeds', 'Austin', 'Osaka', 'Porto', 'Graz', 'Turin', 'Ghent', 'Malmo', 'Cork',"
+    " 'Bilbao']"
+)
 PEOPLE = "ARRAY['Kim Lee', 'Ana Lopez', 'Sam Okafor', 'Mia Chen', 'Tom Berg', 'Eva Novak', 'Raj Iyer', 'Lea Roth']"
-INSTRUCTIONS = ("ARRAY['They signed the contract today', 'Called back about the renewal contract',"
-                " 'Asked for a new quote before Friday', 'Met them at the trade fair', 'Went with a competitor',"
-                " 'Budget confirmed for next quarter', 'Sent the contract draft to legal',"
-                " 'No answer after three emails']")
-QUESTIONS = ("ARRAY['How does a worker avoid running a step twice after a crash?',"
-             " 'What happens to a run when its worker is killed?', 'When is a contract step retried?',"
-             " 'How are approvals recorded?', 'Which errors are retryable?']")
+INSTRUCTIONS = (
+    "ARRAY['They signed the contract today', 'Called back about the renewal contract',"
+    " 'Asked for a new quote before Friday', 'Met them at the trade fair', 'Went with a competitor',"
+    " 'Budget confirmed for next quarter', 'Sent the contract draft to legal',"
+    " 'No answer after three emails']"
+)
+QUESTIONS = (
+    "ARRAY['How does a worker avoid running a step twice after a crash?',"
+    " 'What happens to a run when its worker is killed?', 'When is a contract step retried?',"
+    " 'How are approvals recorded?', 'Which errors are retryable?']"
+)
 REGIONS = "ARRAY['eu-west', 'us-east', 'ap-south']"
 
 CASES = [
@@ -80,13 +88,17 @@ def insert_runs(tenant, n: int, *, offset: int, tenant_word: str = "") -> None:
     """n runs of ``tenant`` over the month, interleaved in time with the other tenants' (g from offset)."""
     from runs.models import Run
 
-    company = (f"({COMPANIES})[1 + g %% 20] || ' ' || ({SECTORS})[1 + (g / 20) %% 10]"
-               " || CASE WHEN g %% 50000 = 17 THEN ' Zanzibar' ELSE '' END"
-               " || CASE WHEN g %% 97 = 5 THEN ' Quokka' WHEN g %% 1009 = 3 THEN ' Wombat'"
-               " WHEN g %% 53 = 7 THEN ' Platypus' ELSE '' END"
-               " || CASE WHEN %(word)s <> '' AND g %% 3 = 0 THEN ' ' || %(word)s ELSE '' END")
-    instruction = (f"({INSTRUCTIONS})[1 + (g / 7) %% 8] || ' (' || ({PEOPLE})[1 + g %% 8] || ', '"
-                   f" || ({CITIES})[1 + (g / 3) %% 12] || ', ' || {company} || ')'")
+    company = (
+        f"({COMPANIES})[1 + g %% 20] || ' ' || ({SECTORS})[1 + (g / 20) %% 10]"
+        " || CASE WHEN g %% 50000 = 17 THEN ' Zanzibar' ELSE '' END"
+        " || CASE WHEN g %% 97 = 5 THEN ' Quokka' WHEN g %% 1009 = 3 THEN ' Wombat'"
+        " WHEN g %% 53 = 7 THEN ' Platypus' ELSE '' END"
+        " || CASE WHEN %(word)s <> '' AND g %% 3 = 0 THEN ' ' || %(word)s ELSE '' END"
+    )
+    instruction = (
+        f"({INSTRUCTIONS})[1 + (g / 7) %% 8] || ' (' || ({PEOPLE})[1 + g %% 8] || ', '"
+        f" || ({CITIES})[1 + (g / 3) %% 12] || ', ' || {company} || ')'"
+    )
     app = f"lower(({COMPANIES})[1 + g %% 20]) || '-' || (g %% 97)"
     region = f"({REGIONS})[1 + g %% 3]"
     kind = "(ARRAY['crm_update', 'crm_update', 'research', 'research_brief', 'deploy_app'])[1 + g %% 5]"
@@ -127,8 +139,19 @@ def insert_runs(tenant, n: int, *, offset: int, tenant_word: str = "") -> None:
         "last_event_seq": "6",
         "result": "jsonb_build_object('answer', repeat('lorem ipsum ', 40))",
     }
-    insert_select(Run, rows, source, {"tenant": tenant.pk, "first": offset + 1, "last": offset + n,
-                                      "n": n, "span": SPAN_S, "word": tenant_word})
+    insert_select(
+        Run,
+        rows,
+        source,
+        {
+            "tenant": tenant.pk,
+            "first": offset + 1,
+            "last": offset + n,
+            "n": n,
+            "span": SPAN_S,
+            "word": tenant_word,
+        },
+    )
 
 
 def list_queries(tenant, search):
@@ -151,7 +174,9 @@ def list_queries(tenant, search):
 def indexes_used(query: str, params: list) -> tuple[str, float]:
     rows = sql("EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) " + query, params)
     plan = "\n".join(row[0] for row in rows)
-    names = re.findall(r"(?:Index Scan|Index Only Scan|Bitmap Index Scan)(?: Backward)?(?: using| on) (\w+)", plan)
+    names = re.findall(
+        r"(?:Index Scan|Index Only Scan|Bitmap Index Scan)(?: Backward)?(?: using| on) (\w+)", plan
+    )
     scans = re.findall(r"Seq Scan on (\w+)", plan)
     used = ", ".join(dict.fromkeys(names)) or ("seq scan" if scans else "?")
     executed = float(re.search(r"Execution Time: ([\d.]+)", plan).group(1))
@@ -179,19 +204,29 @@ def matches(tenant, search) -> int:
     from runs.selectors import search_terms
 
     runs = Run.objects.for_tenant(tenant)
-    return runs.count() if search is None else runs.matching(search_terms(search), tenant=tenant).count()
+    return (
+        runs.count()
+        if search is None
+        else runs.matching(search_terms(search), tenant=tenant).count()
+    )
 
 
 def report(tenant, label_prefix: str, repeat: int) -> None:
-    say(f"{'case (' + label_prefix + ')':44} {'p50 ms':>8} {'p95 ms':>8} {'rows':>5} {'matching':>9}"
-        "  indexes used, by statement")
+    say(
+        f"{'case (' + label_prefix + ')':44} {'p50 ms':>8} {'p95 ms':>8} {'rows':>5} {'matching':>9}"
+        "  indexes used, by statement"
+    )
     for label, search in CASES:
         timings = time_case(tenant, search, repeat)
         statements, rows = list_queries(tenant, search)
-        used = " | ".join(f"{indexes_used(query, params)[0]} ({indexes_used(query, params)[1]:.1f} ms)"
-                          for query, params in statements)
-        say(f"{label + (f' {search!r}' if search else ''):44} {pct(timings, 50):8.2f} {pct(timings, 95):8.2f} "
-            f"{rows:5d} {matches(tenant, search):9,d}  {used}")
+        used = " | ".join(
+            f"{indexes_used(query, params)[0]} ({indexes_used(query, params)[1]:.1f} ms)"
+            for query, params in statements
+        )
+        say(
+            f"{label + (f' {search!r}' if search else ''):44} {pct(timings, 50):8.2f} {pct(timings, 95):8.2f} "
+            f"{rows:5d} {matches(tenant, search):9,d}  {used}"
+        )
 
 
 def words(expression):
@@ -199,7 +234,11 @@ def words(expression):
     from django.db.models import Func
     from django.db.models.fields import TextField
 
-    return Func(expression, template="to_tsvector('simple'::regconfig, %(expressions)s)", output_field=TextField())
+    return Func(
+        expression,
+        template="to_tsvector('simple'::regconfig, %(expressions)s)",
+        output_field=TextField(),
+    )
 
 
 class Matches:
@@ -209,9 +248,18 @@ class Matches:
         from django.db.models import BooleanField, Func, Value
         from django.db.models.fields import TextField
 
-        tsquery = Func(Value(query), template="to_tsquery('simple'::regconfig, %(expressions)s)",
-                       output_field=TextField())
-        return Func(vector, tsquery, template="(%(expressions)s)", arg_joiner=" @@ ", output_field=BooleanField())
+        tsquery = Func(
+            Value(query),
+            template="to_tsquery('simple'::regconfig, %(expressions)s)",
+            output_field=TextField(),
+        )
+        return Func(
+            vector,
+            tsquery,
+            template="(%(expressions)s)",
+            arg_joiner=" @@ ",
+            output_field=BooleanField(),
+        )
 
 
 def fulltext_comparison(tenants, repeat: int) -> None:
@@ -230,13 +278,19 @@ def fulltext_comparison(tenants, repeat: int) -> None:
     sql("ANALYZE runs_run")
     say(f"full-text index built in {built:.1f} s, {size}")
     for tenant, name in tenants:
-        say(f"{'case (full text, ' + name + ')':44} {'p50 ms':>8} {'p95 ms':>8} {'rows':>5}  index used")
+        say(
+            f"{'case (full text, ' + name + ')':44} {'p50 ms':>8} {'p95 ms':>8} {'rows':>5}  index used"
+        )
         for label, search in CASES:
             if search is None:
                 continue
             query = " & ".join(f"{word}:*" for word in search.split())
-            qs = (Run.objects.for_tenant(tenant).filter(Matches(words(SearchText()), query))
-                  .newest_first().defer("input", "result", "error"))
+            qs = (
+                Run.objects.for_tenant(tenant)
+                .filter(Matches(words(SearchText()), query))
+                .newest_first()
+                .defer("input", "result", "error")
+            )
             compiled_sql, params = qs[:51].query.sql_with_params()
             timings = []
             for _ in range(3 + repeat):
@@ -245,7 +299,9 @@ def fulltext_comparison(tenants, repeat: int) -> None:
                 timings.append((time.perf_counter() - started) * 1000)
             used, _ = indexes_used(compiled_sql, list(params))
             timings = timings[3:]
-            say(f"{label + f' {query!r}':44} {pct(timings, 50):8.2f} {pct(timings, 95):8.2f} {len(found):5d}  {used}")
+            say(
+                f"{label + f' {query!r}':44} {pct(timings, 50):8.2f} {pct(timings, 95):8.2f} {len(found):5d}  {used}"
+            )
     sql("DROP INDEX run_search_fts_bench")
 
 
@@ -256,8 +312,10 @@ def run(args) -> None:
 
     big = Tenant.objects.create(name="Big", slug="big", max_queued=10_000_000)
     mid = Tenant.objects.create(name="Mid", slug="mid", max_queued=10_000_000)
-    small = [Tenant.objects.create(name=f"Small {i}", slug=f"small-{i}", max_queued=10_000_000)
-             for i in range(SMALL_TENANTS)]
+    small = [
+        Tenant.objects.create(name=f"Small {i}", slug=f"small-{i}", max_queued=10_000_000)
+        for i in range(SMALL_TENANTS)
+    ]
     n_big, n_mid = args.runs * 6 // 10, args.runs * 3 // 10
     n_small = (args.runs - n_big - n_mid) // SMALL_TENANTS
 
@@ -270,8 +328,10 @@ def run(args) -> None:
     for i, tenant in enumerate(small):
         insert_runs(tenant, n_small, offset=n_big + n_mid + i * n_small)
     total = n_big + n_mid + n_small * SMALL_TENANTS
-    say(f"inserted   : {total:,} runs ({n_big:,} big, {n_mid:,} mid, {SMALL_TENANTS} x {n_small:,} small) "
-        f"in {time.perf_counter() - started:.1f} s")
+    say(
+        f"inserted   : {total:,} runs ({n_big:,} big, {n_mid:,} mid, {SMALL_TENANTS} x {n_small:,} small) "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
 
     started = time.perf_counter()
     # The statement of migration 0018 (CONCURRENTLY there; the same index).
@@ -279,8 +339,10 @@ def run(args) -> None:
     with connection.schema_editor() as editor:
         editor.add_index(Run, index)
     built = time.perf_counter() - started
-    size = sql(f"SELECT pg_size_pretty(pg_relation_size('{SEARCH_INDEX}')),"
-               " pg_size_pretty(pg_relation_size('runs_run'))")[0]
+    size = sql(
+        f"SELECT pg_size_pretty(pg_relation_size('{SEARCH_INDEX}')),"
+        " pg_size_pretty(pg_relation_size('runs_run'))"
+    )[0]
     say(f"search idx : built in {built:.1f} s, {size[0]} (the table: {size[1]})")
     sql("VACUUM ANALYZE runs_run")
     sql("CHECKPOINT")
@@ -295,10 +357,18 @@ def run(args) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=1_000_000, help="runs in all (default 1,000,000)")
-    parser.add_argument("--repeat", type=int, default=30, help="timed queries per case (default 30)")
-    parser.add_argument("--fulltext", action="store_true", help="also time a full-text index of the same text")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1_000_000, help="runs in all (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=30, help="timed queries per case (default 30)"
+    )
+    parser.add_argument(
+        "--fulltext", action="store_true", help="also time a full-text index of the same text"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
     database = Database()

@@ -63,7 +63,9 @@ def measure_api(httpx, url: str, key: str, seconds: float) -> list[float]:
     return latencies
 
 
-def storm(httpx, base: str, logins: int, stop: threading.Event, answers: Counter) -> list[threading.Thread]:
+def storm(
+    httpx, base: str, logins: int, stop: threading.Event, answers: Counter
+) -> list[threading.Thread]:
     """``logins`` threads posting the login form with wrong passwords until ``stop`` is set."""
     start = threading.Barrier(logins + 1)
 
@@ -75,8 +77,14 @@ def storm(httpx, base: str, logins: int, stop: threading.Event, answers: Counter
             i = 0
             while not stop.is_set():
                 i += 1
-                response = client.post(base + "/accounts/login/", data={
-                    "username": f"storm-{n}-{i}", "password": "wrong-password", "csrfmiddlewaretoken": csrf})
+                response = client.post(
+                    base + "/accounts/login/",
+                    data={
+                        "username": f"storm-{n}-{i}",
+                        "password": "wrong-password",
+                        "csrfmiddlewaretoken": csrf,
+                    },
+                )
                 answers[response.status_code] += 1
                 if response.status_code == 503:
                     time.sleep(float(response.headers.get("Retry-After", "1")))
@@ -89,14 +97,22 @@ def storm(httpx, base: str, logins: int, stop: threading.Event, answers: Counter
 
 
 def summary(name: str, latencies: list[float]) -> str:
-    return (f"{name:<22} {len(latencies):>5} requests   median {statistics.median(latencies):8.1f} ms"
-            f"   max {max(latencies):8.1f} ms")
+    return (
+        f"{name:<22} {len(latencies):>5} requests   median {statistics.median(latencies):8.1f} ms"
+        f"   max {max(latencies):8.1f} ms"
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--logins", type=int, default=24, help="concurrent login attempts (default 24)")
-    parser.add_argument("--seconds", type=float, default=10, help="length of each phase (default 10)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--logins", type=int, default=24, help="concurrent login attempts (default 24)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=10, help="length of each phase (default 10)"
+    )
     args = parser.parse_args()
 
     import httpx
@@ -131,8 +147,10 @@ def main() -> int:
 
         url = base + "/api/runs?limit=20"
         measure_api(httpx, url, key, 1)  # warm-up
-        say(f"login storm: {args.logins} concurrent logins, {args.seconds:g} s per phase, "
-            f"{os.cpu_count()} cores, RUNS_LOGIN_CONCURRENCY={os.environ.get('RUNS_LOGIN_CONCURRENCY', 'default')}")
+        say(
+            f"login storm: {args.logins} concurrent logins, {args.seconds:g} s per phase, "
+            f"{os.cpu_count()} cores, RUNS_LOGIN_CONCURRENCY={os.environ.get('RUNS_LOGIN_CONCURRENCY', 'default')}"
+        )
         alone = measure_api(httpx, url, key, args.seconds)
         say(summary("GET /api/runs alone", alone))
 
@@ -143,7 +161,10 @@ def main() -> int:
         for thread in threads:
             thread.join(120)
         say(summary("GET /api/runs in storm", during))
-        say("login answers: " + ", ".join(f"{status}: {count}" for status, count in sorted(answers.items())))
+        say(
+            "login answers: "
+            + ", ".join(f"{status}: {count}" for status, count in sorted(answers.items()))
+        )
         return 0
     finally:
         children.stop()

@@ -34,8 +34,7 @@ from bench.common import with_database  # noqa: E402
 MODES = {
     "plain": "UPDATE notify_bench SET v = v + 1 WHERE id = %s",
     "same shape, no notify": (
-        "WITH u AS (UPDATE notify_bench SET v = v + 1 WHERE id = %s RETURNING id)"
-        " SELECT id FROM u"
+        "WITH u AS (UPDATE notify_bench SET v = v + 1 WHERE id = %s RETURNING id) SELECT id FROM u"
     ),
     "notify every commit": (
         "WITH u AS (UPDATE notify_bench SET v = v + 1 WHERE id = %s RETURNING id)"
@@ -68,7 +67,9 @@ def rate(dsn: str, statement: str, *, clients: int, seconds: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
@@ -84,26 +85,38 @@ def main() -> None:
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE notify_bench (id int PRIMARY KEY, v int NOT NULL)")
-            conn.execute("INSERT INTO notify_bench SELECT g, 0 FROM generate_series(1, %s) g", (args.clients,))
+            conn.execute(
+                "INSERT INTO notify_bench SELECT g, 0 FROM generate_series(1, %s) g",
+                (args.clients,),
+            )
             conn.execute("CREATE UNLOGGED TABLE notify_bench_watch (id int PRIMARY KEY)")
-            settings = dict(conn.execute(
-                "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')").fetchall())
+            settings = dict(
+                conn.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')"
+                ).fetchall()
+            )
             version = conn.execute("SHOW server_version").fetchone()[0]
         listener = psycopg.connect(dsn, autocommit=True)
         listener.execute("LISTEN notify_bench")  # a listener, as a web process would be
-        print(f"PostgreSQL {version}, fsync={settings['fsync']}, synchronous_commit={settings['synchronous_commit']}; "
-              f"{os.cpu_count()} CPUs; {args.clients} clients, {args.seconds:g} s per mode, {args.rounds} rounds")
+        print(
+            f"PostgreSQL {version}, fsync={settings['fsync']}, synchronous_commit={settings['synchronous_commit']}; "
+            f"{os.cpu_count()} CPUs; {args.clients} clients, {args.seconds:g} s per mode, {args.rounds} rounds"
+        )
         results: dict[str, list[float]] = {mode: [] for mode in MODES}
         for _ in range(args.rounds):
             for mode, statement in MODES.items():
-                results[mode].append(rate(dsn, statement, clients=args.clients, seconds=args.seconds))
+                results[mode].append(
+                    rate(dsn, statement, clients=args.clients, seconds=args.seconds)
+                )
                 for _ in listener.notifies(timeout=0.01):
                     pass
         plain = statistics.median(results["plain"])
         for mode, values in results.items():
             median = statistics.median(values)
-            print(f"  {mode:<22} median {median:7.0f} commits/s  ({median / plain:4.0%} of plain)"
-                  f"   rounds: {', '.join(f'{v:.0f}' for v in values)}")
+            print(
+                f"  {mode:<22} median {median:7.0f} commits/s  ({median / plain:4.0%} of plain)"
+                f"   rounds: {', '.join(f'{v:.0f}' for v in values)}"
+            )
         listener.close()
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:

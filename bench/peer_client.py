@@ -60,16 +60,24 @@ class AgentRuns:
     def bulk(self, n: int, steps: int) -> None:
         with self.transaction.atomic():
             for _ in range(n):
-                self.submit_run(tenant=self.tenant, kind="bench_steps", input={"steps": steps}, queue="bench_tp")
+                self.submit_run(
+                    tenant=self.tenant, kind="bench_steps", input={"steps": steps}, queue="bench_tp"
+                )
 
     def submit(self, i: int) -> None:
         with self.transaction.atomic():
-            self.submit_run(tenant=self.tenant, kind="bench_steps", input={"steps": 1}, queue="bench_tp")
+            self.submit_run(
+                tenant=self.tenant, kind="bench_steps", input={"steps": 1}, queue="bench_tp"
+            )
 
     def ping(self, seq: int, port: int) -> None:
         with self.transaction.atomic():
-            self.submit_run(tenant=self.tenant, kind="bench_ping", input={"seq": seq, "port": port},
-                            queue="bench_ping")
+            self.submit_run(
+                tenant=self.tenant,
+                kind="bench_ping",
+                input={"seq": seq, "port": port},
+                queue="bench_ping",
+            )
 
     def close(self) -> None:
         from django.db import connections
@@ -115,15 +123,23 @@ class PGQueuer:
     def bulk(self, n: int, steps: int) -> None:
         for start in range(0, n, CHUNK):
             ids = range(start, min(n, start + CHUNK))
-            self.loop.run_until_complete(self.queries.enqueue(
-                [self.names[0]] * len(ids), [json.dumps({"i": i}).encode() for i in ids], [0] * len(ids)))
+            self.loop.run_until_complete(
+                self.queries.enqueue(
+                    [self.names[0]] * len(ids),
+                    [json.dumps({"i": i}).encode() for i in ids],
+                    [0] * len(ids),
+                )
+            )
 
     def submit(self, i: int) -> None:
-        self.loop.run_until_complete(self.queries.enqueue(self.names[0], json.dumps({"i": i}).encode()))
+        self.loop.run_until_complete(
+            self.queries.enqueue(self.names[0], json.dumps({"i": i}).encode())
+        )
 
     def ping(self, seq: int, port: int) -> None:
         self.loop.run_until_complete(
-            self.queries.enqueue(self.names[1], json.dumps({"seq": seq, "port": port}).encode()))
+            self.queries.enqueue(self.names[1], json.dumps({"seq": seq, "port": port}).encode())
+        )
 
     def close(self) -> None:
         self.loop.run_until_complete(self._close())
@@ -205,8 +221,14 @@ def op_enqueue(client, args) -> dict:
         client.submit(i)
         latencies.append((time.perf_counter() - t0) * 1000)
     seconds = time.perf_counter() - started
-    return {"n": args.n, "warmup": args.warmup, "seconds": seconds, "rate": args.n / seconds,
-            "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99)}
+    return {
+        "n": args.n,
+        "warmup": args.warmup,
+        "seconds": seconds,
+        "rate": args.n / seconds,
+        "p50_ms": pct(latencies, 50),
+        "p99_ms": pct(latencies, 99),
+    }
 
 
 def op_dispatch(client, args) -> dict:
@@ -253,23 +275,35 @@ def op_dispatch(client, args) -> dict:
             latencies.append(ms)
         time.sleep(args.pause)
     sock.close()
-    return {"n": args.n, "warmup": args.warmup, "latencies_ms": latencies, "lost": lost, "warmup_lost": warm_lost,
-            "submit_ms": submitted}
+    return {
+        "n": args.n,
+        "warmup": args.warmup,
+        "latencies_ms": latencies,
+        "lost": lost,
+        "warmup_lost": warm_lost,
+        "submit_ms": submitted,
+    }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("system", choices=sorted(ADAPTERS))
     parser.add_argument("op", choices=["bulk", "enqueue", "dispatch"])
     parser.add_argument("--n", type=int, required=True)
     parser.add_argument("--steps", type=int, default=1, help="bulk: steps of this project's runs")
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--pause", type=float, default=0.02, help="dispatch: seconds between jobs")
-    parser.add_argument("--timeout", type=float, default=10.0, help="dispatch: seconds to wait for a datagram")
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="dispatch: seconds to wait for a datagram"
+    )
     args = parser.parse_args(argv)
     client = ADAPTERS[args.system]()
     try:
-        result = {"bulk": op_bulk, "enqueue": op_enqueue, "dispatch": op_dispatch}[args.op](client, args)
+        result = {"bulk": op_bulk, "enqueue": op_enqueue, "dispatch": op_dispatch}[args.op](
+            client, args
+        )
     finally:
         client.close()
     print("RESULT " + json.dumps(result), flush=True)

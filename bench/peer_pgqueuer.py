@@ -93,20 +93,30 @@ def run_worker(argv: list[str] | None = None) -> None:
     from pgqueuer.domain.types import QueueExecutionMode
 
     parser = argparse.ArgumentParser(description="a PGQueuer worker for bench/peers.py")
-    parser.add_argument("--batch-size", type=int, default=10, help="jobs dequeued at once (pgq run default 10)")
-    parser.add_argument("--max-concurrent-tasks", type=int, default=None,
-                        help="jobs this worker holds at most (pgq run default: unlimited)")
-    parser.add_argument("--dequeue-timeout", type=float, default=30.0, help="seconds to wait for a NOTIFY (30)")
+    parser.add_argument(
+        "--batch-size", type=int, default=10, help="jobs dequeued at once (pgq run default 10)"
+    )
+    parser.add_argument(
+        "--max-concurrent-tasks",
+        type=int,
+        default=None,
+        help="jobs this worker holds at most (pgq run default: unlimited)",
+    )
+    parser.add_argument(
+        "--dequeue-timeout", type=float, default=30.0, help="seconds to wait for a NOTIFY (30)"
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logconfig.setup_fancy_logger(logconfig.LogLevel[args.log_level.upper()])
-    asyncio_run(pgqueuer.run(
-        main,
-        dequeue_timeout=timedelta(seconds=args.dequeue_timeout),
-        batch_size=args.batch_size,
-        mode=QueueExecutionMode.continuous,
-        max_concurrent_tasks=args.max_concurrent_tasks,
-    ))
+    asyncio_run(
+        pgqueuer.run(
+            main,
+            dequeue_timeout=timedelta(seconds=args.dequeue_timeout),
+            batch_size=args.batch_size,
+            mode=QueueExecutionMode.continuous,
+            max_concurrent_tasks=args.max_concurrent_tasks,
+        )
+    )
 
 
 if __name__ == "__main__":

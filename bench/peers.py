@@ -68,11 +68,22 @@ BIN = Path(PY).parent
 MANAGE = str(ROOT / "manage.py")
 CLIENT = str(ROOT / "bench" / "peer_client.py")
 SYSTEMS = ["agentruns", "agentruns-tasks", "procrastinate", "pgqueuer", "django-tasks-db"]
-LABELS = {"agentruns": "agentruns (this project)", "agentruns-tasks": "agentruns django.tasks backend",
-          "procrastinate": "Procrastinate", "pgqueuer": "PGQueuer", "django-tasks-db": "django-tasks-db"}
-PACKAGES = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer", "django-tasks-db": "django-tasks-db"}
+LABELS = {
+    "agentruns": "agentruns (this project)",
+    "agentruns-tasks": "agentruns django.tasks backend",
+    "procrastinate": "Procrastinate",
+    "pgqueuer": "PGQueuer",
+    "django-tasks-db": "django-tasks-db",
+}
+PACKAGES = {
+    "procrastinate": "procrastinate",
+    "pgqueuer": "pgqueuer",
+    "django-tasks-db": "django-tasks-db",
+}
 POLL = 0.02  # seconds between the drain's done-count queries
-ORIGINAL_DATABASE_URL = os.environ.get("DATABASE_URL", "")  # for the command printed in the document
+ORIGINAL_DATABASE_URL = os.environ.get(
+    "DATABASE_URL", ""
+)  # for the command printed in the document
 
 
 def package_version(name: str) -> str:
@@ -134,14 +145,28 @@ class System:
     def run_checked(self, argv: list[str], env: dict, what: str) -> None:
         out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
-            raise RuntimeError(f"{self.label}: {what} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+            raise RuntimeError(
+                f"{self.label}: {what} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+            )
 
     def ready(self, conn) -> bool:
         if self.listens:
-            return scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                "AND pid <> pg_backend_pid() AND query ILIKE 'LISTEN%%'") >= 2
-        return scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'") >= 2
+            return (
+                scalar(
+                    conn,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND query ILIKE 'LISTEN%%'",
+                )
+                >= 2
+            )
+        return (
+            scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+            )
+            >= 2
+        )
 
     # Overridden: apply_schema, worker_argv, clear, analyze, done_sql, verify, queued.
 
@@ -172,21 +197,44 @@ class AgentRuns(System):
 
     def env(self) -> dict:
         env = dict(self.bench.base_env)
-        env.update({"DATABASE_URL": self.url, "AGENT_MODULES": "bench.agents", "DJANGO_SETTINGS_MODULE": "config.settings",
-                    "DEBUG": "0", "SECRET_KEY": BENCH_SECRET_KEY, "LOG_LEVEL": "WARNING", "BENCH_TENANT": "bench-peers"})
+        env.update(
+            {
+                "DATABASE_URL": self.url,
+                "AGENT_MODULES": "bench.agents",
+                "DJANGO_SETTINGS_MODULE": "config.settings",
+                "DEBUG": "0",
+                "SECRET_KEY": BENCH_SECRET_KEY,
+                "LOG_LEVEL": "WARNING",
+                "BENCH_TENANT": "bench-peers",
+            }
+        )
         return env
 
     def worker_argv(self, purpose: str) -> list[str]:
         queue = "bench_ping" if purpose == "dispatch" else "bench_tp"
-        return [PY, MANAGE, "runworker", "--queues", queue, "--concurrency", str(self.args.concurrency)]
+        return [
+            PY,
+            MANAGE,
+            "runworker",
+            "--queues",
+            queue,
+            "--concurrency",
+            str(self.args.concurrency),
+        ]
 
     def clear(self, conn) -> None:
         conn.execute("TRUNCATE runs_run CASCADE")
-        counters = [c for (c,) in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs_tenant' "
-            "AND column_name IN ('running', 'queued')").fetchall()]
+        counters = [
+            c
+            for (c,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs_tenant' "
+                "AND column_name IN ('running', 'queued')"
+            ).fetchall()
+        ]
         if counters:
-            conn.execute("UPDATE runs_tenant SET " + ", ".join(f"{c} = 0" for c in sorted(counters)))
+            conn.execute(
+                "UPDATE runs_tenant SET " + ", ".join(f"{c} = 0" for c in sorted(counters))
+            )
 
     def analyze(self, conn) -> None:
         conn.execute("ANALYZE runs_run")
@@ -196,15 +244,26 @@ class AgentRuns(System):
 
     def verify(self, conn, n: int, steps: int) -> tuple[bool, str]:
         total = scalar(conn, "SELECT count(*) FROM runs_run")
-        complete = scalar(conn, "SELECT count(*) FROM runs_run WHERE status = 'done' AND steps_done = %s "
-                                "AND attempt = 1", [steps])
+        complete = scalar(
+            conn,
+            "SELECT count(*) FROM runs_run WHERE status = 'done' AND steps_done = %s "
+            "AND attempt = 1",
+            [steps],
+        )
         step_rows = scalar(conn, "SELECT count(*) FROM runs_step WHERE status = 'done'")
-        has_running = scalar(conn, "SELECT count(*) FROM information_schema.columns WHERE table_name = 'runs_tenant' "
-                                   "AND column_name = 'running'")
-        running = scalar(conn, "SELECT coalesce(sum(running), 0) FROM runs_tenant") if has_running else 0
+        has_running = scalar(
+            conn,
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'runs_tenant' "
+            "AND column_name = 'running'",
+        )
+        running = (
+            scalar(conn, "SELECT coalesce(sum(running), 0) FROM runs_tenant") if has_running else 0
+        )
         ok = total == n and complete == n and step_rows == n * steps and running == 0
-        return ok, (f"runs {total}, done with steps_done={steps} and attempt=1: {complete}/{n}, "
-                    f"runs_step rows done {step_rows}/{n * steps}, tenant running counters left {running}")
+        return ok, (
+            f"runs {total}, done with steps_done={steps} and attempt=1: {complete}/{n}, "
+            f"runs_step rows done {step_rows}/{n * steps}, tenant running counters left {running}"
+        )
 
     def queued(self, conn) -> int:
         return scalar(conn, "SELECT count(*) FROM runs_run WHERE status = 'queued'")
@@ -240,19 +299,32 @@ class AgentRunsTasks(AgentRuns):
 
     def env(self) -> dict:
         env = super().env()
-        env.update({"AGENT_MODULES": "bench.agents,bench.peer_djtasks", "RUNS_TASK_TENANT": "bench-tasks"})
+        env.update(
+            {"AGENT_MODULES": "bench.agents,bench.peer_djtasks", "RUNS_TASK_TENANT": "bench-tasks"}
+        )
         return env
 
     def worker_argv(self, purpose: str) -> list[str]:
-        return [PY, MANAGE, "runworker", "--queues", "default", "--concurrency", str(self.args.concurrency)]
+        return [
+            PY,
+            MANAGE,
+            "runworker",
+            "--queues",
+            "default",
+            "--concurrency",
+            str(self.args.concurrency),
+        ]
 
 
 class Procrastinate(System):
     name = "procrastinate"
 
     def apply_schema(self) -> None:
-        self.run_checked([str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "schema", "--apply"],
-                         self.env(), "procrastinate schema --apply")
+        self.run_checked(
+            [str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "schema", "--apply"],
+            self.env(),
+            "procrastinate schema --apply",
+        )
 
     def env(self) -> dict:
         env = super().env()
@@ -261,12 +333,22 @@ class Procrastinate(System):
         return env
 
     def worker_argv(self, purpose: str) -> list[str]:
-        return [str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "--log-level=warning", "worker",
-                "--queues", "bench", "--concurrency", str(self.args.concurrency)]
+        return [
+            str(BIN / "procrastinate"),
+            "--app=bench.peer_procrastinate.app",
+            "--log-level=warning",
+            "worker",
+            "--queues",
+            "bench",
+            "--concurrency",
+            str(self.args.concurrency),
+        ]
 
     def clear(self, conn) -> None:
-        conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_periodic_defers, "
-                     "procrastinate_workers CASCADE")
+        conn.execute(
+            "TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_periodic_defers, "
+            "procrastinate_workers CASCADE"
+        )
 
     def analyze(self, conn) -> None:
         conn.execute("ANALYZE procrastinate_jobs")
@@ -275,10 +357,16 @@ class Procrastinate(System):
 
     def verify(self, conn, n: int, steps: int) -> tuple[bool, str]:
         total = scalar(conn, "SELECT count(*) FROM procrastinate_jobs")
-        succeeded = scalar(conn, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' AND attempts = 1")
+        succeeded = scalar(
+            conn,
+            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' AND attempts = 1",
+        )
         started = scalar(conn, "SELECT count(*) FROM procrastinate_events WHERE type = 'started'")
         ok = total == n and succeeded == n and started == n
-        return ok, f"jobs {total}, succeeded with attempts=1: {succeeded}/{n}, 'started' events {started}/{n}"
+        return (
+            ok,
+            f"jobs {total}, succeeded with attempts=1: {succeeded}/{n}, 'started' events {started}/{n}",
+        )
 
     def queued(self, conn) -> int:
         return scalar(conn, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'todo'")
@@ -303,11 +391,22 @@ class PGQueuer(System):
         return env
 
     def apply_schema(self) -> None:
-        self.run_checked([str(BIN / "pgq"), "--pg-dsn", self.url, "install"], self.env(), "pgq install")
+        self.run_checked(
+            [str(BIN / "pgq"), "--pg-dsn", self.url, "install"], self.env(), "pgq install"
+        )
 
     def worker_argv(self, purpose: str) -> list[str]:
-        return [PY, "-m", "bench.peer_pgqueuer", "--batch-size", str(self.batch_size),
-                "--max-concurrent-tasks", str(self.max_tasks), "--log-level", "WARNING"]
+        return [
+            PY,
+            "-m",
+            "bench.peer_pgqueuer",
+            "--batch-size",
+            str(self.batch_size),
+            "--max-concurrent-tasks",
+            str(self.max_tasks),
+            "--log-level",
+            "WARNING",
+        ]
 
     def clear(self, conn) -> None:
         conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
@@ -319,14 +418,24 @@ class PGQueuer(System):
 
     def verify(self, conn, n: int, steps: int) -> tuple[bool, str]:
         left = scalar(conn, "SELECT count(*) FROM pgqueuer")
-        counts = dict(conn.execute("SELECT status::text, count(*) FROM pgqueuer_log GROUP BY 1").fetchall())
+        counts = dict(
+            conn.execute("SELECT status::text, count(*) FROM pgqueuer_log GROUP BY 1").fetchall()
+        )
         jobs = scalar(conn, "SELECT count(DISTINCT job_id) FROM pgqueuer_log")
         bad = {k: v for k, v in counts.items() if k not in ("queued", "picked", "successful")}
-        ok = (left == 0 and jobs == n and counts.get("queued") == n and counts.get("picked") == n
-              and counts.get("successful") == n and not bad)
-        return ok, (f"queue table rows left {left}, log: {jobs} jobs, queued {counts.get('queued', 0)}, "
-                    f"picked {counts.get('picked', 0)}, successful {counts.get('successful', 0)}/{n}"
-                    + (f", other {bad}" if bad else ""))
+        ok = (
+            left == 0
+            and jobs == n
+            and counts.get("queued") == n
+            and counts.get("picked") == n
+            and counts.get("successful") == n
+            and not bad
+        )
+        return ok, (
+            f"queue table rows left {left}, log: {jobs} jobs, queued {counts.get('queued', 0)}, "
+            f"picked {counts.get('picked', 0)}, successful {counts.get('successful', 0)}/{n}"
+            + (f", other {bad}" if bad else "")
+        )
 
     def queued(self, conn) -> int:
         return scalar(conn, "SELECT count(*) FROM pgqueuer WHERE status = 'queued'")
@@ -339,16 +448,32 @@ class DjangoTasksDB(System):
 
     def env(self) -> dict:
         env = dict(self.bench.base_env)
-        env.update({"DATABASE_URL": self.url, "DJANGO_SETTINGS_MODULE": "bench.peer_settings",
-                    "SECRET_KEY": BENCH_SECRET_KEY})
+        env.update(
+            {
+                "DATABASE_URL": self.url,
+                "DJANGO_SETTINGS_MODULE": "bench.peer_settings",
+                "SECRET_KEY": BENCH_SECRET_KEY,
+            }
+        )
         return env
 
     def apply_schema(self) -> None:
         self.run_checked([PY, "-m", "django", "migrate", "--verbosity", "0"], self.env(), "migrate")
 
     def worker_argv(self, purpose: str) -> list[str]:
-        return [PY, "-m", "django", "db_worker", "--queue-name", "default", "--interval", str(self.args.dtdb_interval),
-                "--no-startup-delay", "--verbosity", "0"]
+        return [
+            PY,
+            "-m",
+            "django",
+            "db_worker",
+            "--queue-name",
+            "default",
+            "--interval",
+            str(self.args.dtdb_interval),
+            "--no-startup-delay",
+            "--verbosity",
+            "0",
+        ]
 
     def clear(self, conn) -> None:
         conn.execute(f"TRUNCATE {self.table}")
@@ -362,8 +487,11 @@ class DjangoTasksDB(System):
 
     def verify(self, conn, n: int, steps: int) -> tuple[bool, str]:
         total = scalar(conn, f"SELECT count(*) FROM {self.table}")
-        ok_rows = scalar(conn, f"SELECT count(*) FROM {self.table} WHERE status = 'SUCCESSFUL' "
-                               "AND jsonb_array_length(worker_ids) = 1")
+        ok_rows = scalar(
+            conn,
+            f"SELECT count(*) FROM {self.table} WHERE status = 'SUCCESSFUL' "
+            "AND jsonb_array_length(worker_ids) = 1",
+        )
         ok = total == n and ok_rows == n
         return ok, f"results {total}, SUCCESSFUL claimed by one worker once: {ok_rows}/{n}"
 
@@ -424,26 +552,38 @@ class Bench:
         self.results[system.name].setdefault(key, []).append(value)
 
     def client(self, system: System, op: str, *extra: str, timeout: float) -> dict:
-        proc = self.children.start(f"{system.name}-client-{op}", [PY, CLIENT, system.name, op, *extra], system.env())
+        proc = self.children.start(
+            f"{system.name}-client-{op}", [PY, CLIENT, system.name, op, *extra], system.env()
+        )
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.children.stop([proc], grace=2)
-            raise RuntimeError(f"{system.label}: client {op} timed out after {timeout:.0f} s") from None
+            raise RuntimeError(
+                f"{system.label}: client {op} timed out after {timeout:.0f} s"
+            ) from None
         text = Path(proc.log_path).read_text(errors="replace")
         lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"{system.label}: client {op} failed ({proc.returncode}):\n{self.children.tail(proc)}")
-        return json.loads(lines[-1][len("RESULT "):])
+            raise RuntimeError(
+                f"{system.label}: client {op} failed ({proc.returncode}):\n{self.children.tail(proc)}"
+            )
+        return json.loads(lines[-1][len("RESULT ") :])
 
     def start_workers(self, system: System, purpose: str) -> list[subprocess.Popen]:
-        return [self.children.start(f"{system.name}-{purpose}-worker-{i}", system.worker_argv(purpose), system.env())
-                for i in range(2)]
+        return [
+            self.children.start(
+                f"{system.name}-{purpose}-worker-{i}", system.worker_argv(purpose), system.env()
+            )
+            for i in range(2)
+        ]
 
     def check_alive(self, system: System, workers) -> None:
         for w in workers:
             if w.poll() is not None:
-                raise RuntimeError(f"{system.label}: worker exited ({w.returncode}):\n{self.children.tail(w)}")
+                raise RuntimeError(
+                    f"{system.label}: worker exited ({w.returncode}):\n{self.children.tail(w)}"
+                )
 
     # 1 and 2: drains.
     def drain(self, system: System, steps: int) -> None:
@@ -451,7 +591,9 @@ class Bench:
         key = f"drain{steps}"
         with connect(system.url) as conn:
             system.clear(conn)
-            self.client(system, "bulk", "--n", str(n), "--steps", str(steps), timeout=max(300, n / 10))
+            self.client(
+                system, "bulk", "--n", str(n), "--steps", str(steps), timeout=max(300, n / 10)
+            )
             system.analyze(conn)
             started = time.perf_counter()
             workers = self.start_workers(system, key)
@@ -480,10 +622,25 @@ class Bench:
             detail += f"; TIMED OUT after {limit:.0f} s at {count}/{n} done"
         seconds = (done - first) if (done and first and done > first) else float("nan")
         rate = n / seconds if ok and seconds == seconds else None
-        self.record(system, key, {"ok": ok, "rate": rate, "seconds": seconds, "detail": detail,
-                                  "startup": (first - started) if first else None})
-        what = f"{rate:,.0f} {'jobs' if steps == 1 else 'runs'}/s over {seconds:.2f} s" if rate else "FAILED"
-        say(f"[drain {steps}-step] {system.label:<26} {what:<28} verify: {detail} -> {'OK' if ok else 'FAILED'}")
+        self.record(
+            system,
+            key,
+            {
+                "ok": ok,
+                "rate": rate,
+                "seconds": seconds,
+                "detail": detail,
+                "startup": (first - started) if first else None,
+            },
+        )
+        what = (
+            f"{rate:,.0f} {'jobs' if steps == 1 else 'runs'}/s over {seconds:.2f} s"
+            if rate
+            else "FAILED"
+        )
+        say(
+            f"[drain {steps}-step] {system.label:<26} {what:<28} verify: {detail} -> {'OK' if ok else 'FAILED'}"
+        )
         if not ok:
             for w in workers:
                 say(f"  --- {w.bench_name} log tail ---\n{self.children.tail(w)}")
@@ -505,9 +662,17 @@ class Bench:
                 time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))  # at least 3 s after start
                 self.check_alive(system, workers)
                 total = args.dispatch_jobs + args.dispatch_warmup
-                res = self.client(system, "dispatch", "--n", str(args.dispatch_jobs), "--warmup",
-                                  str(args.dispatch_warmup), "--pause", str(args.dispatch_pause),
-                                  timeout=60 + total * 11)
+                res = self.client(
+                    system,
+                    "dispatch",
+                    "--n",
+                    str(args.dispatch_jobs),
+                    "--warmup",
+                    str(args.dispatch_warmup),
+                    "--pause",
+                    str(args.dispatch_pause),
+                    timeout=60 + total * 11,
+                )
             finally:
                 self.children.stop(workers)
             ok, detail = system.verify(conn, total, 1)
@@ -516,28 +681,45 @@ class Bench:
         ok = ok and lost == 0 and bool(lat)
         value = {"ok": ok, "detail": detail + f"; datagrams not received: {lost}", "latencies": lat}
         if lat:
-            value.update({"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99), "max": max(lat)})
+            value.update(
+                {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99), "max": max(lat)}
+            )
         if res.get("submit_ms"):
             value["submit_p50"] = pct(res["submit_ms"], 50)
         self.record(system, "dispatch", value)
-        what = (f"p50 {value['p50']:.2f}  p95 {value['p95']:.2f}  p99 {value['p99']:.2f} ms" if ok else "FAILED")
-        say(f"[dispatch]     {system.label:<26} {what:<38} verify: {value['detail']} -> {'OK' if ok else 'FAILED'}")
+        what = (
+            f"p50 {value['p50']:.2f}  p95 {value['p95']:.2f}  p99 {value['p99']:.2f} ms"
+            if ok
+            else "FAILED"
+        )
+        say(
+            f"[dispatch]     {system.label:<26} {what:<38} verify: {value['detail']} -> {'OK' if ok else 'FAILED'}"
+        )
 
     # 4: enqueue rate.
     def enqueue(self, system: System) -> None:
         n, warmup = self.args.enqueue_jobs, self.args.enqueue_warmup
         with connect(system.url) as conn:
             system.clear(conn)
-            res = self.client(system, "enqueue", "--n", str(n), "--warmup", str(warmup), timeout=max(300, n / 5))
+            res = self.client(
+                system, "enqueue", "--n", str(n), "--warmup", str(warmup), timeout=max(300, n / 5)
+            )
             count = system.queued(conn)
             system.clear(conn)
         ok = count == n + warmup
-        value = {"ok": ok, "rate": res["rate"] if ok else None, "seconds": res["seconds"],
-                 "p50": res["p50_ms"], "p99": res["p99_ms"],
-                 "detail": f"jobs waiting in the database {count}/{n + warmup} ({warmup} warm-up)"}
+        value = {
+            "ok": ok,
+            "rate": res["rate"] if ok else None,
+            "seconds": res["seconds"],
+            "p50": res["p50_ms"],
+            "p99": res["p99_ms"],
+            "detail": f"jobs waiting in the database {count}/{n + warmup} ({warmup} warm-up)",
+        }
         self.record(system, "enqueue", value)
         what = f"{res['rate']:,.0f} jobs/s (submit p50 {res['p50_ms']:.2f} ms)" if ok else "FAILED"
-        say(f"[enqueue]      {system.label:<26} {what:<38} verify: {value['detail']} -> {'OK' if ok else 'FAILED'}")
+        say(
+            f"[enqueue]      {system.label:<26} {what:<38} verify: {value['detail']} -> {'OK' if ok else 'FAILED'}"
+        )
 
     def run(self) -> None:
         args = self.args
@@ -545,8 +727,10 @@ class Bench:
             k = rep % len(self.systems)
             order = self.systems[k:] + self.systems[:k]
             say()
-            say(f"=== repetition {rep + 1}/{args.repeat}: order {', '.join(s.name for s in order)}  "
-                f"(load average {load_text()})")
+            say(
+                f"=== repetition {rep + 1}/{args.repeat}: order {', '.join(s.name for s in order)}  "
+                f"(load average {load_text()})"
+            )
             for system in order:
                 self.guarded(system, "drain1", self.drain, system, 1)
             for system in order:
@@ -579,7 +763,11 @@ def summary(bench: Bench) -> dict:
         out[name] = {}
         for key, values in per.items():
             failed = [v for v in values if not v["ok"]]
-            entry: dict = {"failed": bool(failed), "details": [v["detail"] for v in failed], "n": len(values)}
+            entry: dict = {
+                "failed": bool(failed),
+                "details": [v["detail"] for v in failed],
+                "n": len(values),
+            }
             if key == "dispatch":
                 for q in ("p50", "p95", "p99", "submit_p50"):
                     entry[q + "_values"] = [v.get(q) for v in values]
@@ -621,17 +809,23 @@ def ratio(a: dict | None, b: dict | None, key: str = "median") -> str:
 
 
 def results_table(bench: Bench, s: dict) -> list[str]:
-    lines = ["| system | drain, 1-step (jobs/s) | drain, 3-step (runs/s) | dispatch p50 / p95 / p99 (ms) | enqueue (jobs/s) |",
-             "|---|--:|--:|--:|--:|"]
+    lines = [
+        "| system | drain, 1-step (jobs/s) | drain, 3-step (runs/s) | dispatch p50 / p95 / p99 (ms) | enqueue (jobs/s) |",
+        "|---|--:|--:|--:|--:|",
+    ]
     for system in bench.systems:
         e = s[system.name]
         if 3 in system.steps_supported:
             three = fmt_rate(e.get("drain3"))
         else:
             one = e.get("drain1")
-            three = f"no steps (1-step: {fmt_rate(one)})" if one and not one["failed"] else "no steps"
-        lines.append(f"| {system.label} | {fmt_rate(e.get('drain1'))} | {three} | {fmt_dispatch(e.get('dispatch'))} "
-                     f"| {fmt_rate(e.get('enqueue'))} |")
+            three = (
+                f"no steps (1-step: {fmt_rate(one)})" if one and not one["failed"] else "no steps"
+            )
+        lines.append(
+            f"| {system.label} | {fmt_rate(e.get('drain1'))} | {three} | {fmt_dispatch(e.get('dispatch'))} "
+            f"| {fmt_rate(e.get('enqueue'))} |"
+        )
     return lines
 
 
@@ -640,17 +834,21 @@ def ratio_lines(bench: Bench, s: dict) -> list[str]:
     if "procrastinate" not in names:
         return ["(Procrastinate was not measured: no ratios.)"]
     p = s["procrastinate"]
-    lines = ["| system | drain 1-step ÷ Procrastinate 1-step | drain 3-step ÷ Procrastinate 1-step "
-             "| dispatch p50 ÷ Procrastinate p50 | enqueue ÷ Procrastinate |",
-             "|---|--:|--:|--:|--:|"]
+    lines = [
+        "| system | drain 1-step ÷ Procrastinate 1-step | drain 3-step ÷ Procrastinate 1-step "
+        "| dispatch p50 ÷ Procrastinate p50 | enqueue ÷ Procrastinate |",
+        "|---|--:|--:|--:|--:|",
+    ]
     for system in bench.systems:
         if system.name == "procrastinate":
             continue
         e = s[system.name]
         three = ratio(e.get("drain3"), p.get("drain1")) if 3 in system.steps_supported else "—"
-        lines.append(f"| {system.label} | {ratio(e.get('drain1'), p.get('drain1'))} | {three} "
-                     f"| {ratio(e.get('dispatch'), p.get('dispatch'), 'p50')} "
-                     f"| {ratio(e.get('enqueue'), p.get('enqueue'))} |")
+        lines.append(
+            f"| {system.label} | {ratio(e.get('drain1'), p.get('drain1'))} | {three} "
+            f"| {ratio(e.get('dispatch'), p.get('dispatch'), 'p50')} "
+            f"| {ratio(e.get('enqueue'), p.get('enqueue'))} |"
+        )
     return lines
 
 
@@ -659,7 +857,11 @@ def values_lines(bench: Bench, s: dict) -> list[str]:
         return ", ".join("FAILED" if v is None else f"{v:,.0f}" for v in values)
 
     lines = ["| measurement | system | each repetition | median |", "|---|---|---|--:|"]
-    names = {"drain1": "drain, 1-step (jobs/s)", "drain3": "drain, 3-step (runs/s)", "enqueue": "enqueue (jobs/s)"}
+    names = {
+        "drain1": "drain, 1-step (jobs/s)",
+        "drain3": "drain, 3-step (runs/s)",
+        "enqueue": "enqueue (jobs/s)",
+    }
     for key in ("drain1", "drain3", "dispatch", "enqueue"):
         for system in bench.systems:
             e = s[system.name].get(key)
@@ -668,11 +870,17 @@ def values_lines(bench: Bench, s: dict) -> list[str]:
             if key == "dispatch":
                 for q in ("p50", "p95", "p99", "submit_p50"):
                     vals = ", ".join("FAILED" if v is None else fmt_ms(v) for v in e[q + "_values"])
-                    what = "dispatch: the submit call itself, p50 (ms)" if q == "submit_p50" else f"dispatch {q} (ms)"
+                    what = (
+                        "dispatch: the submit call itself, p50 (ms)"
+                        if q == "submit_p50"
+                        else f"dispatch {q} (ms)"
+                    )
                     shown = "FAILED" if e["failed"] else fmt_ms(e[q]) if q in e else "—"
                     lines.append(f"| {what} | {system.label} | {vals} | {shown} |")
             else:
-                lines.append(f"| {names[key]} | {system.label} | {rates(e['values'])} | {fmt_rate(e)} |")
+                lines.append(
+                    f"| {names[key]} | {system.label} | {rates(e['values'])} | {fmt_rate(e)} |"
+                )
     return lines
 
 
@@ -690,7 +898,9 @@ def failures(bench: Bench) -> list[str]:
 def git_state() -> dict:
     def git(*argv: str) -> str:
         try:
-            return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+            return subprocess.run(
+                ["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -700,7 +910,11 @@ def git_state() -> dict:
 
 
 def machine_info(base_url: str) -> dict:
-    info = {"cores": os.cpu_count(), "python": platform.python_version(), "cpu": platform.processor() or "?"}
+    info = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or "?",
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -735,8 +949,11 @@ def load_text() -> str:
 
 
 def command_text() -> str:
-    argv = [os.path.relpath(PY, ROOT) if PY.startswith(str(ROOT)) else PY,
-            os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]]
+    argv = [
+        os.path.relpath(PY, ROOT) if PY.startswith(str(ROOT)) else PY,
+        os.path.relpath(os.path.abspath(sys.argv[0]), ROOT),
+        *sys.argv[1:],
+    ]
     prefix = ""
     url = ORIGINAL_DATABASE_URL
     if url:
@@ -758,25 +975,52 @@ def chart(bench: Bench, s: dict, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     systems = bench.systems
-    labels = [x.label.replace(" (this project)", "\n(this project)").replace(" django.tasks backend", "\ndjango.tasks\nbackend")
-              for x in systems]
+    labels = [
+        x.label.replace(" (this project)", "\n(this project)").replace(
+            " django.tasks backend", "\ndjango.tasks\nbackend"
+        )
+        for x in systems
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.8), gridspec_kw={"width_ratios": [1.25, 1, 1.45]})
-    colors = {"1": "#4C72B0", "3": "#DD8452", "enq": "#55A868", "p50": "#4C72B0", "p95": "#8172B3", "p99": "#C44E52"}
+    colors = {
+        "1": "#4C72B0",
+        "3": "#DD8452",
+        "enq": "#55A868",
+        "p50": "#4C72B0",
+        "p95": "#8172B3",
+        "p99": "#C44E52",
+    }
 
     def bar_labels(ax, bars, texts, fontsize=8):
         for bar, text in zip(bars, texts, strict=True):
             if text is None:
                 continue
             height = bar.get_height()
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, height), xytext=(0, 3),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=fontsize)
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, height),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=fontsize,
+            )
 
     def short_ms(v: float) -> str:
         return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
     def failed_mark(ax, x, y=0):
-        ax.annotate("FAILED", (x, y), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=8, color="#C44E52", fontweight="bold")
+        ax.annotate(
+            "FAILED",
+            (x, y),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="#C44E52",
+            fontweight="bold",
+        )
 
     x = list(range(len(systems)))
     # Drain.
@@ -787,13 +1031,29 @@ def chart(bench: Bench, s: dict, path: Path) -> None:
     v1 = [e["median"] if e and not e["failed"] else 0 for e in one]
     v3 = [e["median"] if e and not e["failed"] else 0 for e in three]
     b1 = ax.bar([i - width / 2 for i in x], v1, width, label="1-step jobs", color=colors["1"])
-    b3 = ax.bar([i + width / 2 for i in x], v3, width, label="3-step runs (this project only)", color=colors["3"])
+    b3 = ax.bar(
+        [i + width / 2 for i in x],
+        v3,
+        width,
+        label="3-step runs (this project only)",
+        color=colors["3"],
+    )
     bar_labels(ax, b1, [f"{v:,.0f}" if v else None for v in v1])
     bar_labels(ax, b3, [f"{v:,.0f}" if v else None for v in v3])
     for i, system in enumerate(systems):
         if 3 not in system.steps_supported:
-            ax.annotate("no steps", (i + width / 2, 0), xytext=(0, 4), textcoords="offset points", ha="center",
-                        va="bottom", fontsize=7, color="#888888", rotation=90, style="italic")
+            ax.annotate(
+                "no steps",
+                (i + width / 2, 0),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="#888888",
+                rotation=90,
+                style="italic",
+            )
     for i, e in enumerate(one):
         if e and e["failed"]:
             failed_mark(ax, i - width / 2)
@@ -847,166 +1107,271 @@ def chart(bench: Bench, s: dict, path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     args = bench.args
     m = bench.machine
-    fig.suptitle(f"Medians of {args.repeat} repetition{'s' if args.repeat > 1 else ''}: 2 worker processes per "
-                 f"system, concurrency {args.concurrency}, {args.jobs:,} drain jobs, {args.dispatch_jobs} dispatch "
-                 f"probes, {args.enqueue_jobs:,} enqueues\n{m['cores']} × {m['cpu']}, PostgreSQL {m['pg']} "
-                 f"(fsync {m['fsync']}, synchronous_commit {m['synchronous_commit']}), same server for all",
-                 fontsize=10)
+    fig.suptitle(
+        f"Medians of {args.repeat} repetition{'s' if args.repeat > 1 else ''}: 2 worker processes per "
+        f"system, concurrency {args.concurrency}, {args.jobs:,} drain jobs, {args.dispatch_jobs} dispatch "
+        f"probes, {args.enqueue_jobs:,} enqueues\n{m['cores']} × {m['cpu']}, PostgreSQL {m['pg']} "
+        f"(fsync {m['fsync']}, synchronous_commit {m['synchronous_commit']}), same server for all",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 # The document.
-def document(bench: Bench, s: dict, *, png_name: str | None, wall: float, load0: str, load1: str) -> str:
+def document(
+    bench: Bench, s: dict, *, png_name: str | None, wall: float, load0: str, load1: str
+) -> str:
     args, m, g = bench.args, bench.machine, bench.git
     g1 = getattr(bench, "git_end", g)
     names = [x.name for x in bench.systems]
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     L: list[str] = []
-    L += ["# Benchmarks: this project next to Procrastinate, PGQueuer and django-tasks-db", "",
-          f"_Generated by `bench/peers.py` on {today}; do not edit by hand, re-run the command below._", ""]
+    L += [
+        "# Benchmarks: this project next to Procrastinate, PGQueuer and django-tasks-db",
+        "",
+        f"_Generated by `bench/peers.py` on {today}; do not edit by hand, re-run the command below._",
+        "",
+    ]
     if png_name:
         L += [f"![Drain throughput, enqueue rate and dispatch latency per system]({png_name})", ""]
-    L += [f"Medians of {args.repeat} repetition{'s' if args.repeat > 1 else ''} (the individual values are listed "
-          "below). Same PostgreSQL server for every system, its durability settings untouched, 2 worker "
-          f"processes per system, concurrency {args.concurrency} where a system has the notion, no-op job bodies.", ""]
+    L += [
+        f"Medians of {args.repeat} repetition{'s' if args.repeat > 1 else ''} (the individual values are listed "
+        "below). Same PostgreSQL server for every system, its durability settings untouched, 2 worker "
+        f"processes per system, concurrency {args.concurrency} where a system has the notion, no-op job bodies.",
+        "",
+    ]
     L += results_table(bench, s)
-    L += ["", "- **drain, 1-step**: jobs finished per second while 2 workers drain "
-          f"{args.jobs:,} jobs enqueued beforehand: N ÷ (time the done count reached N − time it first moved above "
-          "0), the count polled every 20 ms on the bench's own connection, so worker start-up is left out the same "
-          "way for every system. Then every job is checked in the database: finished exactly once, successfully.",
-          "- **drain, 3-step**: the same for this project's runs of three checkpointed no-op steps (a checkpoint "
-          "is a committed step row and progress update, what makes a run resumable after a crash). The peers "
-          "have no steps: their 1-step figure is repeated next to it for the ratio.",
-          f"- **dispatch**: {args.dispatch_jobs} jobs submitted one at a time (after {args.dispatch_warmup} "
-          "warm-up jobs) to 2 idle workers, through each system's Python submit path; latency = when the bench "
-          "received the UDP datagram the job body sends − just before the submit call (so it includes the "
-          f"submit's own commit: its p50 is listed with the repetitions below). {args.dispatch_pause * 1000:.0f} ms "
-          "pause after each job, so the workers are idle every time. p50 / p95 / p99 in milliseconds; lower is "
-          "better.",
-          f"- **enqueue**: {args.enqueue_jobs:,} jobs submitted one by one from one thread through the same "
-          f"submit path, each in its own transaction (as a web request would), no worker running (after "
-          f"{args.enqueue_warmup} warm-up submits); the count is checked in the database.", ""]
-    L += ["### Ratios to Procrastinate", "", *ratio_lines(bench, s), "",
-          "Throughput ratios above 1 mean faster than Procrastinate; a dispatch ratio below 1 means a shorter "
-          "latency.", ""]
+    L += [
+        "",
+        "- **drain, 1-step**: jobs finished per second while 2 workers drain "
+        f"{args.jobs:,} jobs enqueued beforehand: N ÷ (time the done count reached N − time it first moved above "
+        "0), the count polled every 20 ms on the bench's own connection, so worker start-up is left out the same "
+        "way for every system. Then every job is checked in the database: finished exactly once, successfully.",
+        "- **drain, 3-step**: the same for this project's runs of three checkpointed no-op steps (a checkpoint "
+        "is a committed step row and progress update, what makes a run resumable after a crash). The peers "
+        "have no steps: their 1-step figure is repeated next to it for the ratio.",
+        f"- **dispatch**: {args.dispatch_jobs} jobs submitted one at a time (after {args.dispatch_warmup} "
+        "warm-up jobs) to 2 idle workers, through each system's Python submit path; latency = when the bench "
+        "received the UDP datagram the job body sends − just before the submit call (so it includes the "
+        f"submit's own commit: its p50 is listed with the repetitions below). {args.dispatch_pause * 1000:.0f} ms "
+        "pause after each job, so the workers are idle every time. p50 / p95 / p99 in milliseconds; lower is "
+        "better.",
+        f"- **enqueue**: {args.enqueue_jobs:,} jobs submitted one by one from one thread through the same "
+        f"submit path, each in its own transaction (as a web request would), no worker running (after "
+        f"{args.enqueue_warmup} warm-up submits); the count is checked in the database.",
+        "",
+    ]
+    L += [
+        "### Ratios to Procrastinate",
+        "",
+        *ratio_lines(bench, s),
+        "",
+        "Throughput ratios above 1 mean faster than Procrastinate; a dispatch ratio below 1 means a shorter "
+        "latency.",
+        "",
+    ]
     fail = failures(bench)
     if fail:
-        L += ["### Verification failures", "", "A measurement whose verification failed in any repetition is "
-              "shown as FAILED, without a figure:", "", *fail, ""]
+        L += [
+            "### Verification failures",
+            "",
+            "A measurement whose verification failed in any repetition is "
+            "shown as FAILED, without a figure:",
+            "",
+            *fail,
+            "",
+        ]
     L += ["### Every repetition", "", *values_lines(bench, s), ""]
-    L += ["## How each system was run", "",
-          "Each system has a database of its own on the server, its schema applied its own documented way, and "
-          "its jobs cleared between measurements. Each worker is a separate OS process started the system's "
-          "documented way; the submit side runs in a separate process too (`bench/peer_client.py`), with the same "
-          "timing loop for every system. Job bodies: the drain job does nothing; the dispatch job sends one UDP "
-          "datagram (`bench/peer_ping.py`).", "",
-          "| system | version | schema | worker (2 processes) | concurrency setting | connections | wake-up | submit path |",
-          "|---|---|---|---|---|---|---|---|"]
+    L += [
+        "## How each system was run",
+        "",
+        "Each system has a database of its own on the server, its schema applied its own documented way, and "
+        "its jobs cleared between measurements. Each worker is a separate OS process started the system's "
+        "documented way; the submit side runs in a separate process too (`bench/peer_client.py`), with the same "
+        "timing loop for every system. Job bodies: the drain job does nothing; the dispatch job sends one UDP "
+        "datagram (`bench/peer_ping.py`).",
+        "",
+        "| system | version | schema | worker (2 processes) | concurrency setting | connections | wake-up | submit path |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     C = args.concurrency
     rows = {
         "agentruns": (
-            f"commit {g['head']}{', dirty tree' if g['dirty'] else ''}", "`manage.py migrate`",
+            f"commit {g['head']}{', dirty tree' if g['dirty'] else ''}",
+            "`manage.py migrate`",
             f"`manage.py runworker --queues bench_tp --concurrency {C}` (drain; `bench_ping` for dispatch)",
             f"`--concurrency {C}`: runs in flight per process, each in a thread of its pool",
-            "Django's psycopg 3 pool + one LISTEN connection", "LISTEN/NOTIFY on commit (1 s poll as backstop)",
-            "`submit_run(...)` in `transaction.atomic()`"),
+            "Django's psycopg 3 pool + one LISTEN connection",
+            "LISTEN/NOTIFY on commit (1 s poll as backstop)",
+            "`submit_run(...)` in `transaction.atomic()`",
+        ),
         "agentruns-tasks": (
-            "the same commit", "`manage.py migrate` (the same database as the row above)",
+            "the same commit",
+            "`manage.py migrate` (the same database as the row above)",
             f"`manage.py runworker --queues default --concurrency {C}`",
             f"`--concurrency {C}`: as above; each task is a one-step run of kind `bench.peer_djtasks.noop`",
-            "as above", "as above",
-            "`task.enqueue(...)` of bench/peer_djtasks.py, the module django-tasks-db runs (autocommit)"),
+            "as above",
+            "as above",
+            "`task.enqueue(...)` of bench/peer_djtasks.py, the module django-tasks-db runs (autocommit)",
+        ),
         "procrastinate": (
-            package_version("procrastinate"), "`procrastinate schema --apply`",
+            package_version("procrastinate"),
+            "`procrastinate schema --apply`",
             f"`procrastinate --app=bench.peer_procrastinate.app --log-level=warning worker --queues bench "
             f"--concurrency {C}`",
             f"`--concurrency {C}`: async jobs in flight per process (one fetch per job); `async def` tasks",
             f"`PsycopgConnector`, psycopg 3 async pool of {C + 1} + one LISTEN connection",
-            "LISTEN/NOTIFY on (default), 5 s poll", "`task.defer(...)` (sync connector)"),
+            "LISTEN/NOTIFY on (default), 5 s poll",
+            "`task.defer(...)` (sync connector)",
+        ),
         "pgqueuer": (
-            package_version("pgqueuer"), "`pgq install` (durable: all tables logged)",
+            package_version("pgqueuer"),
+            "`pgq install` (durable: all tables logged)",
             f"`python -m bench.peer_pgqueuer --batch-size {max(1, C // 2)} --max-concurrent-tasks "
             f"{max(C, 2 * max(1, C // 2))}` (= `pgq run bench.peer_pgqueuer:main` with those options, see below)",
             f"`--max-concurrent-tasks {max(C, 2 * max(1, C // 2))}`: jobs held per process (it must be at least "
             f"twice `--batch-size`, the jobs dequeued per statement); completions are written in batches",
-            ("one asyncpg connection (`AsyncpgDriver`, the driver `pgq` tries first)"
-             if args.pgqueuer_driver == "asyncpg" else "one psycopg 3 `AsyncConnection` (`PsycopgDriver`)"),
+            (
+                "one asyncpg connection (`AsyncpgDriver`, the driver `pgq` tries first)"
+                if args.pgqueuer_driver == "asyncpg"
+                else "one psycopg 3 `AsyncConnection` (`PsycopgDriver`)"
+            ),
             "LISTEN/NOTIFY (always on)",
             f"`Queries({'AsyncpgDriver' if args.pgqueuer_driver == 'asyncpg' else 'PsycopgDriver'}(conn))"
-            ".enqueue(...)`"),
+            ".enqueue(...)`",
+        ),
         "django-tasks-db": (
-            package_version("django-tasks-db"), "`django-admin migrate` (`bench/peer_settings.py`)",
+            package_version("django-tasks-db"),
+            "`django-admin migrate` (`bench/peer_settings.py`)",
             f"`python -m django db_worker --queue-name default --interval {args.dtdb_interval:g} "
             "--no-startup-delay --verbosity 0`",
             "none: one task at a time per process (so 2 in flight in all)",
-            "Django's psycopg 3 pool", f"polling every {args.dtdb_interval:g} s when idle (the default is 1 s); "
-            "no LISTEN/NOTIFY", "`task.enqueue(...)` (autocommit)"),
+            "Django's psycopg 3 pool",
+            f"polling every {args.dtdb_interval:g} s when idle (the default is 1 s); "
+            "no LISTEN/NOTIFY",
+            "`task.enqueue(...)` (autocommit)",
+        ),
     }
     for name in names:
         L.append(f"| {LABELS[name]} | " + " | ".join(rows[name]) + " |")
-    L += ["", "Notes on fairness:", "",
-          "- The peers' task functions are `async def` where the library is asyncio-based (Procrastinate, "
-          "PGQueuer: their native kind; PGQueuer accepts no other), so a no-op job costs them no thread hop; this "
-          "project and django-tasks-db run sync functions in threads or in the worker's main thread.",
-          "- This project writes more per job: a run row with its lease, a step row per checkpoint, events; the "
-          "peers write a job row (and Procrastinate an event row per transition, PGQueuer a log row per "
-          "transition).",
-          "- PGQueuer runs on asyncpg (`--pgqueuer-driver`), the one connector here that is not psycopg 3: with "
-          "its `PsycopgDriver` an idle worker picks a new job up about 1 s late (its NOTIFY watcher holds the "
-          "connection in `notifies(timeout=1.0)` and takes it back before the woken dequeue runs: dispatch p50 "
-          "≈ 1,010 ms in a trial run), which would measure that wrinkle, not PGQueuer.",
-          "- PGQueuer's `pgq run` could not be used as is: with the installed typer its `--log-level` option "
-          "reaches `setup_fancy_logger` as a string and the command fails before starting (even without the "
-          "option). `bench/peer_pgqueuer.py` does what `pgq run` does after parsing: sets PGQueuer's logger to "
-          "WARNING and calls `pgqueuer.run(factory, batch_size=…, max_concurrent_tasks=…)`.",
-          "- django-tasks-db has no concurrency setting and no LISTEN/NOTIFY: its drain runs 2 jobs at a time in "
-          "all. Its dispatch figure is close to the worst case of polling: a `db_worker` polls again right after "
-          "each task and then sleeps the whole interval, and the next probe comes a few ms after the previous one "
-          "finished, so both workers have just polled and the probe waits nearly the full interval "
-          f"({args.dtdb_interval:g} s; `--dtdb-interval` sets it). Jobs arriving at random times would wait about "
-          "a third to a half of the interval on average.",
-          "- Logging is at WARNING for every worker (per-job INFO lines would cost the peers that log them).", ""]
-    L += ["## Machine", "",
-          "| | |", "|---|---|",
-          f"| CPU | {m['cpu']}, {m['cores']} cores |",
-          f"| RAM | {m.get('ram', '?')} |",
-          f"| OS | {m['os']} |",
-          f"| PostgreSQL | {m['pg']}: fsync = {m['fsync']}, synchronous_commit = {m['synchronous_commit']}, "
-          f"shared_buffers = {m['shared_buffers']}, max_connections = {m['max_connections']} |",
-          f"| Python | {m['python']} |",
-          "| packages | " + ", ".join(f"{p} {package_version(p)}" for p in
-                                     ("procrastinate", "pgqueuer", "asyncpg", "django-tasks-db", "Django",
-                                      "psycopg", "psycopg-pool", "matplotlib")) + " |",
-          f"| this repository | commit {g['head']}, "
-          + (f"dirty ({len(g['changed'])} changed or untracked path{'s' if len(g['changed']) != 1 else ''})"
-             if g["dirty"] else "clean tree")
-          + (f"; **HEAD moved to {g1['head']} during the run**: the figures of this project may mix code versions"
-             if g1["head"] != g["head"] else
-             "; the working tree changed during the run" if g1["changed"] != g["changed"] else "") + " |",
-          f"| load average (1, 5, 15 min) | before {load0}; after {load1} |",
-          f"| bench wall time | {wall / 60:.1f} min |", "",
-          "The machine may have been shared with other work while measuring: the load average above says how "
-          "busy it was; every system was measured in turn within each repetition, so noise spreads over all.", ""]
+    L += [
+        "",
+        "Notes on fairness:",
+        "",
+        "- The peers' task functions are `async def` where the library is asyncio-based (Procrastinate, "
+        "PGQueuer: their native kind; PGQueuer accepts no other), so a no-op job costs them no thread hop; this "
+        "project and django-tasks-db run sync functions in threads or in the worker's main thread.",
+        "- This project writes more per job: a run row with its lease, a step row per checkpoint, events; the "
+        "peers write a job row (and Procrastinate an event row per transition, PGQueuer a log row per "
+        "transition).",
+        "- PGQueuer runs on asyncpg (`--pgqueuer-driver`), the one connector here that is not psycopg 3: with "
+        "its `PsycopgDriver` an idle worker picks a new job up about 1 s late (its NOTIFY watcher holds the "
+        "connection in `notifies(timeout=1.0)` and takes it back before the woken dequeue runs: dispatch p50 "
+        "≈ 1,010 ms in a trial run), which would measure that wrinkle, not PGQueuer.",
+        "- PGQueuer's `pgq run` could not be used as is: with the installed typer its `--log-level` option "
+        "reaches `setup_fancy_logger` as a string and the command fails before starting (even without the "
+        "option). `bench/peer_pgqueuer.py` does what `pgq run` does after parsing: sets PGQueuer's logger to "
+        "WARNING and calls `pgqueuer.run(factory, batch_size=…, max_concurrent_tasks=…)`.",
+        "- django-tasks-db has no concurrency setting and no LISTEN/NOTIFY: its drain runs 2 jobs at a time in "
+        "all. Its dispatch figure is close to the worst case of polling: a `db_worker` polls again right after "
+        "each task and then sleeps the whole interval, and the next probe comes a few ms after the previous one "
+        "finished, so both workers have just polled and the probe waits nearly the full interval "
+        f"({args.dtdb_interval:g} s; `--dtdb-interval` sets it). Jobs arriving at random times would wait about "
+        "a third to a half of the interval on average.",
+        "- Logging is at WARNING for every worker (per-job INFO lines would cost the peers that log them).",
+        "",
+    ]
+    L += [
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| CPU | {m['cpu']}, {m['cores']} cores |",
+        f"| RAM | {m.get('ram', '?')} |",
+        f"| OS | {m['os']} |",
+        f"| PostgreSQL | {m['pg']}: fsync = {m['fsync']}, synchronous_commit = {m['synchronous_commit']}, "
+        f"shared_buffers = {m['shared_buffers']}, max_connections = {m['max_connections']} |",
+        f"| Python | {m['python']} |",
+        "| packages | "
+        + ", ".join(
+            f"{p} {package_version(p)}"
+            for p in (
+                "procrastinate",
+                "pgqueuer",
+                "asyncpg",
+                "django-tasks-db",
+                "Django",
+                "psycopg",
+                "psycopg-pool",
+                "matplotlib",
+            )
+        )
+        + " |",
+        f"| this repository | commit {g['head']}, "
+        + (
+            f"dirty ({len(g['changed'])} changed or untracked path{'s' if len(g['changed']) != 1 else ''})"
+            if g["dirty"]
+            else "clean tree"
+        )
+        + (
+            f"; **HEAD moved to {g1['head']} during the run**: the figures of this project may mix code versions"
+            if g1["head"] != g["head"]
+            else "; the working tree changed during the run"
+            if g1["changed"] != g["changed"]
+            else ""
+        )
+        + " |",
+        f"| load average (1, 5, 15 min) | before {load0}; after {load1} |",
+        f"| bench wall time | {wall / 60:.1f} min |",
+        "",
+        "The machine may have been shared with other work while measuring: the load average above says how "
+        "busy it was; every system was measured in turn within each repetition, so noise spreads over all.",
+        "",
+    ]
     L += ["## Command", "", "```sh", command_text(), "```", ""]
     return "\n".join(L)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, help="jobs per drain (default 5000, quick 500)")
-    parser.add_argument("--repeat", type=int, help="repetitions of every measurement (default 3, quick 1)")
-    parser.add_argument("--concurrency", type=int, default=10, help="per worker process, where a system has it (10)")
-    parser.add_argument("--dispatch-jobs", type=int, help="measured dispatch probes (default 200, quick 30)")
-    parser.add_argument("--enqueue-jobs", type=int, help="measured one-by-one enqueues (default 2000, quick 200)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
-    parser.add_argument("--dtdb-interval", type=float, default=1.0,
-                        help="django-tasks-db db_worker --interval, seconds (its default 1)")
-    parser.add_argument("--pgqueuer-driver", choices=["asyncpg", "psycopg"], default="asyncpg",
-                        help="PGQueuer's driver, worker and client alike (asyncpg, its first choice)")
-    parser.add_argument("--quick", action="store_true", help="small counts, one repetition (a smoke test)")
-    parser.add_argument("--out", default="docs/benchmarks.md", help="markdown to write; the PNG goes beside it")
+    parser.add_argument(
+        "--repeat", type=int, help="repetitions of every measurement (default 3, quick 1)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=10, help="per worker process, where a system has it (10)"
+    )
+    parser.add_argument(
+        "--dispatch-jobs", type=int, help="measured dispatch probes (default 200, quick 30)"
+    )
+    parser.add_argument(
+        "--enqueue-jobs", type=int, help="measured one-by-one enqueues (default 2000, quick 200)"
+    )
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}"
+    )
+    parser.add_argument(
+        "--dtdb-interval",
+        type=float,
+        default=1.0,
+        help="django-tasks-db db_worker --interval, seconds (its default 1)",
+    )
+    parser.add_argument(
+        "--pgqueuer-driver",
+        choices=["asyncpg", "psycopg"],
+        default="asyncpg",
+        help="PGQueuer's driver, worker and client alike (asyncpg, its first choice)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small counts, one repetition (a smoke test)"
+    )
+    parser.add_argument(
+        "--out", default="docs/benchmarks.md", help="markdown to write; the PNG goes beside it"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only, write no file")
     args = parser.parse_args(argv)
     q = args.quick
@@ -1039,20 +1404,26 @@ def main(argv=None) -> int:
     load0 = load_text()
     bench = Bench(args)
     try:
-        say(f"peers bench: systems {', '.join(args.systems)}; {args.repeat} repetition(s); drain {args.jobs} jobs, "
+        say(
+            f"peers bench: systems {', '.join(args.systems)}; {args.repeat} repetition(s); drain {args.jobs} jobs, "
             f"dispatch {args.dispatch_jobs}, enqueue {args.enqueue_jobs}; concurrency {args.concurrency}; "
-            f"load average {load0}")
+            f"load average {load0}"
+        )
         bench.setup()
         m = bench.machine
-        say(f"machine: {m['cores']} x {m['cpu']}, {m.get('ram')}, {m['os']}; PostgreSQL {m['pg']} "
-            f"(fsync {m['fsync']}, synchronous_commit {m['synchronous_commit']}, shared_buffers {m['shared_buffers']})")
+        say(
+            f"machine: {m['cores']} x {m['cpu']}, {m.get('ram')}, {m['os']}; PostgreSQL {m['pg']} "
+            f"(fsync {m['fsync']}, synchronous_commit {m['synchronous_commit']}, shared_buffers {m['shared_buffers']})"
+        )
         say(f"logs: {bench.logdir}")
         bench.run()
         wall = time.perf_counter() - started
         load1 = load_text()
         bench.git_end = git_state()
         if bench.git_end["head"] != bench.git["head"]:
-            say(f"note: HEAD moved from {bench.git['head']} to {bench.git_end['head']} during the run")
+            say(
+                f"note: HEAD moved from {bench.git['head']} to {bench.git_end['head']} during the run"
+            )
         s = summary(bench)
         (bench.logdir / "results.json").write_text(json.dumps(bench.results, indent=1))
         say()
@@ -1071,7 +1442,9 @@ def main(argv=None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             png = out.with_suffix(".png")
             chart(bench, s, png)
-            out.write_text(document(bench, s, png_name=png.name, wall=wall, load0=load0, load1=load1))
+            out.write_text(
+                document(bench, s, png_name=png.name, wall=wall, load0=load0, load1=load1)
+            )
             say(f"wrote {out} and {png}")
         return 1 if failures(bench) else 0
     finally:

@@ -37,8 +37,12 @@ def planning_ms(statement: str, params: dict) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--plans", type=int, default=300, help="plans of each statement (default 300)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--plans", type=int, default=300, help="plans of each statement (default 300)"
+    )
     args = parser.parse_args()
     db = Database()
     try:
@@ -47,19 +51,54 @@ def main() -> None:
         from runs.engine import steps
 
         run_id = uuid.uuid4()
-        step = steps.StepRecord(run_id=run_id, token=1, generation=1, seq=1, name="step", kind="custom", input=None,
-                                started_at=datetime.now(UTC))
-        checkpoint = step.params() | {"output": '{"a": 1}', "lease": 300, "worker": run_id, "steps_total": None,
-                                      "message_ids": []}
-        failure = step.params() | {"error": "boom", "error_kind": "fatal", "worker": run_id, "status": "failed"}
-        leave = {"run": run_id, "token": 1, "target": "done", "add_failure": 0, "delay": 0.0, "wake_at": None,
-                 "result": '{"a": 1}', "error": None, "error_kind": None, "actor_type": "worker", "actor_id": "w",
-                 "reason": "finished", "expires": 3600, "wake_on_message": False, "wake_on_children": False,
-                 "compensation": None, "give_slot": True}
+        step = steps.StepRecord(
+            run_id=run_id,
+            token=1,
+            generation=1,
+            seq=1,
+            name="step",
+            kind="custom",
+            input=None,
+            started_at=datetime.now(UTC),
+        )
+        checkpoint = step.params() | {
+            "output": '{"a": 1}',
+            "lease": 300,
+            "worker": run_id,
+            "steps_total": None,
+            "message_ids": [],
+        }
+        failure = step.params() | {
+            "error": "boom",
+            "error_kind": "fatal",
+            "worker": run_id,
+            "status": "failed",
+        }
+        leave = {
+            "run": run_id,
+            "token": 1,
+            "target": "done",
+            "add_failure": 0,
+            "delay": 0.0,
+            "wake_at": None,
+            "result": '{"a": 1}',
+            "error": None,
+            "error_kind": None,
+            "actor_type": "worker",
+            "actor_id": "w",
+            "reason": "finished",
+            "expires": 3600,
+            "wake_on_message": False,
+            "wake_on_children": False,
+            "compensation": None,
+            "give_slot": True,
+        }
         cases = {
             "checkpoint of a no-op step": (steps._CHECKPOINT_SQL[False, False, False], checkpoint),
-            "checkpoint with messages, an undo and money": (steps._CHECKPOINT_SQL[True, True, True],
-                                                            checkpoint | {"compensates": 1}),
+            "checkpoint with messages, an undo and money": (
+                steps._CHECKPOINT_SQL[True, True, True],
+                checkpoint | {"compensates": 1},
+            ),
             "exit from running": (exits._STATEMENTS[False], leave),
             "step failure": (steps._STEP_FAILED_SQL, failure),
         }
@@ -67,8 +106,10 @@ def main() -> None:
         for name, (statement, params) in cases.items():
             planning_ms(statement, params)  # warm the catalog caches
             times = [planning_ms(statement, params) for _ in range(args.plans)]
-            say(f"  {name:45s} planning p50 {statistics.median(times):.3f} ms, "
-                f"p90 {statistics.quantiles(times, n=10)[-1]:.3f} ms")
+            say(
+                f"  {name:45s} planning p50 {statistics.median(times):.3f} ms, "
+                f"p90 {statistics.quantiles(times, n=10)[-1]:.3f} ms"
+            )
     finally:
         db.drop()
 

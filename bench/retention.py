@@ -101,26 +101,56 @@ def fill(n: int, tenant) -> None:
     from runs.models import Event, Run, Step
 
     started = time.perf_counter()
-    insert_select(Run, dict(OLD_ROWS), OLD_SOURCE, {"n": n, "spacing": 60 * 24 * 3600 / n, "tenant": tenant.pk,
-                                                    "seed": f"bench-retention-{os.getpid()}-"})
+    insert_select(
+        Run,
+        dict(OLD_ROWS),
+        OLD_SOURCE,
+        {
+            "n": n,
+            "spacing": 60 * 24 * 3600 / n,
+            "tenant": tenant.pk,
+            "seed": f"bench-retention-{os.getpid()}-",
+        },
+    )
     children = sql("SELECT count(*) FROM runs_run WHERE parent_id IS NOT NULL")[0][0]
-    say(f"  runs      {n:>10,} in {time.perf_counter() - started:5.1f} s ({children:,} of them children)")
+    say(
+        f"  runs      {n:>10,} in {time.perf_counter() - started:5.1f} s ({children:,} of them children)"
+    )
 
     started = time.perf_counter()
-    insert_select(Step, {
-        "run_id": "r.id", "seq": "1", "name": "'s1'", "kind": "'custom'", "input": "'[0]'::jsonb",
-        "output": "jsonb_build_object('i', 0)", "status": "'done'", "executions": "1",
-        "started_at": "r.started_at", "ended_at": "r.finished_at",
-    }, "runs_run r WHERE r.queue = %(q)s", {"q": OLD_QUEUE})
+    insert_select(
+        Step,
+        {
+            "run_id": "r.id",
+            "seq": "1",
+            "name": "'s1'",
+            "kind": "'custom'",
+            "input": "'[0]'::jsonb",
+            "output": "jsonb_build_object('i', 0)",
+            "status": "'done'",
+            "executions": "1",
+            "started_at": "r.started_at",
+            "ended_at": "r.finished_at",
+        },
+        "runs_run r WHERE r.queue = %(q)s",
+        {"q": OLD_QUEUE},
+    )
     say(f"  steps     {n:>10,} in {time.perf_counter() - started:5.1f} s")
 
     started = time.perf_counter()
-    insert_select(Event, {
-        "run_id": "r.id", "seq": "e.seq",
-        "type": "CASE e.seq WHEN 1 THEN 'run.queued' WHEN 2 THEN 'step.done' ELSE 'run.' || r.status END",
-        "actor_type": "CASE WHEN e.seq = 1 THEN 'api_key' ELSE 'worker' END",
-        "payload": "jsonb_build_object('seq', e.seq)", "created_at": "r.created_at + make_interval(secs => e.seq)",
-    }, "runs_run r CROSS JOIN generate_series(1, 3) AS e(seq) WHERE r.queue = %(q)s", {"q": OLD_QUEUE})
+    insert_select(
+        Event,
+        {
+            "run_id": "r.id",
+            "seq": "e.seq",
+            "type": "CASE e.seq WHEN 1 THEN 'run.queued' WHEN 2 THEN 'step.done' ELSE 'run.' || r.status END",
+            "actor_type": "CASE WHEN e.seq = 1 THEN 'api_key' ELSE 'worker' END",
+            "payload": "jsonb_build_object('seq', e.seq)",
+            "created_at": "r.created_at + make_interval(secs => e.seq)",
+        },
+        "runs_run r CROSS JOIN generate_series(1, 3) AS e(seq) WHERE r.queue = %(q)s",
+        {"q": OLD_QUEUE},
+    )
     say(f"  events    {3 * n:>10,} in {time.perf_counter() - started:5.1f} s")
 
     started = time.perf_counter()
@@ -148,7 +178,9 @@ class Feeder(threading.Thread):
         try:
             next_at = time.perf_counter()
             while not self.stopping.is_set():
-                submit_run(tenant=self.tenant, kind="bench_steps", input={"steps": 1}, queue=FRESH_QUEUE)
+                submit_run(
+                    tenant=self.tenant, kind="bench_steps", input={"steps": 1}, queue=FRESH_QUEUE
+                )
                 self.submitted += 1
                 next_at += 1 / self.rate
                 delay = next_at - time.perf_counter()
@@ -200,10 +232,15 @@ def explain_one_batch() -> list[str]:
     from runs.engine import retention
 
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + retention._PRUNE_SQL, {
-            "before": None, "age": settings.RUNS_RETENTION_DAYS * 86400.0,
-            "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS, "batch": settings.RUNS_RETENTION_BATCH,
-        })
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) " + retention._PRUNE_SQL,
+            {
+                "before": None,
+                "age": settings.RUNS_RETENTION_DAYS * 86400.0,
+                "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS,
+                "batch": settings.RUNS_RETENTION_BATCH,
+            },
+        )
         lines = [row[0] for row in cursor.fetchall()]
         transaction.set_rollback(True)
     return lines
@@ -217,11 +254,19 @@ def window_figures(t0, t1) -> dict:
         " WHERE queue = %(q)s AND claimed_at >= %(t0)s AND claimed_at < %(t1)s) x",
         {"q": FRESH_QUEUE, "t0": t0, "t1": t1},
     )[0]
-    done = sql("SELECT count(*) FROM runs_run WHERE queue = %(q)s AND finished_at >= %(t0)s AND finished_at < %(t1)s",
-               {"q": FRESH_QUEUE, "t0": t0, "t1": t1})[0][0]
+    done = sql(
+        "SELECT count(*) FROM runs_run WHERE queue = %(q)s AND finished_at >= %(t0)s AND finished_at < %(t1)s",
+        {"q": FRESH_QUEUE, "t0": t0, "t1": t1},
+    )[0][0]
     seconds = (t1 - t0).total_seconds()
-    return {"claimed": row[0], "p50": row[1], "p95": row[2], "max": row[3], "drained_s": done / seconds,
-            "seconds": seconds}
+    return {
+        "claimed": row[0],
+        "p50": row[1],
+        "p95": row[2],
+        "max": row[3],
+        "drained_s": done / seconds,
+        "seconds": seconds,
+    }
 
 
 def ms(value) -> str:
@@ -234,12 +279,18 @@ def run(args, db) -> None:
     from runs.models import Run, Tenant, Worker
     from workers.reaper import Reaper
 
-    tenant = Tenant.objects.create(name="Retention", slug="bench-retention", max_running=1000, max_queued=10_000_000)
+    tenant = Tenant.objects.create(
+        name="Retention", slug="bench-retention", max_running=1000, max_queued=10_000_000
+    )
     say()
-    say(f"fill: {args.runs:,} finished runs older than the cutoff ({settings.RUNS_RETENTION_DAYS:g} days)")
+    say(
+        f"fill: {args.runs:,} finished runs older than the cutoff ({settings.RUNS_RETENTION_DAYS:g} days)"
+    )
     fill(args.runs, tenant)
-    sizes = sql("SELECT relname, pg_size_pretty(pg_total_relation_size(relid)) FROM pg_stat_user_tables"
-                " WHERE relname IN ('runs_run', 'runs_step', 'runs_event') ORDER BY relname")
+    sizes = sql(
+        "SELECT relname, pg_size_pretty(pg_total_relation_size(relid)) FROM pg_stat_user_tables"
+        " WHERE relname IN ('runs_run', 'runs_step', 'runs_event') ORDER BY relname"
+    )
     say("  sizes: " + ", ".join(f"{name} {size}" for name, size in sizes))
     say()
     say("one retention batch on the full table, EXPLAIN (ANALYZE, BUFFERS), rolled back:")
@@ -252,9 +303,23 @@ def run(args, db) -> None:
     workers = []
     for i in range(2):
         with open(logdir / f"worker-{i}.log", "wb") as log:
-            workers.append(subprocess.Popen([PY, MANAGE, "runworker", "--queues", FRESH_QUEUE, "--concurrency",
-                                             str(args.concurrency)], cwd=ROOT, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT))
+            workers.append(
+                subprocess.Popen(
+                    [
+                        PY,
+                        MANAGE,
+                        "runworker",
+                        "--queues",
+                        FRESH_QUEUE,
+                        "--concurrency",
+                        str(args.concurrency),
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     # Two threads at half the rate each: a submit mostly waits for the database.
     feeders = [Feeder(tenant, args.rate / 2) for _ in range(2)]
     try:
@@ -264,8 +329,10 @@ def run(args, db) -> None:
                 raise RuntimeError(f"the workers did not start; see {logdir}")
             time.sleep(0.2)
         say()
-        say(f"load: {args.rate:g} runs/s submitted (one-step no-op bench_steps), 2 runworker processes x concurrency "
-            f"{args.concurrency}; workers' logs in {logdir}")
+        say(
+            f"load: {args.rate:g} runs/s submitted (one-step no-op bench_steps), 2 runworker processes x concurrency "
+            f"{args.concurrency}; workers' logs in {logdir}"
+        )
         for feeder in feeders:
             feeder.start()
         time.sleep(args.warmup)
@@ -307,65 +374,105 @@ def run(args, db) -> None:
 
     old_left = Run.objects.filter(queue=OLD_QUEUE).count()
     fresh = Run.objects.filter(queue=FRESH_QUEUE).count()
-    steps, events = sql("SELECT (SELECT count(*) FROM runs_step), (SELECT count(*) FROM runs_event)")[0]
+    steps, events = sql(
+        "SELECT (SELECT count(*) FROM runs_step), (SELECT count(*) FROM runs_event)"
+    )[0]
     submitted = sum(f.submitted for f in feeders)
     behind = sum(f.behind for f in feeders)
     say()
-    say(f"verify: old runs left {old_left:,} of {args.runs:,}; fresh runs kept {fresh:,} of {submitted:,} "
+    say(
+        f"verify: old runs left {old_left:,} of {args.runs:,}; fresh runs kept {fresh:,} of {submitted:,} "
         f"submitted -> {'OK' if old_left == 0 and fresh == submitted else 'WRONG'}; steps and events left "
         f"(the fresh runs'): {steps:,} and {events:,}"
-        + (f"; the feeders fell more than a second behind {behind} times" if behind else ""))
+        + (f"; the feeders fell more than a second behind {behind} times" if behind else "")
+    )
 
     batches = phases[1][3]
-    say(f"pruning: {batches.runs:,} runs in {prune_wall:.1f} s ({batches.runs / prune_wall:,.0f} runs/s) in "
+    say(
+        f"pruning: {batches.runs:,} runs in {prune_wall:.1f} s ({batches.runs / prune_wall:,.0f} runs/s) in "
         f"{passes} passes of at most {settings.RUNS_RETENTION_MAX_SECONDS:g} s, {len(batches.times)} batches of "
         f"{settings.RUNS_RETENTION_BATCH} with {settings.RUNS_RETENTION_PAUSE_SECONDS * 1000:g} ms pauses; "
         f"one batch's transaction p50 {pct(batches.times, 50) * 1000:.0f} ms, "
-        f"p95 {pct(batches.times, 95) * 1000:.0f} ms, max {max(batches.times) * 1000:.0f} ms")
-    tenths = [batches.times[i * len(batches.times) // 10:(i + 1) * len(batches.times) // 10] for i in range(10)]
-    say("         batch transaction p50 by tenth of the prune (ms): "
-        + " ".join(f"{pct(t, 50) * 1000:.0f}" for t in tenths if t))
+        f"p95 {pct(batches.times, 95) * 1000:.0f} ms, max {max(batches.times) * 1000:.0f} ms"
+    )
+    tenths = [
+        batches.times[i * len(batches.times) // 10 : (i + 1) * len(batches.times) // 10]
+        for i in range(10)
+    ]
+    say(
+        "         batch transaction p50 by tenth of the prune (ms): "
+        + " ".join(f"{pct(t, 50) * 1000:.0f}" for t in tenths if t)
+    )
     duty = settings.RUNS_RETENTION_MAX_SECONDS / settings.RUNS_RETENTION_INTERVAL_SECONDS
-    say(f"         at one pass every {settings.RUNS_RETENTION_INTERVAL_SECONDS:g} s, a reaper deletes about "
-        f"{batches.runs / prune_wall * duty * 3600:,.0f} runs an hour once it has a backlog like this one")
+    say(
+        f"         at one pass every {settings.RUNS_RETENTION_INTERVAL_SECONDS:g} s, a reaper deletes about "
+        f"{batches.runs / prune_wall * duty * 3600:,.0f} runs an hour once it has a backlog like this one"
+    )
 
     say()
     say(f"claim latency (submit -> claimed, DB clock) per {args.window:g}-second window:")
-    say(f"  {'phase':<7} {'window':>7} {'claimed':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} {'drained/s':>10}")
+    say(
+        f"  {'phase':<7} {'window':>7} {'claimed':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} {'drained/s':>10}"
+    )
     for name, t0, t1, _ in phases:
         start = t0
         while (t1 - start).total_seconds() > 1:  # a last sliver of a window says nothing
             end = min(t1, start + timedelta(seconds=args.window))
             f = window_figures(start, end)
-            say(f"  {name:<7} {(start - t0).total_seconds():6.0f}s {f['claimed']:>8} {ms(f['p50']):>7} "
-                f"{ms(f['p95']):>7} {ms(f['max']):>7} {f['drained_s']:>10.1f}")
+            say(
+                f"  {name:<7} {(start - t0).total_seconds():6.0f}s {f['claimed']:>8} {ms(f['p50']):>7} "
+                f"{ms(f['p95']):>7} {ms(f['max']):>7} {f['drained_s']:>10.1f}"
+            )
             start = end
 
     say()
     say("summary:")
-    say(f"  {'phase':<7} {'seconds':>8} {'runs/s drained':>15} {'claim p50 ms':>13} {'claim p95 ms':>13} "
-        f"{'runs pruned/s':>14}")
+    say(
+        f"  {'phase':<7} {'seconds':>8} {'runs/s drained':>15} {'claim p50 ms':>13} {'claim p95 ms':>13} "
+        f"{'runs pruned/s':>14}"
+    )
     for name, t0, t1, timed in phases:
         f = window_figures(t0, t1)
         pruned = f"{timed.runs / f['seconds']:,.0f}" if timed else "0"
-        say(f"  {name:<7} {f['seconds']:>8.1f} {f['drained_s']:>15.1f} {ms(f['p50']):>13} {ms(f['p95']):>13} "
-            f"{pruned:>14}")
+        say(
+            f"  {name:<7} {f['seconds']:>8.1f} {f['drained_s']:>15.1f} {ms(f['p50']):>13} {ms(f['p95']):>13} "
+            f"{pruned:>14}"
+        )
     say(f"  total prune time for {args.runs:,} runs: {prune_wall:.1f} s")
     one, five, _ = os.getloadavg()
     say(f"  (load average at the end {one:.2f} {five:.2f} on {os.cpu_count()} CPUs)")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=1_000_000, help="old finished runs to prune (default 1000000)")
-    parser.add_argument("--rate", type=float, default=25, help="fresh runs submitted per second (default 25)")
-    parser.add_argument("--concurrency", type=int, default=4, help="runs in flight per worker (default 4)")
-    parser.add_argument("--seconds", type=float, default=30, help="length of the before and after phases (default 30)")
-    parser.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring (default 5)")
-    parser.add_argument("--window", type=float, default=30, help="seconds per latency window (default 30)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1_000_000, help="old finished runs to prune (default 1000000)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=25, help="fresh runs submitted per second (default 25)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="runs in flight per worker (default 4)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=30,
+        help="length of the before and after phases (default 30)",
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=5, help="seconds of load before measuring (default 5)"
+    )
+    parser.add_argument(
+        "--window", type=float, default=30, help="seconds per latency window (default 30)"
+    )
     args = parser.parse_args(argv)
     if args.runs < FAMILY_EVERY or args.rate <= 0 or args.seconds <= 0 or args.window <= 0:
-        parser.error(f"--runs must be at least {FAMILY_EVERY}, and --rate, --seconds and --window positive")
+        parser.error(
+            f"--runs must be at least {FAMILY_EVERY}, and --rate, --seconds and --window positive"
+        )
     return args
 
 
@@ -382,10 +489,16 @@ def main(argv=None) -> int:
         say(f"server     : {'DATABASE_URL' if db.from_env else 'embedded PostgreSQL (.data/pg)'}")
         say(f"PostgreSQL : {db.version}")
         autovacuum = sql("SHOW autovacuum")[0][0]
-        say("settings   : " + ", ".join(f"{k}={v}" for k, v in sorted(db.settings.items())) + f", autovacuum={autovacuum}")
+        say(
+            "settings   : "
+            + ", ".join(f"{k}={v}" for k, v in sorted(db.settings.items()))
+            + f", autovacuum={autovacuum}"
+        )
         say(f"database   : {db.name} (created for this run, dropped at the end)")
         one, five, _ = os.getloadavg()
-        say(f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {one:.2f} {five:.2f}")
+        say(
+            f"machine    : {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {one:.2f} {five:.2f}"
+        )
         run(args, db)
         return 0
     finally:

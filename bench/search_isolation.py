@@ -85,13 +85,27 @@ def fill(args) -> dict:
             if index.name in names:
                 editor.add_index(Run, index)
     built = time.perf_counter() - started
-    size = sql("SELECT pg_size_pretty(sum(pg_relation_size(i::regclass))), pg_size_pretty(pg_relation_size('runs_run'))"
-               " FROM unnest(%s::text[]) AS i", [names])[0]
+    size = sql(
+        "SELECT pg_size_pretty(sum(pg_relation_size(i::regclass))), pg_size_pretty(pg_relation_size('runs_run'))"
+        " FROM unnest(%s::text[]) AS i",
+        [names],
+    )[0]
     sql("VACUUM ANALYZE runs_run")
     sql("CHECKPOINT")
-    return {"tenants": {"victim": (small[0], f"victim, {n_small:,} runs"), "big": (big, f"big, {n_big:,} runs")},
-            "info": {"index": ", ".join(names), "inserted_s": inserted, "built_s": built, "index_size": size[0],
-                     "table_size": size[1], "runs": n_big + n_mid + n_small * SMALL_TENANTS}}
+    return {
+        "tenants": {
+            "victim": (small[0], f"victim, {n_small:,} runs"),
+            "big": (big, f"big, {n_big:,} runs"),
+        },
+        "info": {
+            "index": ", ".join(names),
+            "inserted_s": inserted,
+            "built_s": built,
+            "index_size": size[0],
+            "table_size": size[1],
+            "runs": n_big + n_mid + n_small * SMALL_TENANTS,
+        },
+    }
 
 
 def statements(tenant, search) -> list[tuple[str, list]]:
@@ -123,7 +137,9 @@ def nodes(plan: dict):
 
 
 def plan_text(query: str, params: list) -> str:
-    return "\n".join(row[0] for row in sql("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + query, params))
+    return "\n".join(
+        row[0] for row in sql("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + query, params)
+    )
 
 
 def measure_tenant(tenant, repeat: int) -> dict:
@@ -146,12 +162,21 @@ def measure_tenant(tenant, repeat: int) -> dict:
         sent = statements(tenant, text)
         plans = [explain(query, params) for query, params in sent]
         cases[text] = {
-            "label": label, "p50": pct(timings[text], 50), "p95": pct(timings[text], 95),
+            "label": label,
+            "p50": pct(timings[text], 50),
+            "p95": pct(timings[text], 95),
             "found": len(search(text).items),
             "pages": sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in plans),
-            "rows": sum(n["Actual Rows"] * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0)
-                        + n.get("Rows Removed by Index Recheck", 0) for p in plans for n in nodes(p)),
-            "indexes": sorted({n["Index Name"] for p in plans for n in nodes(p) if "Index Name" in n}),
+            "rows": sum(
+                n["Actual Rows"] * n.get("Actual Loops", 1)
+                + n.get("Rows Removed by Filter", 0)
+                + n.get("Rows Removed by Index Recheck", 0)
+                for p in plans
+                for n in nodes(p)
+            ),
+            "indexes": sorted(
+                {n["Index Name"] for p in plans for n in nodes(p) if "Index Name" in n}
+            ),
             "last_plan": plan_text(*sent[-1]),
         }
     return cases
@@ -164,14 +189,21 @@ def submit_rate(n: int) -> float:
     tenant = Tenant.objects.create(name="submitter", slug="submitter", max_queued=10_000_000)
     started = time.perf_counter()
     for i in range(n):
-        submit_run(tenant=tenant, kind="bench_noop", input={
-            "customer": f"Lead {i}: Called back about the renewal contract (Ana Lopez, Lyon, Globex Robotics)",
-            "i": i})
+        submit_run(
+            tenant=tenant,
+            kind="bench_noop",
+            input={
+                "customer": f"Lead {i}: Called back about the renewal contract (Ana Lopez, Lyon, Globex Robotics)",
+                "i": i,
+            },
+        )
     rate = n / (time.perf_counter() - started)
     from runs.notify import uncounted_submits
 
     waited = time.monotonic() + 5
-    while uncounted_submits(tenant.pk) and time.monotonic() < waited:  # its debounced UPDATE lands before the drop
+    while (
+        uncounted_submits(tenant.pk) and time.monotonic() < waited
+    ):  # its debounced UPDATE lands before the drop
         time.sleep(0.01)
     return rate
 
@@ -180,8 +212,10 @@ def measure(args) -> dict:
     from django.db import connection
 
     filled = fill(args)
-    result = {"info": {**filled["info"], "server": connection.cursor().connection.info.server_version},
-              "tenants": {}}
+    result = {
+        "info": {**filled["info"], "server": connection.cursor().connection.info.server_version},
+        "tenants": {},
+    }
     for key, (tenant, label) in filled["tenants"].items():
         result["tenants"][key] = {"label": label, "cases": measure_tenant(tenant, args.repeat)}
     result["info"]["submits_per_s"] = submit_rate(args.submits)
@@ -193,9 +227,22 @@ def in_checkout(checkout: Path, args) -> dict:
     if checkout.resolve() != ROOT:
         shutil.copy(__file__, checkout / "bench" / Path(__file__).name)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([sys.executable, str(checkout / "bench" / Path(__file__).name), "--runs", str(args.runs),
-                        "--repeat", str(args.repeat), "--submits", str(args.submits), "--json", out.name],
-                       cwd=checkout, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(checkout / "bench" / Path(__file__).name),
+                "--runs",
+                str(args.runs),
+                "--repeat",
+                str(args.repeat),
+                "--submits",
+                str(args.submits),
+                "--json",
+                out.name,
+            ],
+            cwd=checkout,
+            check=True,
+        )
         return json.loads(Path(out.name).read_text())
 
 
@@ -203,13 +250,17 @@ def side_by_side(results: list[tuple[str, dict]]) -> None:
     say()
     for name, result in results:
         info = result["info"]
-        say(f"{name:6}: {info['runs']:,} runs inserted in {info['inserted_s']:.0f} s; {info['index']} built in "
+        say(
+            f"{name:6}: {info['runs']:,} runs inserted in {info['inserted_s']:.0f} s; {info['index']} built in "
             f"{info['built_s']:.1f} s, {info['index_size']} (table {info['table_size']}); "
-            f"submit_run {info['submits_per_s']:.0f}/s")
+            f"submit_run {info['submits_per_s']:.0f}/s"
+        )
     for key in results[0][1]["tenants"]:
         say()
-        say(f"{results[0][1]['tenants'][key]['label']:46}" + "".join(
-            f" | {name:^32}" for name, _ in results))
+        say(
+            f"{results[0][1]['tenants'][key]['label']:46}"
+            + "".join(f" | {name:^32}" for name, _ in results)
+        )
         say(f"{'search':46}" + " | p50 ms  p95 ms   pages    rows found" * len(results))
         for text, case in results[0][1]["tenants"][key]["cases"].items():
             line = f"{case['label'] + ' ' + repr(text):46}"
@@ -221,17 +272,34 @@ def side_by_side(results: list[tuple[str, dict]]) -> None:
         for key in ("victim", "big"):
             for text in ("kestrel", "qwxyzzy"):
                 case = result["tenants"][key]["cases"][text]
-                say(f"\n--- {name}, {result['tenants'][key]['label']}, {case['label']} {text!r}: the last statement")
+                say(
+                    f"\n--- {name}, {result['tenants'][key]['label']}, {case['label']} {text!r}: the last statement"
+                )
                 say(case["last_plan"])
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=1_000_000, help="runs in all (default 1,000,000)")
-    parser.add_argument("--repeat", type=int, default=200, help="timed searches per case (default 200)")
-    parser.add_argument("--submits", type=int, default=2000, help="runs submitted for the submit rate (default 2000)")
-    parser.add_argument("--base", type=Path, help="another checkout to measure first, shown beside this one")
-    parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)  # one measurement, written for the parent
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1_000_000, help="runs in all (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=200, help="timed searches per case (default 200)"
+    )
+    parser.add_argument(
+        "--submits",
+        type=int,
+        default=2000,
+        help="runs submitted for the submit rate (default 2000)",
+    )
+    parser.add_argument(
+        "--base", type=Path, help="another checkout to measure first, shown beside this one"
+    )
+    parser.add_argument(
+        "--json", type=Path, help=argparse.SUPPRESS
+    )  # one measurement, written for the parent
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
     if args.json:

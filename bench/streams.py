@@ -80,8 +80,22 @@ HOST = "127.0.0.1"
 class Stream:
     """One SSE client on a raw socket: the seqs it read, in order, and when."""
 
-    __slots__ = ("index", "run_id", "replay_to", "seqs", "arrivals", "bad_data", "keepalives", "others",
-                 "error", "ended", "t_start", "t_ready", "writer", "_gate")
+    __slots__ = (
+        "index",
+        "run_id",
+        "replay_to",
+        "seqs",
+        "arrivals",
+        "bad_data",
+        "keepalives",
+        "others",
+        "error",
+        "ended",
+        "t_start",
+        "t_ready",
+        "writer",
+        "_gate",
+    )
 
     def __init__(self, index: int, run_id, replay_to: int) -> None:
         self.index = index
@@ -129,7 +143,7 @@ class Stream:
                 buf += data
                 while (end := buf.find(b"\n\n")) >= 0:
                     self._block(buf[:end], now)
-                    buf = buf[end + 2:]
+                    buf = buf[end + 2 :]
                 if self.t_ready == 0.0 and self.seqs and self.seqs[-1] >= self.replay_to:
                     self.t_ready = now
                     self._release()
@@ -137,8 +151,14 @@ class Stream:
             self.ended = time.time()
         except asyncio.CancelledError:
             raise
-        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                TimeoutError) as exc:
+        except (
+            OSError,
+            ValueError,
+            IndexError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+        ) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._release()
@@ -195,8 +215,9 @@ class Ready:
             self.done.set()
 
 
-async def open_streams(streams: list[Stream], port: int, key: str, concurrency: int,
-                       timeout: float) -> tuple[list[asyncio.Task], float]:
+async def open_streams(
+    streams: list[Stream], port: int, key: str, concurrency: int, timeout: float
+) -> tuple[list[asyncio.Task], float]:
     gate = asyncio.Semaphore(concurrency)
     ready = Ready(len(streams))
     t0 = time.time()
@@ -222,7 +243,9 @@ async def http_status(port: int, path: str) -> int | None:
     except (OSError, TimeoutError):
         return None
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n".encode())
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n".encode()
+        )
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         return int(head.split(b" ", 2)[1])
     except (OSError, TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError):
@@ -249,11 +272,12 @@ def steady_schedule(n_runs: int, rate: float, seconds: float) -> list[int]:
     order: list[int] = []
     while len(order) < int(rate * seconds):
         order += random.sample(range(n_runs), n_runs)
-    return order[:int(rate * seconds)]
+    return order[: int(rate * seconds)]
 
 
-def commit_steady(run_ids: list, schedule: list[int], rate: float, t0: float, part: int,
-                  parts: int) -> list[Committed]:
+def commit_steady(
+    run_ids: list, schedule: list[int], rate: float, t0: float, part: int, parts: int
+) -> list[Committed]:
     """Every ``parts``-th Event of the schedule from ``part``, each at ``t0 + i / rate``, one transaction each."""
     from django.db import transaction
 
@@ -268,7 +292,9 @@ def commit_steady(run_ids: list, schedule: list[int], rate: float, t0: float, pa
         began = time.time()
         index = schedule[i]
         with transaction.atomic():
-            seq = append_event(run_id=run_ids[index], type=EVENT_TYPE, actor=SYSTEM, payload={"i": i})
+            seq = append_event(
+                run_id=run_ids[index], type=EVENT_TYPE, actor=SYSTEM, payload={"i": i}
+            )
             sent = time.time()
         out.append(Committed(index, seq, sent, time.time(), "steady", max(0.0, began - due)))
     return out
@@ -282,8 +308,12 @@ def commit_burst(run_ids: list, k: int, round_no: int) -> list[Committed]:
 
     chosen = random.sample(range(len(run_ids)), k)
     with transaction.atomic():
-        seqs = [append_event(run_id=run_ids[i], type=EVENT_TYPE, actor=SYSTEM, payload={"round": round_no})
-                for i in chosen]
+        seqs = [
+            append_event(
+                run_id=run_ids[i], type=EVENT_TYPE, actor=SYSTEM, payload={"round": round_no}
+            )
+            for i in chosen
+        ]
         sent = time.time()
     at = time.time()
     return [Committed(i, seq, sent, at, "burst") for i, seq in zip(chosen, seqs, strict=True)]
@@ -335,7 +365,9 @@ class Sampler:
         self.conn = psycopg.connect(url, autocommit=True, application_name=f"{BENCH_APP} sampler")
         self.lock = threading.Lock()
         self.samples: list[dict] = []
-        self.backend_cpu: dict[int, float] = {}  # the serve process's backends: their last CPU reading
+        self.backend_cpu: dict[
+            int, float
+        ] = {}  # the serve process's backends: their last CPU reading
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
 
@@ -352,17 +384,24 @@ class Sampler:
             rows = self.conn.execute(self._QUERY).fetchall()
             watches = self.conn.execute("SELECT count(*) FROM runs_streamwatch").fetchone()[0]
         serve = [(pid, state, role) for pid, state, app, role in rows if app == SERVE_APP]
-        others = [app for _, _, app, _ in rows if app != SERVE_APP and not app.startswith(BENCH_APP)]
+        others = [
+            app for _, _, app, _ in rows if app != SERVE_APP and not app.startswith(BENCH_APP)
+        ]
         for backend, _, _ in serve:
             used = _postgres_cpu(backend)
             if used is not None:
                 self.backend_cpu[backend] = used
         status = proc_status(self.pid)
         sample = {
-            "t": time.time(), "serve": len(serve), "roles": dict(Counter(role for _, _, role in serve)),
-            "states": dict(Counter(state for _, state, _ in serve)), "others": len(others),
-            "other_apps": dict(Counter(others)), "watches": watches,
-            "rss_mb": status[0] if status else None, "threads": status[1] if status else None,
+            "t": time.time(),
+            "serve": len(serve),
+            "roles": dict(Counter(role for _, _, role in serve)),
+            "states": dict(Counter(state for _, state, _ in serve)),
+            "others": len(others),
+            "other_apps": dict(Counter(others)),
+            "watches": watches,
+            "rss_mb": status[0] if status else None,
+            "threads": status[1] if status else None,
         }
         self.samples.append(sample)
         return sample
@@ -371,7 +410,9 @@ class Sampler:
         while not self._stop.wait(self.interval):
             try:
                 self.sample()
-            except Exception as exc:  # the bench reports what it has; a sampler failure is not the server's
+            except (
+                Exception
+            ) as exc:  # the bench reports what it has; a sampler failure is not the server's
                 say(f"(sampler: {exc})")
                 return
 
@@ -409,10 +450,17 @@ class Meter:
     def stop(self) -> dict:
         self.sampler.sample()
         busy, total = cpu_times()
-        backends = sum(used - self.backends0.get(pid, 0.0) for pid, used in self.sampler.backend_cpu.items())
+        backends = sum(
+            used - self.backends0.get(pid, 0.0) for pid, used in self.sampler.backend_cpu.items()
+        )
         share = (busy - self.machine0[0]) / max(total - self.machine0[1], 1e-9)
-        return {"wall": time.time() - self.t0, "serve": (cpu_seconds(self.sampler.pid) or 0.0) - self.serve0,
-                "backends": backends, "client": _self_cpu() - self.client0, "machine": share}
+        return {
+            "wall": time.time() - self.t0,
+            "serve": (cpu_seconds(self.sampler.pid) or 0.0) - self.serve0,
+            "backends": backends,
+            "client": _self_cpu() - self.client0,
+            "machine": share,
+        }
 
 
 def _self_cpu() -> float:
@@ -444,8 +492,14 @@ def start_serve(port: int, log_path: Path) -> subprocess.Popen:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     argv = [sys.executable, str(ROOT / "manage.py"), "serve", f"{HOST}:{port}", "--workers", "1"]
     with open(log_path, "wb") as log:
-        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+        return subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
 
 
 def stop_serve(proc: subprocess.Popen) -> str:
@@ -461,7 +515,11 @@ def stop_serve(proc: subprocess.Popen) -> str:
         proc.wait(10)
         return "did not stop within 20 s of SIGTERM: KILLED"
     # uvicorn re-raises the signal it caught once its graceful shutdown is done.
-    how = "by SIGTERM, re-raised by uvicorn" if proc.returncode == -signal.SIGTERM else f"with code {proc.returncode}"
+    how = (
+        "by SIGTERM, re-raised by uvicorn"
+        if proc.returncode == -signal.SIGTERM
+        else f"with code {proc.returncode}"
+    )
     return f"stopped {how} {time.time() - t0:.1f} s after SIGTERM"
 
 
@@ -471,7 +529,9 @@ def stop_serve(proc: subprocess.Popen) -> str:
 def fmt_conns(sample: dict) -> str:
     if not sample:
         return "(no sample)"
-    roles = ", ".join(f"{role} {sample['roles'][role]}" for role in Sampler.ROLES if sample["roles"].get(role))
+    roles = ", ".join(
+        f"{role} {sample['roles'][role]}" for role in Sampler.ROLES if sample["roles"].get(role)
+    )
     text = f"{sample['serve']} ({roles or 'none'}; {dict(sorted(sample['states'].items()))})"
     if sample["others"]:
         text += f"; other backends {sample['other_apps']}"
@@ -479,12 +539,16 @@ def fmt_conns(sample: dict) -> str:
 
 
 def fmt_cpu(cpu: dict, events: int | None = None) -> str:
-    text = (f"serve {cpu['serve']:.2f} s, its PostgreSQL backends {cpu['backends']:.2f} s, the bench client "
-            f"{cpu['client']:.2f} s over {cpu['wall']:.1f} s; machine {cpu['machine'] * 100:.0f}% busy "
-            f"({os.cpu_count()} CPUs)")
+    text = (
+        f"serve {cpu['serve']:.2f} s, its PostgreSQL backends {cpu['backends']:.2f} s, the bench client "
+        f"{cpu['client']:.2f} s over {cpu['wall']:.1f} s; machine {cpu['machine'] * 100:.0f}% busy "
+        f"({os.cpu_count()} CPUs)"
+    )
     if events:
-        text += (f" -> serve {cpu['serve'] / events * 1000:.2f} ms, backends "
-                 f"{cpu['backends'] / events * 1000:.2f} ms per Event")
+        text += (
+            f" -> serve {cpu['serve'] / events * 1000:.2f} ms, backends "
+            f"{cpu['backends'] / events * 1000:.2f} ms per Event"
+        )
     return text
 
 
@@ -492,8 +556,10 @@ def fmt_latency(values: list[float]) -> str:
     if not values:
         return "(none read)"
     ms = [v * 1000 for v in values]
-    return (f"p50 {pct(ms, 50):.1f} ms, p90 {pct(ms, 90):.1f}, p99 {pct(ms, 99):.1f}, max {max(ms):.1f}, "
-            f"min {min(ms):.1f} (n={len(ms)})")
+    return (
+        f"p50 {pct(ms, 50):.1f} ms, p90 {pct(ms, 90):.1f}, p99 {pct(ms, 99):.1f}, max {max(ms):.1f}, "
+        f"min {min(ms):.1f} (n={len(ms)})"
+    )
 
 
 def report_latency(streams: list[Stream], committed: list[Committed], all_read: bool, args) -> None:
@@ -501,17 +567,31 @@ def report_latency(streams: list[Stream], committed: list[Committed], all_read: 
     after = [streams[c.stream].arrivals[c.seq] - c.at for c in read]
     before = [streams[c.stream].arrivals[c.seq] - c.sent for c in read]
     negative = sum(1 for v in after if v < 0)
-    say(f"             read {len(read)} of {len(committed)}"
-        f"{'' if all_read else f' -- NOT ALL READ within {args.deliver_timeout:g} s'}")
+    say(
+        f"             read {len(read)} of {len(committed)}"
+        f"{'' if all_read else f' -- NOT ALL READ within {args.deliver_timeout:g} s'}"
+    )
     say(f"             COMMIT returned -> read: {fmt_latency(after)}")
-    say(f"             COMMIT sent     -> read: {fmt_latency(before)}  (the commit lies between the two)")
-    say(f"             COMMIT round trip: {fmt_latency([c.at - c.sent for c in committed])}; read before COMMIT "
+    say(
+        f"             COMMIT sent     -> read: {fmt_latency(before)}  (the commit lies between the two)"
+    )
+    say(
+        f"             COMMIT round trip: {fmt_latency([c.at - c.sent for c in committed])}; read before COMMIT "
         f"returned to the committer thread (it was not scheduled in time): {negative}; over the "
-        f"{args.backstop:g} s backstop (a missed wake-up): {sum(1 for v in after if v > args.backstop)}")
+        f"{args.backstop:g} s backstop (a missed wake-up): {sum(1 for v in after if v > args.backstop)}"
+    )
 
 
-async def measure(args, run_ids: list, replay_to: list[int], warmup: tuple, key: str, port: int,
-                  serve: subprocess.Popen, sampler: Sampler) -> bool:
+async def measure(
+    args,
+    run_ids: list,
+    replay_to: list[int],
+    warmup: tuple,
+    key: str,
+    port: int,
+    serve: subprocess.Popen,
+    sampler: Sampler,
+) -> bool:
     loop = asyncio.get_running_loop()
     committers = ThreadPoolExecutor(args.committers, thread_name_prefix="committer")
     n = len(run_ids)
@@ -522,23 +602,31 @@ async def measure(args, run_ids: list, replay_to: list[int], warmup: tuple, key:
     try:
         # Idle, then one warm-up stream on a run of its own (the hub starts on the first stream).
         idle = sampler.sample()
-        say(f"idle       : serve RSS {idle['rss_mb']:.1f} MB, {idle['threads']} threads; "
-            f"connections {fmt_conns(idle)}")
+        say(
+            f"idle       : serve RSS {idle['rss_mb']:.1f} MB, {idle['threads']} threads; "
+            f"connections {fmt_conns(idle)}"
+        )
         warm = Stream(-1, warmup[0], warmup[1])
         warm_tasks, warm_open = await open_streams([warm], port, key, 1, 30)
         one = sampler.sample()
-        say(f"1 stream   : opened and read its replay in {warm_open * 1000:.0f} ms; serve RSS {one['rss_mb']:.1f} MB; "
-            f"connections {fmt_conns(one)}{'; ERROR ' + warm.error if warm.error else ''}")
+        say(
+            f"1 stream   : opened and read its replay in {warm_open * 1000:.0f} ms; serve RSS {one['rss_mb']:.1f} MB; "
+            f"connections {fmt_conns(one)}{'; ERROR ' + warm.error if warm.error else ''}"
+        )
         await close_streams([warm], warm_tasks)
         await asyncio.sleep(1)
         base = sampler.sample()
-        say(f"baseline   : after the warm-up stream closed: serve RSS {base['rss_mb']:.1f} MB, "
+        say(
+            f"baseline   : after the warm-up stream closed: serve RSS {base['rss_mb']:.1f} MB, "
             f"{base['threads']} threads; "
-            f"connections {fmt_conns(base)}; watches {base['watches']}")
+            f"connections {fmt_conns(base)}; watches {base['watches']}"
+        )
 
         # Open N streams.
         meter = Meter(sampler).start()
-        tasks, opening = await open_streams(streams, port, key, args.open_concurrency, args.open_timeout)
+        tasks, opening = await open_streams(
+            streams, port, key, args.open_concurrency, args.open_timeout
+        )
         cpu_open = meter.stop()
         await asyncio.sleep(1)
         full = sampler.sample()
@@ -546,18 +634,22 @@ async def measure(args, run_ids: list, replay_to: list[int], warmup: tuple, key:
         failed = [s for s in streams if not s.t_ready]
         waits = [s.t_ready - s.t_start for s in opened]
         say()
-        say(f"open       : {len(opened)}/{n} streams open and replayed in {opening:.2f} s "
+        say(
+            f"open       : {len(opened)}/{n} streams open and replayed in {opening:.2f} s "
             f"(at most {args.open_concurrency} opening at once); open -> replay read: "
-            f"{fmt_latency(waits)}")
+            f"{fmt_latency(waits)}"
+        )
         if failed:
             ok = False
             reasons = Counter((s.error or "no replay in time")[:160] for s in failed)
             say(f"             FAILED {len(failed)}: {dict(reasons.most_common(5))}")
         say(f"             CPU {fmt_cpu(cpu_open)}")
         rss_per = (full["rss_mb"] - base["rss_mb"]) * 1024 / max(n, 1)
-        say(f"with {n:<6}: serve RSS {full['rss_mb']:.1f} MB (+{full['rss_mb'] - base['rss_mb']:.1f} MB over the "
+        say(
+            f"with {n:<6}: serve RSS {full['rss_mb']:.1f} MB (+{full['rss_mb'] - base['rss_mb']:.1f} MB over the "
             f"baseline, {rss_per:.1f} KB per stream), {full['threads']} threads "
-            f"(+{full['threads'] - base['threads']} over the baseline)")
+            f"(+{full['threads'] - base['threads']} over the baseline)"
+        )
         say(f"             connections {fmt_conns(full)}; watches {full['watches']}")
         peak_open = sampler.peak(meter.t0)
         say(f"             peak connections while opening {fmt_conns(peak_open)}")
@@ -565,33 +657,53 @@ async def measure(args, run_ids: list, replay_to: list[int], warmup: tuple, key:
         # Steady rate.
         if args.seconds > 0 and args.rate > 0 and opened:
             say()
-            say(f"steady     : {args.rate:g} Events/s for {args.seconds:g} s over {n} runs, one transaction each, "
-                f"from {args.committers} committer thread(s) ...")
+            say(
+                f"steady     : {args.rate:g} Events/s for {args.seconds:g} s over {n} runs, one transaction each, "
+                f"from {args.committers} committer thread(s) ..."
+            )
             schedule = steady_schedule(n, args.rate, args.seconds)
             meter = Meter(sampler).start()
             t0 = time.time() + 0.05
-            parts = await asyncio.gather(*(
-                loop.run_in_executor(committers, commit_steady, run_ids, schedule, args.rate, t0, j, args.committers)
-                for j in range(args.committers)))
+            parts = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        committers,
+                        commit_steady,
+                        run_ids,
+                        schedule,
+                        args.rate,
+                        t0,
+                        j,
+                        args.committers,
+                    )
+                    for j in range(args.committers)
+                )
+            )
             steady = sorted((c for part in parts for c in part), key=lambda c: c.at)
             spent = steady[-1].at - t0 if steady else 0.0
             all_read = await delivered(streams, steady, args.deliver_timeout)
             cpu = meter.stop()
             committed += steady
-            say(f"             committed {len(steady)} in {spent:.2f} s ({len(steady) / max(spent, 1e-9):.0f}/s); "
+            say(
+                f"             committed {len(steady)} in {spent:.2f} s ({len(steady) / max(spent, 1e-9):.0f}/s); "
                 f"commits began behind schedule by p50 {pct([c.late for c in steady], 50) * 1000:.1f} ms, "
-                f"max {max(c.late for c in steady) * 1000:.0f} ms")
+                f"max {max(c.late for c in steady) * 1000:.0f} ms"
+            )
             report_latency(streams, steady, all_read, args)
             say(f"             CPU {fmt_cpu(cpu, len(steady))}")
-            say(f"             peak connections {fmt_conns(sampler.peak(meter.t0))}; RSS "
-                f"{sampler.samples[-1]['rss_mb']:.1f} MB")
+            say(
+                f"             peak connections {fmt_conns(sampler.peak(meter.t0))}; RSS "
+                f"{sampler.samples[-1]['rss_mb']:.1f} MB"
+            )
 
         # Bursts.
         if args.rounds > 0 and opened:
             k = min(args.burst, n)
             say()
-            say(f"bursts     : {args.rounds} rounds of {k} Events on {k} random runs in one transaction, "
-                f"{args.gap:g} s apart ...")
+            say(
+                f"bursts     : {args.rounds} rounds of {k} Events on {k} random runs in one transaction, "
+                f"{args.gap:g} s apart ..."
+            )
             meter = Meter(sampler).start()
             burst: list[Committed] = []
             all_read = True
@@ -606,8 +718,11 @@ async def measure(args, run_ids: list, replay_to: list[int], warmup: tuple, key:
             report_latency(streams, burst, all_read, args)
             firsts, lasts = [], []
             for r in range(args.rounds):
-                got = [streams[c.stream].arrivals[c.seq] - c.at for c in burst[r * k:(r + 1) * k]
-                       if c.seq in streams[c.stream].arrivals]
+                got = [
+                    streams[c.stream].arrivals[c.seq] - c.at
+                    for c in burst[r * k : (r + 1) * k]
+                    if c.seq in streams[c.stream].arrivals
+                ]
                 if got:
                     firsts.append(min(got))
                     lasts.append(max(got))
@@ -632,22 +747,33 @@ async def measure(args, run_ids: list, replay_to: list[int], warmup: tuple, key:
             after = sampler.sample()
             if after["watches"] == 0:
                 break
-        say(f"closed     : all streams closed; {time.time() - t_close:.1f} s later watches {after['watches']}, "
-            f"serve RSS {after['rss_mb']:.1f} MB, {after['threads']} threads, connections {fmt_conns(after)}")
+        say(
+            f"closed     : all streams closed; {time.time() - t_close:.1f} s later watches {after['watches']}, "
+            f"serve RSS {after['rss_mb']:.1f} MB, {after['threads']} threads, connections {fmt_conns(after)}"
+        )
         if after["watches"]:
-            say("             WATCHES LEFT after every stream closed: their runs keep sending NOTIFY")
+            say(
+                "             WATCHES LEFT after every stream closed: their runs keep sending NOTIFY"
+            )
         return ok
     finally:
         await close_streams(streams, tasks)
         barrier = threading.Barrier(args.committers)
-        await asyncio.gather(*(loop.run_in_executor(committers, close_thread_connection, barrier)
-                               for _ in range(args.committers)), return_exceptions=True)
+        await asyncio.gather(
+            *(
+                loop.run_in_executor(committers, close_thread_connection, barrier)
+                for _ in range(args.committers)
+            ),
+            return_exceptions=True,
+        )
         committers.shutdown(wait=True)
 
 
 def verify(streams: list[Stream], committed: list[Committed], replay_to: list[int]) -> bool:
     """Each stream read 1..last of its run exactly once, in order; every commit read once."""
-    expected: dict[int, list[int]] = {i: list(range(1, replay_to[i] + 1)) for i in range(len(streams))}
+    expected: dict[int, list[int]] = {
+        i: list(range(1, replay_to[i] + 1)) for i in range(len(streams))
+    }
     for c in sorted(committed, key=lambda c: (c.stream, c.seq)):
         expected[c.stream].append(c.seq)
     bad_runs = 0
@@ -668,20 +794,24 @@ def verify(streams: list[Stream], committed: list[Committed], replay_to: list[in
         if got != want:
             bad_runs += 1
             if len(examples) < 5:
-                examples.append(f"run {stream.run_id}: expected {want[:12]}{'...' if len(want) > 12 else ''}, "
-                                f"read {got[:12]}{'...' if len(got) > 12 else ''}")
+                examples.append(
+                    f"run {stream.run_id}: expected {want[:12]}{'...' if len(want) > 12 else ''}, "
+                    f"read {got[:12]}{'...' if len(got) > 12 else ''}"
+                )
     bad_data = sum(s.bad_data for s in streams)
     ended = sum(1 for s in streams if s.ended)
     errors = Counter(s.error[:160] for s in streams if s.error)
     read_once = sum(1 for c in committed if streams[c.stream].seqs.count(c.seq) == 1)
     ok = not (bad_runs or bad_data or ended or errors) and read_once == len(committed)
     say()
-    say(f"verify     : committed {len(committed)} Events, read exactly once by their stream {read_once}; "
+    say(
+        f"verify     : committed {len(committed)} Events, read exactly once by their stream {read_once}; "
         f"streams with exactly 1..last in order {len(streams) - bad_runs}/{len(streams)}; duplicates {duplicates}, "
         f"missing {missing}, unexpected {extra}, out of order {out_of_order}, bad data {bad_data}; "
         f"ended by the server {ended}; errors {dict(errors) or 0}; keepalives "
         f"{sum(s.keepalives for s in streams)}, other blocks {sum(s.others for s in streams)} -> "
-        f"{'OK' if ok else 'FAILED'}")
+        f"{'OK' if ok else 'FAILED'}"
+    )
     for line in examples:
         say(f"             {line}")
     return ok
@@ -697,13 +827,17 @@ def setup_runs(n: int) -> tuple[list, list[int], tuple, str]:
     from runs.tenants import ensure_tenant
 
     tenant, _ = ensure_tenant(slug="bench-streams", max_running=10, max_queued=10_000_000)
-    key = create_api_key(tenant=tenant, name="bench streams", scopes=[ApiKey.Scope.READ.value]).secret
+    key = create_api_key(
+        tenant=tenant, name="bench streams", scopes=[ApiKey.Scope.READ.value]
+    ).secret
     started = time.perf_counter()
     with transaction.atomic():
         runs = [submit_run(tenant=tenant, kind=KIND, input={"i": i}) for i in range(n + 1)]
     seqs = dict(Run.objects.filter(id__in=[r.pk for r in runs]).values_list("id", "last_event_seq"))
-    say(f"runs       : {n + 1} queued runs of {KIND} via submit_run in {time.perf_counter() - started:.2f} s "
-        f"(one for the warm-up stream); replay per stream: seq 1..{max(seqs.values())}")
+    say(
+        f"runs       : {n + 1} queued runs of {KIND} via submit_run in {time.perf_counter() - started:.2f} s "
+        f"(one for the warm-up stream); replay per stream: seq 1..{max(seqs.values())}"
+    )
     ids = [r.pk for r in runs]
     return ids[:n], [seqs[i] for i in ids[:n]], (ids[n], seqs[ids[n]]), key
 
@@ -712,20 +846,25 @@ def run(args, db: Database) -> bool:
     from django.conf import settings
 
     args.backstop = settings.RUNS_STREAM_BACKSTOP_SECONDS
-    say(f"stream cfg : RUNS_STREAM_DB_CONNECTIONS={settings.RUNS_STREAM_DB_CONNECTIONS}, "
+    say(
+        f"stream cfg : RUNS_STREAM_DB_CONNECTIONS={settings.RUNS_STREAM_DB_CONNECTIONS}, "
         f"RUNS_STREAM_BACKSTOP_SECONDS={settings.RUNS_STREAM_BACKSTOP_SECONDS:g}, "
         f"RUNS_STREAM_KEEPALIVE_SECONDS={settings.RUNS_STREAM_KEEPALIVE_SECONDS:g}, RUNS_LISTEN={settings.RUNS_LISTEN}, "
-        f"Django pool {settings.DATABASES['default']['OPTIONS'].get('pool', 'off')}")
+        f"Django pool {settings.DATABASES['default']['OPTIONS'].get('pool', 'off')}"
+    )
     run_ids, replay_to, warmup, key = setup_runs(args.streams)
 
     logdir = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     log_path = logdir / "serve.log"
     port = free_port()
     serve = start_serve(port, log_path)
-    say(f"server     : manage.py serve {HOST}:{port} --workers 1 (uvicorn, pid {serve.pid}, log {log_path})")
+    say(
+        f"server     : manage.py serve {HOST}:{port} --workers 1 (uvicorn, pid {serve.pid}, log {log_path})"
+    )
     sampler = None
     stopped = "not stopped"
     try:
+
         async def wait_up() -> float:
             t0 = time.time()
             while time.time() - t0 < 60:
@@ -752,12 +891,18 @@ def run(args, db: Database) -> bool:
             sampler.stop()
         stopped = stop_serve(serve)
     log_text = log_path.read_text(errors="replace")
-    problems = {label: log_text.count(needle) for label, needle in (
-        ("tracebacks", "Traceback"), ("errors", " ERROR "), ("warnings", " WARNING "),
-        ("hub task failed", "a hub task failed"), ("LISTEN lost", "LISTEN connection lost"),
-        ("pool timeouts", "PoolTimeout"))}
-    say(f"serve log  : {stopped}; "
-        + ", ".join(f"{k} x{v}" for k, v in problems.items()))
+    problems = {
+        label: log_text.count(needle)
+        for label, needle in (
+            ("tracebacks", "Traceback"),
+            ("errors", " ERROR "),
+            ("warnings", " WARNING "),
+            ("hub task failed", "a hub task failed"),
+            ("LISTEN lost", "LISTEN connection lost"),
+            ("pool timeouts", "PoolTimeout"),
+        )
+    }
+    say(f"serve log  : {stopped}; " + ", ".join(f"{k} x{v}" for k, v in problems.items()))
     if problems["tracebacks"] or problems["errors"] or problems["hub task failed"]:
         say("  --- serve log tail ---")
         say("\n".join(log_text.splitlines()[-30:]))
@@ -768,32 +913,77 @@ def run(args, db: Database) -> bool:
 def code_version() -> str:
     """The commit measured, and files of the server that differ from it in the working tree."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "config", "runs"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.splitlines()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "config", "runs"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return "(not a git checkout)"
     changed = [line[3:] for line in dirty if line.strip()]
-    return f"commit {head or '?'}" + (f", uncommitted changes in {', '.join(changed)}" if changed else ", clean")
+    return f"commit {head or '?'}" + (
+        f", uncommitted changes in {', '.join(changed)}" if changed else ", clean"
+    )
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=None, help="concurrent streams, one run each (default 500)")
-    parser.add_argument("--rate", type=float, default=200, help="Events per second in the steady phase (default 200)")
-    parser.add_argument("--seconds", type=float, default=None, help="length of the steady phase (default 20; 0 skips it)")
-    parser.add_argument("--rounds", type=int, default=None, help="burst rounds (default 20; 0 skips them)")
-    parser.add_argument("--burst", type=int, default=50, help="Events per burst, one transaction (default 50)")
-    parser.add_argument("--committers", type=int, default=4,
-                        help="threads committing the steady Events, each its share of the rate (default 4)")
-    parser.add_argument("--gap", type=float, default=0.2, help="seconds between burst rounds (default 0.2)")
-    parser.add_argument("--open-concurrency", type=int, default=50,
-                        help="streams being opened at once (default 50)")
-    parser.add_argument("--open-timeout", type=float, default=120, help="give up opening after this (default 120 s)")
-    parser.add_argument("--deliver-timeout", type=float, default=15,
-                        help="wait this long for every committed Event to be read (default 15 s)")
-    parser.add_argument("--quick", action="store_true", help="50 streams, 5 s steady, 5 burst rounds")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--streams", type=int, default=None, help="concurrent streams, one run each (default 500)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=200,
+        help="Events per second in the steady phase (default 200)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="length of the steady phase (default 20; 0 skips it)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="burst rounds (default 20; 0 skips them)"
+    )
+    parser.add_argument(
+        "--burst", type=int, default=50, help="Events per burst, one transaction (default 50)"
+    )
+    parser.add_argument(
+        "--committers",
+        type=int,
+        default=4,
+        help="threads committing the steady Events, each its share of the rate (default 4)",
+    )
+    parser.add_argument(
+        "--gap", type=float, default=0.2, help="seconds between burst rounds (default 0.2)"
+    )
+    parser.add_argument(
+        "--open-concurrency", type=int, default=50, help="streams being opened at once (default 50)"
+    )
+    parser.add_argument(
+        "--open-timeout", type=float, default=120, help="give up opening after this (default 120 s)"
+    )
+    parser.add_argument(
+        "--deliver-timeout",
+        type=float,
+        default=15,
+        help="wait this long for every committed Event to be read (default 15 s)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="50 streams, 5 s steady, 5 burst rounds"
+    )
     args = parser.parse_args(argv)
     args.streams = args.streams if args.streams is not None else (50 if args.quick else 500)
     args.seconds = args.seconds if args.seconds is not None else (5 if args.quick else 20)
@@ -801,7 +991,9 @@ def parse_args(argv=None):
     if args.committers < 1:
         parser.error("--committers must be at least 1")
     if args.streams < 1 or args.rate < 0 or args.seconds < 0 or args.rounds < 0 or args.burst < 1:
-        parser.error("--streams and --burst must be at least 1; --rate, --seconds and --rounds at least 0")
+        parser.error(
+            "--streams and --burst must be at least 1; --rate, --seconds and --rounds at least 0"
+        )
     return args
 
 
@@ -829,14 +1021,20 @@ def main(argv=None) -> int:
         say(f"code       : {code_version()}")
         one, five, _ = os.getloadavg()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        say(f"machine    : {os.cpu_count()} CPUs ({cores} usable), Python {sys.version.split()[0]}, "
-            f"load {one:.2f} {five:.2f}; open files limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}")
-        say(f"settings   : {'quick' if args.quick else 'full'}: {args.streams} streams; steady {args.rate:g} Events/s "
+        say(
+            f"machine    : {os.cpu_count()} CPUs ({cores} usable), Python {sys.version.split()[0]}, "
+            f"load {one:.2f} {five:.2f}; open files limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+        )
+        say(
+            f"settings   : {'quick' if args.quick else 'full'}: {args.streams} streams; steady {args.rate:g} Events/s "
             f"for {args.seconds:g} s from {args.committers} committer thread(s); {args.rounds} bursts of {min(args.burst, args.streams)}, {args.gap:g} s apart; "
-            f"open {args.open_concurrency} at once; wait {args.deliver_timeout:g} s for delivery")
-        say(f"client     : ONE asyncio loop on raw sockets (HTTP/1.1, chunked SSE), {args.committers} committer "
+            f"open {args.open_concurrency} at once; wait {args.deliver_timeout:g} s for delivery"
+        )
+        say(
+            f"client     : ONE asyncio loop on raw sockets (HTTP/1.1, chunked SSE), {args.committers} committer "
             f"thread(s), one sampler thread, in this process, on the same {cores} cores as the serve process and PostgreSQL: every "
-            f"figure includes that contention")
+            f"figure includes that contention"
+        )
         return 0 if run(args, db) else 1
     finally:
         db.drop()

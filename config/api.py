@@ -43,8 +43,12 @@ def _error(request: HttpRequest, status: int, detail: str, **extra) -> HttpRespo
 
 @api.exception_handler(AuthenticationError)
 def on_unauthenticated(request, exc):
-    return _error(request, 401, "a valid API key is required: send 'Authorization: Bearer <key>' (or log in to "
-                  "the dashboard and use its session)")
+    return _error(
+        request,
+        401,
+        "a valid API key is required: send 'Authorization: Bearer <key>' (or log in to "
+        "the dashboard and use its session)",
+    )
 
 
 @api.exception_handler(Http404)
@@ -119,9 +123,15 @@ def on_too_big(request, exc):
 # the warning shows where the gap is.
 @api.exception_handler(DataError)
 def on_data_error(request, exc):
-    logger.warning("the database refused a value of %s %s", request.method, request.path, exc_info=exc)
-    return _error(request, 422, "a value in the request cannot be stored: a number out of range, or text with a "
-                  "NUL character or a lone surrogate")
+    logger.warning(
+        "the database refused a value of %s %s", request.method, request.path, exc_info=exc
+    )
+    return _error(
+        request,
+        422,
+        "a value in the request cannot be stored: a number out of range, or text with a "
+        "NUL character or a lone surrogate",
+    )
 
 
 # A deadlock detected by PostgreSQL (a person's transition of a child run and a
@@ -133,7 +143,9 @@ def on_database_error(request, exc):
     if not is_transient(exc):
         raise exc
     logger.warning("transient database error in %s %s: %s", request.method, request.path, exc)
-    response = _error(request, 503, "the database could not complete the request just now: retry in a moment")
+    response = _error(
+        request, 503, "the database could not complete the request just now: retry in a moment"
+    )
     response["Retry-After"] = "1"
     return response
 
@@ -141,7 +153,9 @@ def on_database_error(request, exc):
 @api.exception_handler(UnicodeEncodeError)
 def on_unencodable_text(request, exc):
     logger.warning("unencodable text in %s %s", request.method, request.path, exc_info=exc)
-    return _error(request, 422, "the request contains text that cannot be encoded as UTF-8 (a lone surrogate)")
+    return _error(
+        request, 422, "the request contains text that cannot be encoded as UTF-8 (a lone surrogate)"
+    )
 
 
 def not_found(request: HttpRequest, *args, **kwargs) -> HttpResponse:

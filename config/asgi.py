@@ -32,7 +32,9 @@ streams = get_asgi_application()
 # A thread per request in progress, as many as the process's database pool
 # has connections (RUNS_DB_POOL_MAX): one more would only wait for a connection.
 _pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
-requests = WSGIMiddleware(get_wsgi_application(), workers=_pool["max_size"] if isinstance(_pool, dict) else 12)
+requests = WSGIMiddleware(
+    get_wsgi_application(), workers=_pool["max_size"] if isinstance(_pool, dict) else 12
+)
 
 STREAM_PATH = re.compile(r"^/api/runs/[^/]+/events/?$")
 
@@ -43,4 +45,6 @@ async def dispatch(scope, receive, send):
     return await streams(scope, receive, send)
 
 
-application = BodyLimit(dispatch, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE, bodyless_paths=STREAM_PATH)
+application = BodyLimit(
+    dispatch, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE, bodyless_paths=STREAM_PATH
+)

@@ -39,7 +39,9 @@ BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 class BodyLimit:
     """ASGI middleware: refuse a body over ``limit`` bytes (None: no limit), and any body where none is taken."""
 
-    def __init__(self, app: ASGIApp, *, limit: int | None, bodyless_paths: re.Pattern[str] | None = None):
+    def __init__(
+        self, app: ASGIApp, *, limit: int | None, bodyless_paths: re.Pattern[str] | None = None
+    ):
         self.app = app
         self.limit = limit
         self.bodyless_paths = bodyless_paths
@@ -49,15 +51,21 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length, chunked = _announced(scope["headers"])
         if length == -1:
-            return await _refuse(scope, send, 400, "the Content-Length header is not a number of bytes")
+            return await _refuse(
+                scope, send, 400, "the Content-Length header is not a number of bytes"
+            )
         if self._takes_no_body(scope):
             if chunked or length:
-                return await _refuse(scope, send, 413, f"{scope['method']} {scope['path']} takes no request body")
+                return await _refuse(
+                    scope, send, 413, f"{scope['method']} {scope['path']} takes no request body"
+                )
             return await self.app(scope, receive, send)
         if self.limit is not None and length is not None and length > self.limit:
             return await _refuse(scope, send, 413, self._too_large())
         if not chunked:
-            return await self.app(scope, receive, send)  # the server reads no further than Content-Length
+            return await self.app(
+                scope, receive, send
+            )  # the server reads no further than Content-Length
         return await self._chunked(scope, receive, send)
 
     def _takes_no_body(self, scope: Scope) -> bool:
@@ -79,7 +87,11 @@ class BodyLimit:
                 return await _refuse(scope, send, 413, self._too_large())
             if not message.get("more_body", False):
                 break
-        headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"transfer-encoding"]
+        headers = [
+            (name, value)
+            for name, value in scope["headers"]
+            if name.lower() != b"transfer-encoding"
+        ]
         headers.append((b"content-length", str(len(body)).encode()))
         replayed = False
 
@@ -112,10 +124,15 @@ async def _refuse(scope: Scope, send: Send, status: int, detail: str) -> None:
         content_type, body = b"application/json", json.dumps({"detail": detail}).encode()
     else:
         content_type, body = b"text/plain; charset=utf-8", detail.encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

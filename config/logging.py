@@ -96,9 +96,13 @@ def render_console(logger: Any, method_name: str, event_dict: dict[str, Any]) ->
         str(event_dict.pop("event", "")),
     ]
     tail = [event_dict.pop(key, None) for key in ("exception", "stack")]
-    keys = [key for key in FIELD_ORDER if key in event_dict] + [key for key in event_dict if key not in FIELD_ORDER]
+    keys = [key for key in FIELD_ORDER if key in event_dict] + [
+        key for key in event_dict if key not in FIELD_ORDER
+    ]
     fields = [f"{key}={_console_value(event_dict[key])}" for key in keys]
-    return "\n".join([" ".join(part for part in head + fields if part), *(str(t) for t in tail if t)])
+    return "\n".join(
+        [" ".join(part for part in head + fields if part), *(str(t) for t in tail if t)]
+    )
 
 
 def _console_value(value: Any) -> str:
@@ -116,7 +120,9 @@ def logging_config(*, debug: bool, level: str, log_format: str | None = None) ->
     """The ``LOGGING`` dict for ``log_format`` (``json``/``console``; None: by ``debug``); configures structlog too."""
     log_format = (log_format or ("console" if debug else "json")).strip().lower()
     if log_format not in FORMATS:
-        raise ImproperlyConfigured(f"RUNS_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {log_format!r}")
+        raise ImproperlyConfigured(
+            f"RUNS_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {log_format!r}"
+        )
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,

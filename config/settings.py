@@ -64,8 +64,11 @@ def _secret_key() -> str:
         )
     # Django's own W009 thresholds: a guessable key signs sessions and stream tokens anyone could forge.
     if PLACEHOLDER_MARKER in key or len(key) < 50 or len(set(key)) < 5:
-        problem = ("is still the placeholder of the example env file" if PLACEHOLDER_MARKER in key
-                   else f"is too short or too simple ({len(key)} characters, {len(set(key))} distinct)")
+        problem = (
+            "is still the placeholder of the example env file"
+            if PLACEHOLDER_MARKER in key
+            else f"is too short or too simple ({len(key)} characters, {len(set(key))} distinct)"
+        )
         raise ImproperlyConfigured(
             f"SECRET_KEY {problem} and DEBUG is off: anyone who knows it can forge sessions and stream tokens. "
             f"Set SECRET_KEY to 50 or more random characters, for example the output of {GENERATE_HINT}."
@@ -76,8 +79,11 @@ def _secret_key() -> str:
 def _metrics_token() -> str:
     token = os.environ.get("RUNS_METRICS_TOKEN", "")
     if token and not DEBUG and (PLACEHOLDER_MARKER in token or len(token) < 32):
-        problem = ("is still the placeholder of the example env file" if PLACEHOLDER_MARKER in token
-                   else f"is too short ({len(token)} characters)")
+        problem = (
+            "is still the placeholder of the example env file"
+            if PLACEHOLDER_MARKER in token
+            else f"is too short ({len(token)} characters)"
+        )
         raise ImproperlyConfigured(
             f"RUNS_METRICS_TOKEN {problem} and DEBUG is off: set it to 32 or more random characters, for "
             f"example the output of {GENERATE_HINT} (and give Prometheus the same), or unset it to turn "
@@ -204,7 +210,9 @@ def _database() -> dict:
     # Names each process in pg_stat_activity: "agentruns runworker", "agentruns reap"...
     # (a startup parameter PgBouncer tracks itself: no ignore_startup_parameters needed).
     command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else "web"
-    options.setdefault("application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63])
+    options.setdefault(
+        "application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63]
+    )
     # RUNS_LISTEN=0 means a transaction-pooling proxy (PgBouncer's
     # pool_mode=transaction; README.md, "Behind PgBouncer"): each transaction may get another
     # server connection, so nothing may outlive one. Django's .iterator()
@@ -304,8 +312,11 @@ LOGOUT_REDIRECT_URL = None
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)
 
 # Structured logs (config/logging.py): RUNS_LOG_FORMAT=json (the default with DEBUG off) or console.
-LOGGING = logging_config(debug=DEBUG, level=os.environ.get("LOG_LEVEL", "INFO"),
-                         log_format=os.environ.get("RUNS_LOG_FORMAT") or None)
+LOGGING = logging_config(
+    debug=DEBUG,
+    level=os.environ.get("LOG_LEVEL", "INFO"),
+    log_format=os.environ.get("RUNS_LOG_FORMAT") or None,
+)
 
 # Agent kinds: installed apps' agents.py plus these modules (web and worker).
 AGENT_MODULES = env_list("AGENT_MODULES")
@@ -337,7 +348,9 @@ RUNS_BACKOFF_CAP_SECONDS = env_float("RUNS_BACKOFF_CAP_SECONDS", 300)
 RUNS_STEP_TIMEOUT_SECONDS = env_float("RUNS_STEP_TIMEOUT_SECONDS", 600)
 RUNS_STEP_GRACE_SECONDS = env_float("RUNS_STEP_GRACE_SECONDS", 30)
 RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
-RUNS_TIMER_INTERVAL_SECONDS = env_float("RUNS_TIMER_INTERVAL_SECONDS", 1)  # how often the reaper wakes waiting runs whose timer is due
+RUNS_TIMER_INTERVAL_SECONDS = env_float(
+    "RUNS_TIMER_INTERVAL_SECONDS", 1
+)  # how often the reaper wakes waiting runs whose timer is due
 # Retention (runs.engine.retention): the reaper deletes runs finished more than
 # RUNS_RETENTION_DAYS ago (0 keeps everything) with all they own, in batches of
 # RUNS_RETENTION_BATCH runs with a pause between them, in passes at most every
@@ -364,7 +377,9 @@ RUNS_STREAM_DB_CONNECTIONS = env_int("RUNS_STREAM_DB_CONNECTIONS", 4)
 RUNS_WEBHOOKS_ALLOW_PRIVATE = env_bool("RUNS_WEBHOOKS_ALLOW_PRIVATE", False)
 # Seconds between a failed attempt and the next one, then the last gap
 # again, until the delivery is 24 h old (RUNS_WEBHOOK_GIVE_UP_SECONDS).
-RUNS_WEBHOOK_RETRY_SCHEDULE = [float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")]
+RUNS_WEBHOOK_RETRY_SCHEDULE = [
+    float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")
+]
 RUNS_WEBHOOK_GIVE_UP_SECONDS = env_float("RUNS_WEBHOOK_GIVE_UP_SECONDS", 24 * 3600)
 # The whole attempt (resolve, connect, send, answer), and the connect alone.
 RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)

@@ -9,7 +9,10 @@ import os
 
 from config.dbserver import ensure_database_url
 
-os.environ.setdefault("AGENT_MODULES", "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams,tests.agents_workflows,tests.agents_step_options")
+os.environ.setdefault(
+    "AGENT_MODULES",
+    "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams,tests.agents_workflows,tests.agents_step_options",
+)
 # The example kinds and demo apps (examples/): many tests run them. Tests of a deployment without them
 # start their processes with RUNS_EXAMPLES=0 (tests/test_trust_kinds.py).
 os.environ.setdefault("RUNS_EXAMPLES", "1")
@@ -22,6 +25,11 @@ os.environ.setdefault("SECRET_KEY", "test-insecure-not-a-secret-7f3a9c1e5b2d8046
 # Processes started by tests log readable lines (tests look for " ERROR " in them); the JSON
 # format has tests of its own (tests/test_logging.py).
 os.environ.setdefault("RUNS_LOG_FORMAT", "console")
-for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS"):
+for name in (
+    "SECURE_SSL_REDIRECT",
+    "SESSION_COOKIE_SECURE",
+    "CSRF_COOKIE_SECURE",
+    "SECURE_HSTS_SECONDS",
+):
     os.environ.setdefault(name, "0")
 ensure_database_url()

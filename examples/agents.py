@@ -53,14 +53,25 @@ def _model_call(prompt: str, tokens_out: int, latency: float) -> StepResult:
     tokens_in = 40 + len(prompt) // 4
     # Priced like a small hosted model: $0.15 / $0.60 per million tokens.
     cost = tokens_in * 0.15e-4 + tokens_out * 0.60e-4
-    return StepResult(output=None, tokens_in=tokens_in, tokens_out=tokens_out, cost_cents=round(cost, 6))
+    return StepResult(
+        output=None, tokens_in=tokens_in, tokens_out=tokens_out, cost_cents=round(cost, 6)
+    )
 
 
 def plan(topic: str, depth: int) -> StepResult:
     usage = _model_call(f"Plan research on {topic}", 120, 0.8)
     sources = [SOURCES[(_digest(topic) + i) % len(SOURCES)] for i in range(depth)]
-    questions = [f"What does {topic} do?", f"Who are {topic}'s customers?", f"What changed at {topic} recently?"]
-    return StepResult({"sources": sources, "questions": questions}, usage.tokens_in, usage.tokens_out, usage.cost_cents)
+    questions = [
+        f"What does {topic} do?",
+        f"Who are {topic}'s customers?",
+        f"What changed at {topic} recently?",
+    ]
+    return StepResult(
+        {"sources": sources, "questions": questions},
+        usage.tokens_in,
+        usage.tokens_out,
+        usage.cost_cents,
+    )
 
 
 def search(topic: str, source: str) -> dict:
@@ -78,13 +89,20 @@ def extract(topic: str, found: list[dict]) -> StepResult:
 
 def draft(topic: str, facts: list[str]) -> StepResult:
     usage = _model_call(f"Draft a brief on {topic} from {facts}", 600, 1.5)
-    body = f"{topic}: {len(facts)} findings. " + " ".join(f"({i + 1}) {fact}." for i, fact in enumerate(facts))
+    body = f"{topic}: {len(facts)} findings. " + " ".join(
+        f"({i + 1}) {fact}." for i, fact in enumerate(facts)
+    )
     return StepResult({"draft": body}, usage.tokens_in, usage.tokens_out, usage.cost_cents)
 
 
 def review(text: str) -> StepResult:
     usage = _model_call(f"Review: {text}", 150, 0.9)
-    return StepResult({"approved": True, "notes": "Concise; sources cited."}, usage.tokens_in, usage.tokens_out, usage.cost_cents)
+    return StepResult(
+        {"approved": True, "notes": "Concise; sources cited."},
+        usage.tokens_in,
+        usage.tokens_out,
+        usage.cost_cents,
+    )
 
 
 @agent("research_brief", input_schema=BriefIn, max_attempts=3)
@@ -92,11 +110,16 @@ def research_brief(ctx: RunContext, brief: BriefIn) -> dict:
     """Research a company or topic across several sources and write a short, cited brief."""
     ctx.progress(total=brief.depth + 4)
     the_plan = ctx.step("plan", plan, brief.topic, brief.depth, kind="llm")
-    found = [ctx.step(f"search:{source}", search, brief.topic, source, kind="tool") for source in the_plan["sources"]]
+    found = [
+        ctx.step(f"search:{source}", search, brief.topic, source, kind="tool")
+        for source in the_plan["sources"]
+    ]
     facts = ctx.step("extract_facts", extract, brief.topic, found, kind="llm")["facts"]
     text = ctx.step("draft", draft, brief.topic, facts, kind="llm")["draft"]
     verdict = ctx.step("review", review, text, kind="llm")
-    ctx.report(f"Wrote a brief on {brief.topic}: {len(facts)} findings from {len(the_plan['sources'])} sources")
+    ctx.report(
+        f"Wrote a brief on {brief.topic}: {len(facts)} findings from {len(the_plan['sources'])} sources"
+    )
     return {
         "topic": brief.topic,
         "brief": text,
@@ -116,9 +139,14 @@ RESEARCH_SYSTEM = (
     "brackets, like [leases-and-heartbeats]. If the corpus does not answer the question, say so."
 )
 
+
 class ResearchIn(BaseModel):
-    question: str = Field(min_length=3, max_length=500, description="What to find out from the document corpus")
-    max_sources: int = Field(default=3, ge=1, le=6, description="How many documents to read at most")
+    question: str = Field(
+        min_length=3, max_length=500, description="What to find out from the document corpus"
+    )
+    max_sources: int = Field(
+        default=3, ge=1, le=6, description="How many documents to read at most"
+    )
 
 
 @agent("research", input_schema=ResearchIn, max_attempts=3, max_model_iterations=12)
@@ -128,17 +156,28 @@ def research(ctx: RunContext, data: ResearchIn) -> dict:
     from workers.llm.scripts import RESEARCH_USER, research_script
 
     result = run_agent_loop(
-        ctx, system=RESEARCH_SYSTEM, user=RESEARCH_USER.format(question=data.question, max_sources=data.max_sources),
-        tools=[corpus.search_docs, corpus.read_doc], max_iterations=10, script=research_script,
+        ctx,
+        system=RESEARCH_SYSTEM,
+        user=RESEARCH_USER.format(question=data.question, max_sources=data.max_sources),
+        tools=[corpus.search_docs, corpus.read_doc],
+        max_iterations=10,
+        script=research_script,
     )
     docs = corpus.documents()
-    cited = [doc_id for doc_id in dict.fromkeys(re.findall(r"\[([a-z0-9-]+)\]", result.answer)) if doc_id in docs]
+    cited = [
+        doc_id
+        for doc_id in dict.fromkeys(re.findall(r"\[([a-z0-9-]+)\]", result.answer))
+        if doc_id in docs
+    ]
     first = next((m for m in result.messages if m.get("role") == "assistant"), {})
     if cited:
         sources = f"{len(cited)} document{'s' if len(cited) > 1 else ''}"
         ctx.report(f"Answered from {sources}: {result.answer}")
     else:
-        ctx.report(f"Answered without a source from the corpus: {result.answer}", outcome=RunOutcome.PARTIAL)
+        ctx.report(
+            f"Answered without a source from the corpus: {result.answer}",
+            outcome=RunOutcome.PARTIAL,
+        )
     return {
         "question": data.question,
         "answer": result.answer,
@@ -150,11 +189,18 @@ def research(ctx: RunContext, data: ResearchIn) -> dict:
 
 
 class ResearchManyIn(BaseModel):
-    questions: list[str] = Field(min_length=1, max_length=10, description="One child research run per question")
-    min_success: int | None = Field(default=None, ge=1, le=10,
-                                    description="Synthesise once this many answered (the rest are cancelled)")
-    timeout_seconds: float | None = Field(default=None, gt=0, le=86400,
-                                          description="Stop waiting for the children after this long")
+    questions: list[str] = Field(
+        min_length=1, max_length=10, description="One child research run per question"
+    )
+    min_success: int | None = Field(
+        default=None,
+        ge=1,
+        le=10,
+        description="Synthesise once this many answered (the rest are cancelled)",
+    )
+    timeout_seconds: float | None = Field(
+        default=None, gt=0, le=86400, description="Stop waiting for the children after this long"
+    )
 
     @field_validator("questions")
     @classmethod
@@ -174,16 +220,28 @@ class ResearchManyIn(BaseModel):
 @agent("research_many", input_schema=ResearchManyIn, max_attempts=3)
 def research_many(ctx: RunContext, data: ResearchManyIn) -> dict:
     """A lead agent: one child ``research`` run per question, gathered, then a synthesis of what they found."""
-    children = [ctx.spawn("research", {"question": q}, key=f"q{i}") for i, q in enumerate(data.questions)]
+    children = [
+        ctx.spawn("research", {"question": q}, key=f"q{i}") for i, q in enumerate(data.questions)
+    ]
     outcomes = ctx.gather(children, min_success=data.min_success, timeout=data.timeout_seconds)
     answered = [o for o in outcomes if o.succeeded]
     if not answered:
-        raise Fatal("none of the child research runs answered: " + "; ".join(
-            f"{o.status}: {o.error.splitlines()[0] if o.error else 'no answer'}" for o in outcomes))
-    found = [{"run_id": str(o.run_id), "status": o.status, "result": o.result, "error": o.error} for o in outcomes]
+        raise Fatal(
+            "none of the child research runs answered: "
+            + "; ".join(
+                f"{o.status}: {o.error.splitlines()[0] if o.error else 'no answer'}"
+                for o in outcomes
+            )
+        )
+    found = [
+        {"run_id": str(o.run_id), "status": o.status, "result": o.result, "error": o.error}
+        for o in outcomes
+    ]
     report = ctx.step("synthesise", synthesise, data.questions, found, kind="llm")
-    ctx.report(report["summary"], outcome=RunOutcome.SUCCEEDED if len(answered) == len(outcomes)
-               else RunOutcome.PARTIAL)
+    ctx.report(
+        report["summary"],
+        outcome=RunOutcome.SUCCEEDED if len(answered) == len(outcomes) else RunOutcome.PARTIAL,
+    )
     return report
 
 
@@ -196,12 +254,18 @@ def synthesise(questions: list[str], outcomes: list[dict]) -> StepResult:
         if outcome["status"] != "done":
             unanswered.append({"question": question, "status": outcome["status"]})
             continue
-        sections.append({"question": question, "answer": result.get("answer", ""), "run_id": outcome["run_id"]})
+        sections.append(
+            {"question": question, "answer": result.get("answer", ""), "run_id": outcome["run_id"]}
+        )
         for cited in result.get("citations", []):
             sources[cited["doc_id"]] = cited["title"]
     summary = f"{len(sections)} of {len(questions)} questions answered from {len(sources)} sources."
-    report = {"summary": summary, "sections": sections, "sources": [{"doc_id": k, "title": v} for k, v in sources.items()],
-              "unanswered": unanswered}
+    report = {
+        "summary": summary,
+        "sections": sections,
+        "sources": [{"doc_id": k, "title": v} for k, v in sources.items()],
+        "unanswered": unanswered,
+    }
     return StepResult(report, usage.tokens_in, usage.tokens_out, usage.cost_cents)
 
 
@@ -218,5 +282,7 @@ def _installed(distribution: str) -> bool:
 # process imports this module.
 if importlib.util.find_spec("pydantic_ai") is not None:
     import examples.frameworks.pydantic_ai_example  # noqa: E402, F401 - registers pydantic_ai_demo
-if _installed("openai-agents"):  # its package is named "agents": ask for the distribution, not the name
+if _installed(
+    "openai-agents"
+):  # its package is named "agents": ask for the distribution, not the name
     import examples.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo

@@ -50,8 +50,10 @@ def describe_actors(pairs: Iterable[ActorKey], *, tenant_id: Any) -> dict[ActorK
     keys: dict[str, str] = {}
     if key_ids:
         found = ApiKey.objects.filter(pk__in=key_ids).values_list("pk", "tenant_id", "name")
-        keys = {str(pk): api_key_name(name) if str(tenant) == str(tenant_id) else FOREIGN_KEY
-                for pk, tenant, name in found}
+        keys = {
+            str(pk): api_key_name(name) if str(tenant) == str(tenant_id) else FOREIGN_KEY
+            for pk, tenant, name in found
+        }
     return {(type_, id_): _name(type_, id_, users=users, keys=keys) for type_, id_ in wanted}
 
 
@@ -93,7 +95,9 @@ def person_name(user) -> str:
 
 def _user_names(ids: set[int]) -> dict[str, str]:
     User = get_user_model()  # noqa: N806 - a class
-    users = User.objects.filter(pk__in=ids).only("pk", User.USERNAME_FIELD, "first_name", "last_name")
+    users = User.objects.filter(pk__in=ids).only(
+        "pk", User.USERNAME_FIELD, "first_name", "last_name"
+    )
     return {str(user.pk): person_name(user) for user in users}
 
 

@@ -10,10 +10,12 @@ from django.core import checks
 def examples_in_production(app_configs, **kwargs) -> list[checks.CheckMessage]:
     """The example kinds and demo apps with DEBUG off: every tenant could start them and reach their tables."""
     if getattr(settings, "RUNS_EXAMPLES", False) and not settings.DEBUG:
-        return [checks.Warning(
-            "RUNS_EXAMPLES is on with DEBUG off: the example kinds (research*, crm_update, deploy_app, the "
-            "framework demos) and the demo apps crm and deploys are installed, and every tenant may start them.",
-            hint="Unset RUNS_EXAMPLES in production; it is for development (make run sets it).",
-            id="runs.W201",
-        )]
+        return [
+            checks.Warning(
+                "RUNS_EXAMPLES is on with DEBUG off: the example kinds (research*, crm_update, deploy_app, the "
+                "framework demos) and the demo apps crm and deploys are installed, and every tenant may start them.",
+                hint="Unset RUNS_EXAMPLES in production; it is for development (make run sets it).",
+                id="runs.W201",
+            )
+        ]
     return []

@@ -46,13 +46,17 @@ CONTROL_PAYLOAD = "control"
 # Status literals for SQL templates: {queued}, {running}, ..., {step_done}, ...,
 # {terminal} and {parked} (the states a run waits for people or children in).
 PARKED_STATUSES = (RunStatus.WAITING_HUMAN, RunStatus.WAITING, RunStatus.PAUSED)
-_LITERALS = {member.name.lower(): f"'{member.value}'" for member in RunStatus} | {
-    f"step_{member.name.lower()}": f"'{member.value}'" for member in StepStatus
-} | {
-    "terminal": "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES)) + ")",
-    "parked": "(" + ", ".join(f"'{s.value}'" for s in PARKED_STATUSES) + ")",
-    "live": "(" + ", ".join(f"'{s.value}'" for s in RunStatus if s not in TERMINAL_STATUSES) + ")",
-}
+_LITERALS = (
+    {member.name.lower(): f"'{member.value}'" for member in RunStatus}
+    | {f"step_{member.name.lower()}": f"'{member.value}'" for member in StepStatus}
+    | {
+        "terminal": "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES)) + ")",
+        "parked": "(" + ", ".join(f"'{s.value}'" for s in PARKED_STATUSES) + ")",
+        "live": "("
+        + ", ".join(f"'{s.value}'" for s in RunStatus if s not in TERMINAL_STATUSES)
+        + ")",
+    }
+)
 
 
 def sql(template: str, **parts: str) -> str:
@@ -128,7 +132,9 @@ def is_transient(exc: BaseException) -> bool:
     return sqlstate is None or sqlstate.startswith(_TRANSIENT_SQLSTATES)
 
 
-def with_retries(fn, *, attempts: int = 5, for_seconds: float | None = None, what: str = "statement"):
+def with_retries(
+    fn, *, attempts: int = 5, for_seconds: float | None = None, what: str = "statement"
+):
     """Call ``fn`` again after a lost or broken connection: ``attempts`` times, or for ``for_seconds``.
 
     For fenced statements only: a retry of one that did commit finds its
@@ -172,8 +178,12 @@ def param_rows(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     more arrays cost a worker more than the rest of the statement's Python.
     Values are JSON's, and UUIDs, Decimals and datetimes as text.
     """
-    return json.dumps([{column: row[column] for column in columns} for row in rows], default=_param_default,
-                      separators=(",", ":"), allow_nan=False)
+    return json.dumps(
+        [{column: row[column] for column in columns} for row in rows],
+        default=_param_default,
+        separators=(",", ":"),
+        allow_nan=False,
+    )
 
 
 def dumps_storable(value: Any) -> tuple[str, bool]:

@@ -89,11 +89,20 @@ def event_ctes(
         (SELECT pg_notify('{channel}', runs_event.run_id::text)
          WHERE EXISTS (SELECT 1 FROM runs_streamwatch w WHERE w.run_id = runs_event.run_id)) IS NULL AS quiet
 )""",
-        source=source, type=sql(type), actor_type=sql(actor_type), actor_id=sql(actor_id),
-        payload=sql(payload), condition=condition, channel=EVENTS_CHANNEL,
+        source=source,
+        type=sql(type),
+        actor_type=sql(actor_type),
+        actor_id=sql(actor_id),
+        payload=sql(payload),
+        condition=condition,
+        channel=EVENTS_CHANNEL,
     )
     literal = type.strip()
-    if literal.startswith("'") and literal.endswith("'") and literal.strip("'") not in WEBHOOK_EVENT_TYPES:
+    if (
+        literal.startswith("'")
+        and literal.endswith("'")
+        and literal.strip("'") not in WEBHOOK_EVENT_TYPES
+    ):
         return ctes
     return ctes + ",\n" + _DELIVERIES_CTE
 
@@ -102,7 +111,8 @@ def event_ctes(
 # tenant's enabled endpoints registered for the type. The run's columns read
 # here (tenant, callback_url) never change, so the statement's snapshot of
 # the row is as good as the row it is updating.
-_DELIVERIES_CTE = sql("""deliveries AS (
+_DELIVERIES_CTE = sql(
+    """deliveries AS (
     INSERT INTO runs_webhookdelivery (event_id, run_id, tenant_id, endpoint_id, url, event_type, webhook_id,
                                       status, attempts, next_attempt_at, response_body, last_error, created_at)
     SELECT e.id, e.run_id, target.tenant_id, target.endpoint_id, target.url, e.type,
@@ -119,15 +129,22 @@ _DELIVERIES_CTE = sql("""deliveries AS (
         WHERE ep.tenant_id = run.tenant_id AND ep.enabled AND e.type = ANY(ep.event_types)
     ) target
     WHERE e.type IN ({types})
-)""", types=", ".join(f"'{t}'" for t in WEBHOOK_EVENT_TYPES))
+)""",
+    types=", ".join(f"'{t}'" for t in WEBHOOK_EVENT_TYPES),
+)
 
 
 # A run inserted with last_event_seq = 1 (a submit) gets its first Event
 # without touching the run row again.
 _FIRST_SQL = (
     "WITH born AS (SELECT %(run)s::uuid AS id, 1 AS last_event_seq), "
-    + event_ctes("born", type="%(type)s", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
-                 payload="%(payload)s::jsonb")
+    + event_ctes(
+        "born",
+        type="%(type)s",
+        actor_type="%(actor_type)s",
+        actor_id="%(actor_id)s",
+        payload="%(payload)s::jsonb",
+    )
     + " SELECT last_event_seq FROM born"
 )
 
@@ -136,14 +153,24 @@ _APPEND_SQL = (
     " UPDATE runs_run SET " + next_seq() + ", updated_at = statement_timestamp()"
     " WHERE id = %(run)s RETURNING id, last_event_seq"
     "), "
-    + event_ctes("bumped", type="%(type)s", actor_type="%(actor_type)s", actor_id="%(actor_id)s",
-                 payload="%(payload)s::jsonb")
+    + event_ctes(
+        "bumped",
+        type="%(type)s",
+        actor_type="%(actor_type)s",
+        actor_id="%(actor_id)s",
+        payload="%(payload)s::jsonb",
+    )
     + " SELECT last_event_seq FROM bumped"
 )
 
 
 def append_event(
-    *, run_id: UUID, type: str, actor: Actor, payload: dict[str, Any] | None = None, first: bool = False
+    *,
+    run_id: UUID,
+    type: str,
+    actor: Actor,
+    payload: dict[str, Any] | None = None,
+    first: bool = False,
 ) -> int:
     """Append an Event to a run with its next seq; returns the seq. Call it inside the change's transaction.
 
@@ -153,8 +180,13 @@ def append_event(
     with connection.cursor() as cursor:
         cursor.execute(
             _FIRST_SQL if first else _APPEND_SQL,
-            {"run": run_id, "type": type, "actor_type": actor.type, "actor_id": actor.id,
-             "payload": dumps(payload or {})},
+            {
+                "run": run_id,
+                "type": type,
+                "actor_type": actor.type,
+                "actor_id": actor.id,
+                "payload": dumps(payload or {}),
+            },
         )
         row = cursor.fetchone()
     if row is None:

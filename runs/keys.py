@@ -32,7 +32,9 @@ def create_api_key(*, tenant: Tenant, name: str, scopes: list[str] | None = None
         raise ValueError(f"unknown scopes {unknown}; choose from {ALL_SCOPES}")
     prefix = secrets.token_hex(4)
     raw = f"ak_{prefix}_{secrets.token_urlsafe(32)}"
-    api_key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, secret_sha256=hash_key(raw), scopes=scopes)
+    api_key = ApiKey.objects.create(
+        tenant=tenant, name=name, prefix=prefix, secret_sha256=hash_key(raw), scopes=scopes
+    )
     return IssuedKey(api_key=api_key, secret=raw)
 
 
@@ -41,7 +43,11 @@ def authenticate_key(raw: str) -> ApiKey | None:
     # Every key is ASCII: anything else (a lone surrogate cannot even be hashed) is no key of ours.
     if not raw or len(raw) > 200 or not raw.isascii():
         return None
-    api_key = ApiKey.objects.select_related("tenant").filter(secret_sha256=hash_key(raw), revoked_at__isnull=True).first()
+    api_key = (
+        ApiKey.objects.select_related("tenant")
+        .filter(secret_sha256=hash_key(raw), revoked_at__isnull=True)
+        .first()
+    )
     if api_key is None:
         return None
     now = timezone.now()

@@ -73,7 +73,8 @@ def allowable(names: list[str] | None) -> list[str] | None:
     refused = [name for name in names if name not in public]
     if refused:
         raise NotStartable(
-            f"not a kind a tenant can start: {', '.join(refused)} (kinds: {', '.join(public) or 'none'})")
+            f"not a kind a tenant can start: {', '.join(refused)} (kinds: {', '.join(public) or 'none'})"
+        )
     return names
 
 

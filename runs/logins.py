@@ -64,9 +64,12 @@ def locked_out(request, original_response=None, credentials=None):
     """django-axes' answer to a username and address that failed too often (AXES_LOCKOUT_CALLABLE): 429."""
     cool_off = get_cool_off(request)
     seconds = int(cool_off.total_seconds()) if cool_off else 0
-    response = render(request, "registration/locked_out.html",
-                      {"minutes": max(1, round(seconds / 60)), "failure_limit": settings.AXES_FAILURE_LIMIT},
-                      status=429)
+    response = render(
+        request,
+        "registration/locked_out.html",
+        {"minutes": max(1, round(seconds / 60)), "failure_limit": settings.AXES_FAILURE_LIMIT},
+        status=429,
+    )
     if seconds:
         response["Retry-After"] = str(seconds)
     return response
@@ -84,7 +87,11 @@ class LoginsBusyMiddleware:
     def process_exception(self, request, exception):
         if not isinstance(exception, LoginsBusy):
             return None
-        response = render(request, "registration/login_busy.html", {"retry_after": RETRY_AFTER_SECONDS},
-                          status=503)
+        response = render(
+            request,
+            "registration/login_busy.html",
+            {"retry_after": RETRY_AFTER_SECONDS},
+            status=503,
+        )
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response

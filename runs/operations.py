@@ -22,13 +22,21 @@ from runs.registry import get_kind
 logger = logging.getLogger(__name__)
 
 
-def _set_paused(model: type[Pausable], *, name: str, paused: bool, actor: Actor, wakes: str | None) -> Pausable:
+def _set_paused(
+    model: type[Pausable], *, name: str, paused: bool, actor: Actor, wakes: str | None
+) -> Pausable:
     """Pause or resume one queue or kind; on resume wake the workers of queue ``wakes``."""
     state, _ = model.objects.update_or_create(
         name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
     )
-    logger.info("%s %s %s by %s:%s", model._meta.verbose_name, name, "paused" if paused else "resumed",
-                actor.type, actor.id)
+    logger.info(
+        "%s %s %s by %s:%s",
+        model._meta.verbose_name,
+        name,
+        "paused" if paused else "resumed",
+        actor.type,
+        actor.id,
+    )
     if not paused and wakes is not None:
         transaction.on_commit(lambda: notify_queues([wakes]))
     return state
@@ -40,15 +48,25 @@ def set_queue_paused(*, name: str, paused: bool, actor: Actor) -> Queue:
 
 def set_kind_paused(*, name: str, paused: bool, actor: Actor) -> KindState:
     kind = get_kind(name)
-    return _set_paused(KindState, name=name, paused=paused, actor=actor, wakes=kind.queue if kind else None)
+    return _set_paused(
+        KindState, name=name, paused=paused, actor=actor, wakes=kind.queue if kind else None
+    )
 
 
 def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
     Tenant.objects.filter(pk=tenant.pk).update(paused=paused)
     tenant.paused = paused
-    logger.info("tenant %s %s by %s:%s", tenant.slug, "paused" if paused else "resumed", actor.type, actor.id)
+    logger.info(
+        "tenant %s %s by %s:%s",
+        tenant.slug,
+        "paused" if paused else "resumed",
+        actor.type,
+        actor.id,
+    )
     if not paused:
-        queues = set(Run.objects.for_tenant(tenant).queued().values_list("queue", flat=True).distinct()[:100])
+        queues = set(
+            Run.objects.for_tenant(tenant).queued().values_list("queue", flat=True).distinct()[:100]
+        )
         if queues:
             transaction.on_commit(lambda: notify_queues(queues))
     return tenant
@@ -57,11 +75,17 @@ def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
 def requeue_stuck_run(*, run: Run, actor: Actor) -> Run:
     """Return a running run whose lease expired to the queue now, as the reaper would (fenced on its token)."""
     run = Run.objects.get(pk=run.pk)
-    if run.status != RunStatus.RUNNING or run.locked_until is None or run.locked_until >= timezone.now():
+    if (
+        run.status != RunStatus.RUNNING
+        or run.locked_until is None
+        or run.locked_until >= timezone.now()
+    ):
         raise InvalidTransition("only a running run whose lease has expired can be requeued")
     status = reaping.rescue(
-        reaping.StaleLease(run_id=run.pk, token=run.lease_token, queue=run.queue), reason="requeued",
-        actor_type=actor.type, actor_id=actor.id,
+        reaping.StaleLease(run_id=run.pk, token=run.lease_token, queue=run.queue),
+        reason="requeued",
+        actor_type=actor.type,
+        actor_id=actor.id,
         error="requeued by an operator after its worker stopped heartbeating",
     )
     if status is None:

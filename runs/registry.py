@@ -24,7 +24,9 @@ _registry: dict[str, AgentKind] = {}
 _declared_queues: set[str] = set()
 
 # The errors a run can fail on for good while a worker holds it, and so roll back on.
-COMPENSABLE_ERRORS = frozenset({"fatal", "retryable", "budget", "deadline", "step_limit", "nondeterministic"})
+COMPENSABLE_ERRORS = frozenset(
+    {"fatal", "retryable", "budget", "deadline", "step_limit", "nondeterministic"}
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ class AgentKind:
             ]
             first = errors[0]
             where = ".".join(str(p) for p in first["loc"]) or "input"
-            raise InvalidAgentInput(f"invalid input for kind {self.name!r}: {where}: {first['msg']}", errors) from None
+            raise InvalidAgentInput(
+                f"invalid input for kind {self.name!r}: {where}: {first['msg']}", errors
+            ) from None
         return model.model_dump(mode="json")
 
     def agent_input(self, stored: Any) -> Any:
@@ -89,7 +93,11 @@ class AgentKind:
         return self.input_schema.model_json_schema()
 
     def can_resume(self, recorded_version: int | None) -> bool:
-        return recorded_version is None or recorded_version == self.version or recorded_version in self.resumes_versions
+        return (
+            recorded_version is None
+            or recorded_version == self.version
+            or recorded_version in self.resumes_versions
+        )
 
 
 def agent(
@@ -141,31 +149,37 @@ def agent(
     """
     unknown = set(compensate_on) - COMPENSABLE_ERRORS
     if unknown:
-        raise ValueError(f"compensate_on: unknown error kinds {sorted(unknown)}; use {sorted(COMPENSABLE_ERRORS)}")
+        raise ValueError(
+            f"compensate_on: unknown error kinds {sorted(unknown)}; use {sorted(COMPENSABLE_ERRORS)}"
+        )
     if not (title is None or callable(title) or (isinstance(title, str) and title)):
-        raise TypeError(f"title must be a function of the input, the name of an input field, or None; not {title!r}")
+        raise TypeError(
+            f"title must be a function of the input, the name of an input field, or None; not {title!r}"
+        )
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-        register(AgentKind(
-            name=name,
-            func=func,
-            queue=queue,
-            input_schema=input_schema,
-            max_attempts=max_attempts,
-            cost_ceiling_cents=cost_ceiling_cents,
-            deadline=deadline,
-            version=version,
-            resumes_versions=frozenset(resumes_versions),
-            step_timeout=step_timeout,
-            max_steps=max_steps,
-            max_model_iterations=max_model_iterations,
-            backoff_base=backoff_base,
-            backoff_cap=backoff_cap,
-            compensate_on=frozenset(compensate_on),
-            description=inspect.cleandoc(func.__doc__ or ""),
-            title=title,
-            public=public,
-        ))
+        register(
+            AgentKind(
+                name=name,
+                func=func,
+                queue=queue,
+                input_schema=input_schema,
+                max_attempts=max_attempts,
+                cost_ceiling_cents=cost_ceiling_cents,
+                deadline=deadline,
+                version=version,
+                resumes_versions=frozenset(resumes_versions),
+                step_timeout=step_timeout,
+                max_steps=max_steps,
+                max_model_iterations=max_model_iterations,
+                backoff_base=backoff_base,
+                backoff_cap=backoff_cap,
+                compensate_on=frozenset(compensate_on),
+                description=inspect.cleandoc(func.__doc__ or ""),
+                title=title,
+                public=public,
+            )
+        )
         return func
 
     return decorator
@@ -178,8 +192,14 @@ def register(kind: AgentKind) -> AgentKind:
     object, or one of the same dotted name: a module imported twice).
     """
     existing = _registry.get(kind.name)
-    if existing is not None and existing.func is not kind.func and _qualname(existing.func) != _qualname(kind.func):
-        raise ValueError(f"agent kind {kind.name!r} is registered twice ({_qualname(existing.func)} and {_qualname(kind.func)})")
+    if (
+        existing is not None
+        and existing.func is not kind.func
+        and _qualname(existing.func) != _qualname(kind.func)
+    ):
+        raise ValueError(
+            f"agent kind {kind.name!r} is registered twice ({_qualname(existing.func)} and {_qualname(kind.func)})"
+        )
     _registry[kind.name] = kind
     return kind
 

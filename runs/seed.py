@@ -36,15 +36,26 @@ def seed_demo(*, slug: str = "demo", username: str = "demo", password: str = "de
     User = get_user_model()
     user = User.objects.filter(username=username).first()
     if user is None:
-        user = User.objects.create_user(username=username, password=password, is_staff=True, is_superuser=True)
-    Membership.objects.update_or_create(user=user, tenant=tenant, defaults={"role": Membership.Role.APPROVER})
+        user = User.objects.create_user(
+            username=username, password=password, is_staff=True, is_superuser=True
+        )
+    Membership.objects.update_or_create(
+        user=user, tenant=tenant, defaults={"role": Membership.Role.APPROVER}
+    )
     # Django tasks run in their backend's tenant (runs.tasks): the demo user sees them on the dashboard too.
     for alias in durable_aliases():
-        Membership.objects.update_or_create(user=user, tenant=task_backends[alias].tenant(),
-                                            defaults={"role": Membership.Role.APPROVER})
+        Membership.objects.update_or_create(
+            user=user,
+            tenant=task_backends[alias].tenant(),
+            defaults={"role": Membership.Role.APPROVER},
+        )
     demo_seeded.send(sender=Demo, tenant=tenant)
     # The secret of an earlier key cannot be shown again: issue a new one
     # and revoke the previous demo keys.
-    ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
     issued = create_api_key(tenant=tenant, name=DEMO_KEY_NAME)
-    return Demo(tenant_slug=tenant.slug, username=username, password=password, api_key=issued.secret)
+    return Demo(
+        tenant_slug=tenant.slug, username=username, password=password, api_key=issued.secret
+    )

@@ -43,7 +43,9 @@ def _decode(cursor: str, parse):
     try:
         return parse(json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
     except Exception:
-        raise InvalidRunInput("invalid cursor: pass the next_cursor of a previous page unchanged") from None
+        raise InvalidRunInput(
+            "invalid cursor: pass the next_cursor of a previous page unchanged"
+        ) from None
 
 
 def encode_cursor(run: Run) -> str:
@@ -59,9 +61,16 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 
 
 def list_runs(
-    *, tenant: Tenant, limit: int = 50, cursor: str | None = None,
-    status: str | None = None, kind: str | None = None, queue: str | None = None,
-    id_search: tuple[UUID, UUID] | None = None, without_payloads: bool = False, parent: UUID | None = None,
+    *,
+    tenant: Tenant,
+    limit: int = 50,
+    cursor: str | None = None,
+    status: str | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    id_search: tuple[UUID, UUID] | None = None,
+    without_payloads: bool = False,
+    parent: UUID | None = None,
     search: str | None = None,
 ) -> Page:
     """Newest first, keyset-paginated on (created_at, id): page N costs what page 1 costs.
@@ -91,10 +100,16 @@ def list_runs(
         # created_at <= c bounds the index scan; the OR alone makes PostgreSQL
         # read every newer row first (a page in the middle of 100,000 runs
         # took 100 ms instead of 1).
-        runs = runs.filter(created_at__lte=created).filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
+        runs = runs.filter(created_at__lte=created).filter(
+            Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id)
+        )
     if without_payloads:
         runs = runs.defer("input", "result", "error")
-    items = search_runs(runs, terms, tenant=tenant, limit=limit + 1) if terms else list(runs[: limit + 1])
+    items = (
+        search_runs(runs, terms, tenant=tenant, limit=limit + 1)
+        if terms
+        else list(runs[: limit + 1])
+    )
     next_cursor = encode_cursor(items[limit - 1]) if len(items) > limit else None
     return Page(items=items[:limit], next_cursor=next_cursor)
 
@@ -159,8 +174,12 @@ def search_runs(runs: RunQuerySet, terms: list[str], *, tenant: Tenant, limit: i
     # the index of newest runs (the slow plan) nor scan one for the range (as costly): it takes
     # the matches from the search index, then sorts them, newest first.
     unindexed = F("created_at") + timedelta(0)
-    older = (runs.alias(created=unindexed).filter(created__lt=edge).matching(terms, tenant=tenant)
-             .order_by(F("created").desc(), "-id"))
+    older = (
+        runs.alias(created=unindexed)
+        .filter(created__lt=edge)
+        .matching(terms, tenant=tenant)
+        .order_by(F("created").desc(), "-id")
+    )
     return found + list(older[: limit - len(found)])
 
 
@@ -199,25 +218,48 @@ def _decode_step_cursor(cursor: str) -> tuple[int, int]:
 def waiting_for(run: Run) -> dict | None:
     """What a run waits for, for people and integrations; queries only for runs that wait."""
     if run.status == RunStatus.WAITING_HUMAN and run.compensation == "running":
-        step = (Step.objects.filter(run=run, generation=run.generation, kind="compensation")
-                .exclude(status=StepStatus.DONE).order_by("-seq").first())
-        return {"type": "compensation", "step": step.seq if step else None, "name": step.name if step else None,
-                "input": step.input if step else None, "error": run.error,
-                "actions": ["retry", "done", "skip", "fail"]}
+        step = (
+            Step.objects.filter(run=run, generation=run.generation, kind="compensation")
+            .exclude(status=StepStatus.DONE)
+            .order_by("-seq")
+            .first()
+        )
+        return {
+            "type": "compensation",
+            "step": step.seq if step else None,
+            "name": step.name if step else None,
+            "input": step.input if step else None,
+            "error": run.error,
+            "actions": ["retry", "done", "skip", "fail"],
+        }
     if run.status == RunStatus.WAITING_HUMAN:
         step = (
-            Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING).order_by("-seq").first()
+            Step.objects.filter(run=run, generation=run.generation, status=StepStatus.WAITING)
+            .order_by("-seq")
+            .first()
         )
         if step is None:
             # Agent code raised Ambiguous between steps: no step to decide on,
             # but a person can still mark the run done, retry it or fail it.
-            return {"type": "ambiguous", "step": None, "name": None, "input": None, "error": run.error,
-                    "actions": ["done", "retry", "fail"]}
+            return {
+                "type": "ambiguous",
+                "step": None,
+                "name": None,
+                "input": None,
+                "error": run.error,
+                "actions": ["done", "retry", "fail"],
+            }
         if step.kind == "approval":
             proposal = (step.input or {}).get("proposal")
             return {"type": "approval", "step": step.seq, "name": step.name, "proposal": proposal}
-        return {"type": "ambiguous", "step": step.seq, "name": step.name, "input": step.input, "error": step.error,
-                "actions": ["done", "retry", "fail"]}
+        return {
+            "type": "ambiguous",
+            "step": step.seq,
+            "name": step.name,
+            "input": step.input,
+            "error": step.error,
+            "actions": ["done", "retry", "fail"],
+        }
     if run.status == RunStatus.WAITING:
         # A gather's successes still needed and a timer, only when there are.
         extra = {"until": run.wake_at.isoformat()} if run.wake_at else {}
@@ -229,7 +271,8 @@ def waiting_for(run: Run) -> dict | None:
     if run.status == RunStatus.PAUSED:
         return {"type": "resume"}
     if run.status == RunStatus.QUEUED and run.run_after and run.run_after > timezone.now():
-        sleeping = Step.objects.filter(run=run, generation=run.generation, kind="sleep",
-                                       status=StepStatus.WAITING).exists()
+        sleeping = Step.objects.filter(
+            run=run, generation=run.generation, kind="sleep", status=StepStatus.WAITING
+        ).exists()
         return {"type": "sleep" if sleeping else "run_after", "until": run.run_after.isoformat()}
     return None

@@ -28,8 +28,14 @@ from runs.web_server import Server, stopped
 logger = logging.getLogger(__name__)
 
 
-def serve(*, host: str, port: int, workers: int = 1, graceful_seconds: float = 10.0,
-          forwarded_allow_ips: str | None = None) -> None:
+def serve(
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    graceful_seconds: float = 10.0,
+    forwarded_allow_ips: str | None = None,
+) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully and return (the process exits 0)."""
     config = uvicorn.Config(
         "config.asgi:application",
@@ -79,7 +85,11 @@ class Supervisor:
         while not self.stopping.wait(0.5):
             for index, process in enumerate(self.processes):
                 if not process.is_alive():
-                    logger.warning("web process %s exited with %s; starting another", process.pid, process.exitcode)
+                    logger.warning(
+                        "web process %s exited with %s; starting another",
+                        process.pid,
+                        process.exitcode,
+                    )
                     self.processes[index] = self._start()
         for process in self.processes:
             if process.is_alive():
@@ -90,6 +100,8 @@ class Supervisor:
             sock.close()
 
     def _start(self) -> multiprocessing.process.BaseProcess:
-        process = self.context.Process(target=server_process.run, args=(self.config, self.sockets), daemon=False)
+        process = self.context.Process(
+            target=server_process.run, args=(self.config, self.sockets), daemon=False
+        )
         process.start()
         return process

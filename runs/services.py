@@ -36,6 +36,7 @@ from runs.webhooks import targets
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Submitted:
     run: Run
@@ -102,7 +103,13 @@ def submit(
     API's key lookup reads it): backpressure then takes its queued counter
     from it instead of reading the row again.
     """
-    _check_text(kind=kind, queue=queue, idempotency_key=idempotency_key, callback_url=callback_url, input=input)
+    _check_text(
+        kind=kind,
+        queue=queue,
+        idempotency_key=idempotency_key,
+        callback_url=callback_url,
+        input=input,
+    )
     agent_kind = get_kind(kind)
     if agent_kind is None:
         raise unknown_kind(kind)
@@ -112,7 +119,9 @@ def submit(
         raise InvalidRunInput(str(exc), exc.errors) from None
     queue = queue or agent_kind.queue
     if not QUEUE_NAME.match(queue):
-        raise InvalidRunInput(f"invalid queue name {queue!r}: use lowercase letters, digits, '_', '-' and '.'")
+        raise InvalidRunInput(
+            f"invalid queue name {queue!r}: use lowercase letters, digits, '_', '-' and '.'"
+        )
     if queue != agent_kind.queue and queue not in known_queues():
         raise InvalidRunInput(
             f"unknown queue {queue!r}; known queues: {', '.join(sorted(known_queues()))} "
@@ -126,7 +135,9 @@ def submit(
     max_attempts = checked_int(max_attempts, field="max_attempts", minimum=1, maximum=100)
     if deadline_seconds is None:
         deadline_seconds = (
-            int(agent_kind.deadline.total_seconds()) if agent_kind.deadline else settings.RUNS_DEADLINE_SECONDS
+            int(agent_kind.deadline.total_seconds())
+            if agent_kind.deadline
+            else settings.RUNS_DEADLINE_SECONDS
         )
     deadline_seconds = checked_deadline(deadline_seconds)
     if cost_ceiling_cents is None:
@@ -135,7 +146,9 @@ def submit(
         cost_ceiling_cents = tenant.default_cost_ceiling_cents
     if cost_ceiling_cents is not None:
         cost_ceiling_cents = checked_cents(cost_ceiling_cents, field="cost_ceiling_cents")
-    if run_after is not None and (not isinstance(run_after, datetime) or timezone.is_naive(run_after)):
+    if run_after is not None and (
+        not isinstance(run_after, datetime) or timezone.is_naive(run_after)
+    ):
         raise InvalidRunInput("run_after must be an aware datetime")
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
@@ -169,7 +182,8 @@ def submit(
         callback_url=callback_url,
         parent=parent,
         # Traced under the submitting request's span, or a child under its parent's.
-        trace_context=current_trace_context() or (parent.trace_context if parent is not None else None),
+        trace_context=current_trace_context()
+        or (parent.trace_context if parent is not None else None),
         created_at=now,
         updated_at=now,
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
@@ -178,10 +192,13 @@ def submit(
     if run_after is not None:
         run.run_after = run_after  # else the database's now(), its db_default
     payload = {"kind": kind, "queue": queue, "priority": priority} | (
-        {"parent": str(parent.pk)} if parent is not None else {})
+        {"parent": str(parent.pk)} if parent is not None else {}
+    )
     if not _insert_queued(run, actor=actor, payload=payload):
         # The idempotency key was taken meanwhile (a concurrent submit of the same request).
-        existing = _existing(tenant, idempotency_key, digest) if idempotency_key is not None else None
+        existing = (
+            _existing(tenant, idempotency_key, digest) if idempotency_key is not None else None
+        )
         if existing is None:
             raise IntegrityError(f"run {run.pk} could not be inserted")
         return Submitted(run=existing, created=False)
@@ -204,7 +221,11 @@ def _insert_statement(defaulted: tuple[bool, ...]) -> tuple[str, list, str]:
     values = ", ".join("DEFAULT" if default else "%s" for default in defaulted)
     filled = [field for field, default in zip(_INSERT_FIELDS, defaulted, strict=True) if default]
     returning = ", ".join(["id", "last_event_seq", *(quote(field.column) for field in filled)])
-    return f"INSERT INTO {quote(Run._meta.db_table)} ({columns}) VALUES ({values})", filled, returning
+    return (
+        f"INSERT INTO {quote(Run._meta.db_table)} ({columns}) VALUES ({values})",
+        filled,
+        returning,
+    )
 
 
 _BORN_EVENT = (
@@ -225,12 +246,19 @@ def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
     values = [field.pre_save(run, True) for field in _INSERT_FIELDS]
     defaulted = tuple(isinstance(value, DatabaseDefault) for value in values)
     insert, filled, returning = _insert_statement(defaulted)
-    db = connections[DEFAULT_DB_ALIAS]  # the connection itself: the proxy looks it up on every attribute
-    params = [field.get_db_prep_save(value, connection=db)
-              for field, value, default in zip(_INSERT_FIELDS, values, defaulted, strict=True) if not default]
+    db = connections[
+        DEFAULT_DB_ALIAS
+    ]  # the connection itself: the proxy looks it up on every attribute
+    params = [
+        field.get_db_prep_save(value, connection=db)
+        for field, value, default in zip(_INSERT_FIELDS, values, defaulted, strict=True)
+        if not default
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH born AS ({insert} ON CONFLICT DO NOTHING RETURNING {returning}), {_BORN_EVENT}",
-                       [*params, actor.type, actor.id, dumps(payload)])
+        cursor.execute(
+            f"WITH born AS ({insert} ON CONFLICT DO NOTHING RETURNING {returning}), {_BORN_EVENT}",
+            [*params, actor.type, actor.id, dumps(payload)],
+        )
         row = cursor.fetchone()
     if row is None:
         return False
@@ -245,8 +273,14 @@ QUEUE_FULL_RETRY_AFTER_SECONDS = 5
 
 
 def spawn_child(
-    *, parent_id: Any, kind: str, input: Any, key: str, budget_left_cents: Decimal | None,
-    queue: str | None = None, priority: int | None = None,
+    *,
+    parent_id: Any,
+    kind: str,
+    input: Any,
+    key: str,
+    budget_left_cents: Decimal | None,
+    queue: str | None = None,
+    priority: int | None = None,
 ) -> Submitted:
     """Create (or find again, by ``key``) a child run of ``parent_id``: its tenant, inside its budget.
 
@@ -264,11 +298,19 @@ def spawn_child(
     if ceiling is None:
         ceiling = parent.tenant.default_cost_ceiling_cents
     if budget_left_cents is not None:
-        ceiling = budget_left_cents if ceiling is None else min(Decimal(str(ceiling)), budget_left_cents)
+        ceiling = (
+            budget_left_cents if ceiling is None else min(Decimal(str(ceiling)), budget_left_cents)
+        )
     return submit(
-        tenant=parent.tenant, kind=kind, input=input, queue=queue, priority=priority,
-        idempotency_key=f"child:{parent.pk}:{key}"[:255], cost_ceiling_cents=ceiling,
-        actor=Actor(type="system", id=f"parent:{parent.pk}"), parent=parent,
+        tenant=parent.tenant,
+        kind=kind,
+        input=input,
+        queue=queue,
+        priority=priority,
+        idempotency_key=f"child:{parent.pk}:{key}"[:255],
+        cost_ceiling_cents=ceiling,
+        actor=Actor(type="system", id=f"parent:{parent.pk}"),
+        parent=parent,
     )
 
 

@@ -32,7 +32,9 @@ class Compensation(models.TextChoices):
     """Where a run's rollback (saga) stands; blank when it never began one."""
 
     NONE = "", "none"  # no rollback
-    REQUESTED = "requested"  # cancelled with compensate: the next worker to claim it begins the rollback
+    REQUESTED = (
+        "requested"  # cancelled with compensate: the next worker to claim it begins the rollback
+    )
     RUNNING = "running"  # compensations are running (or queued to run) in reverse order
     DONE = "done"  # every completed step with a compensation was undone
     PARTIAL = "partial"  # ended with some steps not undone (a person skipped them, or cancelled)
@@ -58,7 +60,10 @@ class RunOutcome(models.TextChoices):
 
     NONE = "", "Not reported"  # the agent did not say
     SUCCEEDED = "succeeded", "Succeeded"  # it did what it was asked
-    UNCHANGED = "unchanged", "Nothing changed"  # it finished without changing anything (rejected, nothing to do)
+    UNCHANGED = (
+        "unchanged",
+        "Nothing changed",
+    )  # it finished without changing anything (rejected, nothing to do)
     PARTIAL = "partial", "Partly done"  # some of the work was done, some not
 
 

@@ -3,8 +3,13 @@ from __future__ import annotations
 from runs.models import Tenant
 
 
-def ensure_tenant(*, slug: str, name: str | None = None, max_running: int | None = None,
-                  max_queued: int | None = None) -> tuple[Tenant, bool]:
+def ensure_tenant(
+    *,
+    slug: str,
+    name: str | None = None,
+    max_running: int | None = None,
+    max_queued: int | None = None,
+) -> tuple[Tenant, bool]:
     """Create the tenant, or update the given fields of an existing one."""
     defaults = {"name": name or slug}
     tenant, created = Tenant.objects.get_or_create(slug=slug, defaults=defaults)

@@ -71,7 +71,9 @@ def find_unstorable(value: Any, *, max_depth: int = MAX_DEPTH, where: str = "val
                         return f"{path}: a key {problem}"
                     children.append((child, _child_path(path, key), depth + 1))
             else:
-                children = [(child, f"{path}[{index}]", depth + 1) for index, child in enumerate(item)]
+                children = [
+                    (child, f"{path}[{index}]", depth + 1) for index, child in enumerate(item)
+                ]
             # Reversed, so that problems are reported in document order.
             stack.extend(reversed(children))
     return None

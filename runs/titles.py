@@ -75,8 +75,11 @@ def title_for(kind: AgentKind, data: Any) -> str:
             logger.exception("the title of kind %s raised; using the default title", kind.name)
             return default_title(data)
         if not isinstance(value, str):
-            logger.warning("the title of kind %s returned %s, not text; using the default title",
-                           kind.name, type(value).__name__)
+            logger.warning(
+                "the title of kind %s returned %s, not text; using the default title",
+                kind.name,
+                type(value).__name__,
+            )
             return default_title(data)
         return one_line(value, limit=TITLE_MAX) or default_title(data)
     field = data.get(spec) if isinstance(data, dict) else None

@@ -67,7 +67,9 @@ def steps(ctx: RunContext, data: StepsIn) -> dict:
     for seq in range(1, data.steps + 1):
         name = f"step{seq}"
         block = (seq, data.block_file) if data.block_at == seq else None
-        outputs.append(ctx.step(name, _work, data.log, str(ctx.run_id), seq, name, data.step_seconds, block))
+        outputs.append(
+            ctx.step(name, _work, data.log, str(ctx.run_id), seq, name, data.step_seconds, block)
+        )
     return {"steps": len(outputs), "last": outputs[-1]}
 
 
@@ -107,7 +109,12 @@ def flaky(ctx: RunContext, data: dict) -> dict:
 @agent("broken")
 def broken(ctx: RunContext, data: dict) -> dict:
     """A step that fails for good."""
-    ctx.step("validate", lambda: (_ for _ in ()).throw(Fatal("the CRM rejected the record: field 'email' is invalid")))
+    ctx.step(
+        "validate",
+        lambda: (_ for _ in ()).throw(
+            Fatal("the CRM rejected the record: field 'email' is invalid")
+        ),
+    )
     return {}
 
 
@@ -152,8 +159,13 @@ class InventoryGlitch(Exception):
 
 def _raise(error: str, data) -> None:
     if error == "retryable":
-        raise Retryable("upstream answered 503", retry_after=data.retry_after, tokens_in=1000,
-                        tokens_out=20, cost_cents=data.cost_cents)
+        raise Retryable(
+            "upstream answered 503",
+            retry_after=data.retry_after,
+            tokens_in=1000,
+            tokens_out=20,
+            cost_cents=data.cost_cents,
+        )
     if error == "http429":
         import requests
 
@@ -218,7 +230,9 @@ def bumpy(ctx: RunContext, data: BumpyIn) -> dict:
 
 
 # The same agent with a cap far above its base, so that the backoff's exponent shows.
-agent("bumpy_backoff", input_schema=BumpyIn, max_attempts=5, backoff_base=0.05, backoff_cap=2)(bumpy)
+agent("bumpy_backoff", input_schema=BumpyIn, max_attempts=5, backoff_base=0.05, backoff_cap=2)(
+    bumpy
+)
 
 
 class SlowCallIn(BaseModel):
@@ -240,14 +254,22 @@ def slow_call(ctx: RunContext, data: SlowCallIn) -> dict:
         first = not notes(data.log, run=run_id, step="send")
         note(data.log, run=run_id, step="send", key=key, pid=os.getpid())
         if data.explicit_ambiguous:
-            raise Ambiguous("the payment provider closed the connection after accepting the request")
+            raise Ambiguous(
+                "the payment provider closed the connection after accepting the request"
+            )
         if first:
             time.sleep(data.first_sleep)
         return {"sent": message, "key": key}
 
     ctx.step("prepare", lambda: "ready")
-    sent = ctx.step("send", send, "hello", side_effect=data.side_effect,
-                    idempotency_key=True if data.keyed else None, timeout=data.timeout)
+    sent = ctx.step(
+        "send",
+        send,
+        "hello",
+        side_effect=data.side_effect,
+        idempotency_key=True if data.keyed else None,
+        timeout=data.timeout,
+    )
     ctx.step("confirm", lambda: "confirmed")
     return sent
 
@@ -277,7 +299,9 @@ def effect(ctx: RunContext, data: EffectIn) -> dict:
         return {"charged": amount}
 
     ctx.step("prepare", lambda: "ready")
-    charged = ctx.step("charge", charge, 42, side_effect=True, idempotency_key=True if data.keyed else None)
+    charged = ctx.step(
+        "charge", charge, 42, side_effect=True, idempotency_key=True if data.keyed else None
+    )
     ctx.step("finish", lambda: note(data.log, run=run_id, step="finish", pid=os.getpid()))
     return charged
 
@@ -311,8 +335,12 @@ def llm_loop(ctx: RunContext, data: CountedIn) -> dict:
     """A model/tool loop that never converges."""
     run_id = str(ctx.run_id)
     for i in range(1, data.steps + 1):
-        ctx.step(f"model{i}", note, data.log, kwargs={"run": run_id, "step": "model", "i": i}, kind="llm")
-        ctx.step(f"tool{i}", note, data.log, kwargs={"run": run_id, "step": "tool", "i": i}, kind="tool")
+        ctx.step(
+            f"model{i}", note, data.log, kwargs={"run": run_id, "step": "model", "i": i}, kind="llm"
+        )
+        ctx.step(
+            f"tool{i}", note, data.log, kwargs={"run": run_id, "step": "tool", "i": i}, kind="tool"
+        )
     return {}
 
 

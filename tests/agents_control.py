@@ -13,11 +13,18 @@ from workers import Ambiguous, Fatal, Retryable, RunContext, StepResult, agent
 def approve_then_act(ctx: RunContext, data: dict) -> dict:
     """Draft, ask for approval, then act only when approved."""
     log = data.get("log")
-    draft = ctx.step("draft", lambda: (record(log, ctx.run_id, 1, "draft"), {"fields": {"stage": "won"}})[1])
+    draft = ctx.step(
+        "draft", lambda: (record(log, ctx.run_id, 1, "draft"), {"fields": {"stage": "won"}})[1]
+    )
     decision = ctx.approval("update_crm", proposal=draft)
     if not decision.approved:
         return {"applied": False, "comment": decision.comment, "by": decision.by}
-    ctx.step("update_crm", lambda: record(log, ctx.run_id, 3, "update_crm"), side_effect=True, idempotency_key=True)
+    ctx.step(
+        "update_crm",
+        lambda: record(log, ctx.run_id, 3, "update_crm"),
+        side_effect=True,
+        idempotency_key=True,
+    )
     return {"applied": True, "comment": decision.comment, "by": decision.by}
 
 
@@ -123,6 +130,12 @@ def priced_calls(ctx: RunContext, data: dict) -> dict:
             if data.get("error") == "retryable":
                 raise Retryable("upstream answered 503", retry_after=0)
             raise Fatal("the CRM rejected the record: field 'email' is invalid")
-        return StepResult({"seq": seq}, tokens_in=100, tokens_out=10, cost_cents=data.get("cents", 10))
+        return StepResult(
+            {"seq": seq}, tokens_in=100, tokens_out=10, cost_cents=data.get("cents", 10)
+        )
 
-    return {"calls": [ctx.step(f"call{seq}", call, seq)["seq"] for seq in range(1, data.get("steps", 4) + 1)]}
+    return {
+        "calls": [
+            ctx.step(f"call{seq}", call, seq)["seq"] for seq in range(1, data.get("steps", 4) + 1)
+        ]
+    }

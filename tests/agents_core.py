@@ -13,7 +13,11 @@ from django.tasks import task
 from workers import RunContext, agent
 
 # How each way out reads in the run's error.
-SHOWN_AS = {"sys.exit(3)": "SystemExit(3)", "KeyboardInterrupt": "KeyboardInterrupt()", "exit()": "SystemExit(None)"}
+SHOWN_AS = {
+    "sys.exit(3)": "SystemExit(3)",
+    "KeyboardInterrupt": "KeyboardInterrupt()",
+    "exit()": "SystemExit(None)",
+}
 
 
 def leave(how: str) -> None:

@@ -23,7 +23,9 @@ class ReplyIn(BaseModel):
     order: str = Field(min_length=3, max_length=20, description="The order number on the invoice")
     message: str = Field(min_length=1, max_length=2000, description="What the customer wrote")
     tone: Literal["friendly", "formal"] = "friendly"
-    refund_limit_eur: float = Field(default=50, ge=0, le=500, description="The most the agent may offer back")
+    refund_limit_eur: float = Field(
+        default=50, ge=0, le=500, description="The most the agent may offer back"
+    )
     drafts: int = Field(default=1, ge=1, le=3, description="How many drafts to compare")
     urgent: bool = False
 
@@ -37,7 +39,9 @@ class ReplyIn(BaseModel):
 
 def _usage(output: dict, tokens_in: int, tokens_out: int) -> StepResult:
     # Priced like a small hosted model: $0.15 / $0.60 per million tokens, in cents.
-    return StepResult(output, tokens_in, tokens_out, round(tokens_in * 0.15e-4 + tokens_out * 0.60e-4, 6))
+    return StepResult(
+        output, tokens_in, tokens_out, round(tokens_in * 0.15e-4 + tokens_out * 0.60e-4, 6)
+    )
 
 
 def classify(message: str, urgent: bool) -> StepResult:
@@ -51,7 +55,12 @@ def lookup_order(ctx: RunContext, order: str) -> dict:
         time.sleep(0.05)
     if order.upper().startswith("X"):
         raise Fatal(f"order {order} does not exist in the shop (404 from GET /orders/{order})")
-    return {"order": order, "status": "delivered", "total_eur": 89.9, "items": ["kettle, steel, 1.7 l"]}
+    return {
+        "order": order,
+        "status": "delivered",
+        "total_eur": 89.9,
+        "items": ["kettle, steel, 1.7 l"],
+    }
 
 
 def draft_reply(request: dict, order: dict) -> StepResult:
@@ -62,7 +71,9 @@ def draft_reply(request: dict, order: dict) -> StepResult:
         f"\u201c{request['message']}\u201d\nWe are sorry. We will refund {refund:.2f} EUR within three days."
         "\n\nBest regards,\nSupport"
     )
-    return _usage({"subject": f"Your order {order['order']}", "body": body, "refund_eur": refund}, 1180, 240)
+    return _usage(
+        {"subject": f"Your order {order['order']}", "body": body, "refund_eur": refund}, 1180, 240
+    )
 
 
 @agent("support_reply", input_schema=ReplyIn)
@@ -70,12 +81,19 @@ def support_reply(ctx: RunContext, data: ReplyIn) -> dict:
     """Read a customer's message, look up the order, draft a reply, and send it once a person approves."""
     ctx.progress(total=5)
     intent = ctx.step("classify", classify, data.message, data.urgent, kind="llm")
-    order = ctx.step("lookup_order", lambda number: lookup_order(ctx, number), data.order, kind="tool")
+    order = ctx.step(
+        "lookup_order", lambda number: lookup_order(ctx, number), data.order, kind="tool"
+    )
     draft = ctx.step("draft_reply", draft_reply, data.model_dump(mode="json"), order, kind="llm")
     proposal = {"to": data.customer, "intent": intent["intent"], **draft}
     decision = ctx.approval("send_reply", proposal=proposal)
     if not decision.approved:
         return {"sent": False, "comment": decision.comment}
-    ctx.step("send_email", lambda: {"message_id": f"msg-{data.order}"}, side_effect=True, idempotency_key=True,
-             kind="tool")
+    ctx.step(
+        "send_email",
+        lambda: {"message_id": f"msg-{data.order}"},
+        side_effect=True,
+        idempotency_key=True,
+        kind="tool",
+    )
     return {"sent": True, "refund_eur": draft["refund_eur"], "comment": decision.comment}

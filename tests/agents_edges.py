@@ -39,8 +39,12 @@ def hostile_text(ctx: RunContext, data: dict) -> dict:
 
     def call_model(prompt: str) -> StepResult:
         note(data["log"], run=str(ctx.run_id), step="model", pid=os.getpid())
-        return StepResult({"text": HOSTILE, HOSTILE: [HOSTILE], "n": float("nan")}, tokens_in=10, tokens_out=5,
-                          cost_cents=7)
+        return StepResult(
+            {"text": HOSTILE, HOSTILE: [HOSTILE], "n": float("nan")},
+            tokens_in=10,
+            tokens_out=5,
+            cost_cents=7,
+        )
 
     answer = ctx.step(f"ask {HOSTILE}", call_model, HOSTILE, kind="llm")
     return {"answer": answer["text"], "echo": HOSTILE}

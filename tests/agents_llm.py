@@ -47,8 +47,13 @@ class LoopIn(BaseModel):
 
 
 def _loop(ctx: RunContext, data: LoopIn) -> dict:
-    result = run_agent_loop(ctx, system="You are a test agent.", user=data.prompt,
-                            tools=[tick, hold, dump, broken], max_iterations=data.max_iterations)
+    result = run_agent_loop(
+        ctx,
+        system="You are a test agent.",
+        user=data.prompt,
+        tools=[tick, hold, dump, broken],
+        max_iterations=data.max_iterations,
+    )
     return result.to_dict()
 
 

@@ -79,24 +79,38 @@ _clients: dict[str, AsyncOpenAI] = {}
 def _fake_server_model() -> OpenAIChatCompletionsModel:
     url = conf.get("LLM_BASE_URL")
     if url not in _clients:
-        _clients[url] = AsyncOpenAI(base_url=url, api_key=conf.get("LLM_API_KEY") or "sk-test", max_retries=0)
+        _clients[url] = AsyncOpenAI(
+            base_url=url, api_key=conf.get("LLM_API_KEY") or "sk-test", max_retries=0
+        )
     return OpenAIChatCompletionsModel(model=conf.get("LLM_MODEL"), openai_client=_clients[url])
 
 
 def _run(ctx: RunContext, bot: Agent, data: SdkIn) -> dict:
-    result = DurableRunner(ctx).run(bot, data.prompt, context=data.model_dump(), max_turns=data.max_turns)
+    result = DurableRunner(ctx).run(
+        bot, data.prompt, context=data.model_dump(), max_turns=data.max_turns
+    )
     return {"final_output": result.final_output, "last_agent": result.last_agent.name}
 
 
 @agent("sdk_tools", input_schema=SdkIn, backoff_base=0.01, backoff_cap=0.05)
 def sdk_tools(ctx: RunContext, data: SdkIn) -> dict:
     """An SDK agent with a tool and a needs_approval tool, on the fake OpenAI server."""
-    bot = Agent(name="Counter", instructions="You are a test agent.", model=_fake_server_model(),
-                tools=[tick, refund])
+    bot = Agent(
+        name="Counter",
+        instructions="You are a test agent.",
+        model=_fake_server_model(),
+        tools=[tick, refund],
+    )
     return _run(ctx, bot, data)
 
 
-@agent("sdk_tools_short_timeout", input_schema=SdkIn, step_timeout=1.5, backoff_base=0.01, backoff_cap=0.05)
+@agent(
+    "sdk_tools_short_timeout",
+    input_schema=SdkIn,
+    step_timeout=1.5,
+    backoff_base=0.01,
+    backoff_cap=0.05,
+)
 def sdk_tools_short_timeout(ctx: RunContext, data: SdkIn) -> dict:
     """The same agent with 1.5 s step timeouts (a hung model call times out)."""
     return sdk_tools(ctx, data)
@@ -105,8 +119,12 @@ def sdk_tools_short_timeout(ctx: RunContext, data: SdkIn) -> dict:
 @agent("sdk_scripted", input_schema=SdkIn, max_attempts=3, backoff_base=0.01, backoff_cap=0.05)
 def sdk_scripted(ctx: RunContext, data: SdkIn) -> dict:
     """An SDK agent driven by the SDK's ScriptedModel (SCRIPTS[script]["model"])."""
-    bot = Agent(name="Scripted", instructions="You are a test agent.", model=SCRIPTS[data.script]["model"],
-                tools=[tick, flaky, refund])
+    bot = Agent(
+        name="Scripted",
+        instructions="You are a test agent.",
+        model=SCRIPTS[data.script]["model"],
+        tools=[tick, flaky, refund],
+    )
     return _run(ctx, bot, data)
 
 
@@ -114,7 +132,13 @@ def sdk_scripted(ctx: RunContext, data: SdkIn) -> dict:
 def sdk_handoff(ctx: RunContext, data: SdkIn) -> dict:
     """A triage agent that hands off to a specialist with a model of its own."""
     models = SCRIPTS[data.script]
-    specialist = Agent(name="Specialist", instructions="You count.", model=models["specialist"], tools=[tick])
-    triage = Agent(name="Triage", instructions="Hand off to the specialist.", model=models["triage"],
-                   handoffs=[specialist])
+    specialist = Agent(
+        name="Specialist", instructions="You count.", model=models["specialist"], tools=[tick]
+    )
+    triage = Agent(
+        name="Triage",
+        instructions="Hand off to the specialist.",
+        model=models["triage"],
+        handoffs=[specialist],
+    )
     return _run(ctx, triage, data)

@@ -83,7 +83,9 @@ def title_not_text(ctx: RunContext, data: dict) -> dict:
 @agent("spawns_titled")
 def spawns_titled(ctx: RunContext, data: dict) -> dict:
     """One child titled by its kind's function, gathered."""
-    child = ctx.spawn("titled_by_function", {"order": data["order"], "customer": "Child Corp"}, key="c")
+    child = ctx.spawn(
+        "titled_by_function", {"order": data["order"], "customer": "Child Corp"}, key="c"
+    )
     ctx.gather([child])
     return {}
 

@@ -53,8 +53,12 @@ def _openai_agent(base_url: str, api_key: str, model: str) -> Agent:
     # One client per process: the SDK's own retries off, the engine retries.
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
-    built = Agent(chat, name="pai_openai", instructions="You are a test agent.",
-                  capabilities=[AgentRunsDurability()])
+    built = Agent(
+        chat,
+        name="pai_openai",
+        instructions="You are a test agent.",
+        capabilities=[AgentRunsDurability()],
+    )
     built.tool_plain(tick)
     built.tool_plain(hold)
     built.tool_plain(requires_approval=True)(record)
@@ -66,7 +70,9 @@ class PromptIn(BaseModel):
 
 
 def _on_the_server(ctx: RunContext, data: PromptIn) -> dict:
-    chosen = _openai_agent(conf.get("LLM_BASE_URL"), conf.get("LLM_API_KEY") or "none", conf.get("LLM_MODEL"))
+    chosen = _openai_agent(
+        conf.get("LLM_BASE_URL"), conf.get("LLM_API_KEY") or "none", conf.get("LLM_MODEL")
+    )
     result = run_agent(ctx, chosen, data.prompt)
     return {"output": result.output, "messages": len(result.all_messages())}
 
@@ -93,7 +99,9 @@ def shout(text: str) -> str:
     return text.upper()
 
 
-tested = Agent(TestModel(), name="pai_test_model", capabilities=[AgentRunsDurability()], tools=[add, shout])
+tested = Agent(
+    TestModel(), name="pai_test_model", capabilities=[AgentRunsDurability()], tools=[add, shout]
+)
 
 
 @agent("pai_test_model")
@@ -107,8 +115,11 @@ def pai_two_turns(ctx: RunContext, data: dict) -> dict:
     """Two agent runs in one kind, the second continuing the first's conversation."""
     first = run_agent(ctx, tested, "first")
     second = run_agent(ctx, tested, "second", message_history=first.all_messages())
-    return {"run_ids": [first.run_id, second.run_id], "new": len(second.new_messages()),
-            "all": len(second.all_messages())}
+    return {
+        "run_ids": [first.run_id, second.run_id],
+        "new": len(second.new_messages()),
+        "all": len(second.all_messages()),
+    }
 
 
 # What the flaky kind's FunctionModel was asked, and how often its tool ran (in this process).
@@ -124,7 +135,11 @@ def _brain(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart(f"the answer is {returned[-1].content}")])
 
 
-flaky = Agent(FunctionModel(_brain, model_name="scripted"), name="pai_flaky", capabilities=[AgentRunsDurability()])
+flaky = Agent(
+    FunctionModel(_brain, model_name="scripted"),
+    name="pai_flaky",
+    capabilities=[AgentRunsDurability()],
+)
 
 
 @flaky.tool_plain

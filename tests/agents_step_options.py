@@ -34,7 +34,9 @@ def slow(log: str, seconds: float) -> dict:
 @agent("step_kwargs", input_schema=OptionsIn, max_attempts=1)
 def step_kwargs(ctx: RunContext, data: OptionsIn) -> dict:
     """``fetch`` gets its own ``timeout`` through ``kwargs=``; the step's ``timeout`` bounds the step."""
-    ctx.step("fetch", fetch, data.log, "https://example.invalid/a", kwargs={"timeout": 7}, timeout=5)
+    ctx.step(
+        "fetch", fetch, data.log, "https://example.invalid/a", kwargs={"timeout": 7}, timeout=5
+    )
     ctx.step("slow", slow, data.log, kwargs={"seconds": 3}, timeout=0.5)
     return {}
 
@@ -53,7 +55,9 @@ BAD_OPTIONS = {
 }
 
 
-@agent("step_bad_option", input_schema=OptionsIn, max_attempts=3, backoff_base=0.05, backoff_cap=0.1)
+@agent(
+    "step_bad_option", input_schema=OptionsIn, max_attempts=3, backoff_base=0.05, backoff_cap=0.1
+)
 def step_bad_option(ctx: RunContext, data: OptionsIn) -> dict:
     ctx.step("first", note, data.log, kwargs={"called": "first"})
     ctx.step("act", act, data.log, side_effect=data.side_effect, **BAD_OPTIONS[data.case])
@@ -68,6 +72,11 @@ def step_refused(ctx: RunContext, data: OptionsIn) -> dict:
         note(log, called="refused", key=ctx.idempotency_key)
         return {"done": True}
 
-    ctx.step("refused act", refused, data.log, side_effect=data.case != "plain",
-             idempotency_key=True if data.case == "keyed" else None)
+    ctx.step(
+        "refused act",
+        refused,
+        data.log,
+        side_effect=data.case != "plain",
+        idempotency_key=True if data.case == "keyed" else None,
+    )
     return {}

@@ -13,10 +13,12 @@ def chatty(ctx: RunContext, data: dict) -> dict:
     steps, pause = int(data.get("steps", 3)), float(data.get("pause", 0.3))
     ctx.progress(total=steps)
     for i in range(1, steps + 1):
+
         def work(i: int = i) -> int:
             ctx.emit("tick", {"i": i, "of": steps})
             time.sleep(pause)
             return i
+
         ctx.step(f"tick {i}", work)
         ctx.progress(message=f"{i} of {steps} done")
     return {"ticks": steps}

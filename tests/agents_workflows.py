@@ -54,11 +54,21 @@ def wf_child(ctx: RunContext, data: dict) -> dict:
 def wf_parent(ctx: RunContext, data: dict) -> dict:
     """Spawn ``n`` wf_child runs, gather them (``min_success``, ``timeout``), and report."""
     children = [
-        ctx.spawn("wf_child", {"n": i, "log": data.get("log"), "gate": data.get("gate"),
-                               "fail": i in data.get("fail", [])}, key=f"c{i}")
+        ctx.spawn(
+            "wf_child",
+            {
+                "n": i,
+                "log": data.get("log"),
+                "gate": data.get("gate"),
+                "fail": i in data.get("fail", []),
+            },
+            key=f"c{i}",
+        )
         for i in range(data["n"])
     ]
-    outcomes = ctx.gather(children, min_success=data.get("min_success"), timeout=data.get("timeout"))
+    outcomes = ctx.gather(
+        children, min_success=data.get("min_success"), timeout=data.get("timeout")
+    )
     ctx.step("report", lambda: note(data.get("log"), run=str(ctx.run_id), step="report"))
     return {"statuses": [o.status for o in outcomes], "results": [o.result for o in outcomes]}
 
@@ -80,8 +90,16 @@ def wf_saga(ctx: RunContext, data: dict) -> dict:
 
     def undo(i: int):
         def compensation(output: dict) -> dict:
-            note(log, run=str(ctx.run_id), action="undo", step=i, resource=output["resource"],
-                 key=ctx.idempotency_key, at=time.time(), pid=os.getpid())
+            note(
+                log,
+                run=str(ctx.run_id),
+                action="undo",
+                step=i,
+                resource=output["resource"],
+                key=ctx.idempotency_key,
+                at=time.time(),
+                pid=os.getpid(),
+            )
             if i == data.get("gate_at"):
                 _hold(data.get("gate"))
             if i in data.get("fatal_undo", []):
@@ -103,6 +121,7 @@ def wf_steps(ctx: RunContext, data: dict) -> dict:
     log = data["log"]
     seen = []
     for i in range(1, data["steps"] + 1):
+
         def work(i=i) -> dict:
             note(log, run=str(ctx.run_id), step=i)
             if i == data.get("fail_at"):

@@ -56,8 +56,12 @@ def require_chromium() -> str:
         pytest.skip("the playwright package is not installed: pip install -e '.[test]'")
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("Chromium not found at /usr/bin/chromium or on PATH (apt-get install chromium)")
-        pytest.skip("Chromium not found at /usr/bin/chromium or on PATH (apt-get install chromium); CI is not set")
+            pytest.fail(
+                "Chromium not found at /usr/bin/chromium or on PATH (apt-get install chromium)"
+            )
+        pytest.skip(
+            "Chromium not found at /usr/bin/chromium or on PATH (apt-get install chromium); CI is not set"
+        )
     return path
 
 
@@ -81,7 +85,9 @@ def browser_page(executable: str, *, width: int = 1100, height: int = 760) -> It
         yield page
 
 
-def log_in(page, base_url: str, username: str, *, password: str = "secret-pass", landing: str = "/") -> None:
+def log_in(
+    page, base_url: str, username: str, *, password: str = "secret-pass", landing: str = "/"
+) -> None:
     """Log in through the login form (the factories' users have ``secret-pass``)."""
     from playwright.sync_api import expect
 
@@ -118,7 +124,9 @@ def assert_no_horizontal_scroll(page) -> None:
                 .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className && typeof e.className === 'string' ? '.' + e.className.split(' ').join('.') : '') + ' ' + Math.round(e.getBoundingClientRect().right));
             }"""
         )
-        raise AssertionError(f"{page.url} scrolls sideways by {overflow}px at {page.viewport_size['width']}px: {wide}")
+        raise AssertionError(
+            f"{page.url} scrolls sideways by {overflow}px at {page.viewport_size['width']}px: {wide}"
+        )
 
 
 def axe_violations(page, *, impacts: tuple[str, ...] = AXE_FAILING_IMPACTS) -> list[str]:
@@ -133,7 +141,9 @@ def axe_violations(page, *, impacts: tuple[str, ...] = AXE_FAILING_IMPACTS) -> l
     for violation in results.response["violations"]:
         if violation.get("impact") not in impacts:
             continue
-        targets = [" ".join(map(str, node.get("target", []))) for node in violation.get("nodes", [])][:5]
+        targets = [
+            " ".join(map(str, node.get("target", []))) for node in violation.get("nodes", [])
+        ][:5]
         found.append(f"{violation['impact']}: {violation['id']} ({violation['help']}) at {targets}")
     return found
 

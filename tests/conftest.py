@@ -77,7 +77,10 @@ class Processes:
         log = open(self.tmp_path / f"proc-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=self.env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         proc.log_path = log.name  # type: ignore[attr-defined]
         self.procs.append(proc)
@@ -89,7 +92,12 @@ class Processes:
     def run(self, *args: str, timeout: float = 60, **env) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=timeout, check=False,
+            cwd=ROOT,
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def output(self, proc) -> str:
@@ -109,7 +117,9 @@ def processes(tmp_path):
     procs.stop_all()
 
 
-def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+def wait_for(
+    predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"
+):
     """Poll until predicate() is truthy; fail the test with ``message`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

@@ -44,7 +44,9 @@ def act(client: Client, run, action: str, body: dict | None = None):
     run_id = run if isinstance(run, str) else run.id
     if body is None:
         return client.generic("POST", f"/api/runs/{run_id}/{action}")
-    return client.post(f"/api/runs/{run_id}/{action}", data=json.dumps(body), content_type="application/json")
+    return client.post(
+        f"/api/runs/{run_id}/{action}", data=json.dumps(body), content_type="application/json"
+    )
 
 
 def get(client: Client, run) -> dict:
@@ -91,9 +93,11 @@ def assert_events_consistent(run: Run) -> None:
     last retry), naming the status it is in."""
     run = fresh(run)
     log = events(run)
-    assert [e.seq for e in log] == list(range(1, run.last_event_seq + 1)), [(e.seq, e.type) for e in log]
+    assert [e.seq for e in log] == list(range(1, run.last_event_seq + 1)), [
+        (e.seq, e.type) for e in log
+    ]
     retries = [i for i, e in enumerate(log) if e.type == "run.retried"]
-    since = log[retries[-1] + 1:] if retries else log
+    since = log[retries[-1] + 1 :] if retries else log
     terminal = [reached(e) for e in since if reached(e) in TERMINAL_STATUSES]
     if run.status in TERMINAL_STATUSES:
         assert terminal == [run.status], [(e.seq, e.type, e.payload) for e in log]
@@ -101,7 +105,9 @@ def assert_events_consistent(run: Run) -> None:
         assert terminal == [], [(e.seq, e.type, e.payload) for e in log]
 
 
-def backends_waiting_on_locks(application_name: str | None = None) -> list[tuple[int, str, list[int]]]:
+def backends_waiting_on_locks(
+    application_name: str | None = None,
+) -> list[tuple[int, str, list[int]]]:
     """(pid, start of the query, pids blocking it) of this database's sessions waiting for a lock."""
     sql = (
         "SELECT pid, query, pg_blocking_pids(pid) FROM pg_stat_activity WHERE datname = current_database()"

@@ -42,8 +42,13 @@ def elsewhere() -> str:
 
 @task(takes_context=True)
 def introspect(context, x: int) -> dict:
-    return {"id": context.task_result.id, "attempt": context.attempt, "x": x,
-            "status": str(context.task_result.status), "workers": context.task_result.worker_ids}
+    return {
+        "id": context.task_result.id,
+        "attempt": context.attempt,
+        "x": x,
+        "status": str(context.task_result.status),
+        "workers": context.task_result.worker_ids,
+    }
 
 
 @task
@@ -85,9 +90,20 @@ def _log_signal(name):
         path = os.environ.get("TASK_SIGNAL_LOG")
         if path:
             with open(path, "a") as out:
-                out.write(json.dumps({"signal": name, "id": task_result.id, "status": str(task_result.status),
-                                      "sender": sender.__name__, "pid": os.getpid(),
-                                      "at": timezone.now().isoformat()}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "signal": name,
+                            "id": task_result.id,
+                            "status": str(task_result.status),
+                            "sender": sender.__name__,
+                            "pid": os.getpid(),
+                            "at": timezone.now().isoformat(),
+                        }
+                    )
+                    + "\n"
+                )
+
     return receiver
 
 

@@ -40,5 +40,10 @@ def make_lead(tenant, **fields):
     """A lead of the tenant in the CRM demo app: Kim Lee of Acme at the proposal stage, unless told otherwise."""
     from examples.crm.models import Lead
 
-    return Lead.objects.create(tenant=tenant, **({"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test",
-                                   "stage": "proposal"} | fields))
+    return Lead.objects.create(
+        tenant=tenant,
+        **(
+            {"name": "Kim Lee", "company": "Acme", "email": "kim@acme.test", "stage": "proposal"}
+            | fields
+        ),
+    )

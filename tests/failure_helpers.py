@@ -22,7 +22,13 @@ from workers.worker import Worker, WorkerOptions
 
 def burst_worker(**options) -> None:
     """An in-process worker that exits once nothing is claimable."""
-    options = {"burst": True, "heartbeat": 1, "lease": 10, "listen": False, "concurrency": 4} | options
+    options = {
+        "burst": True,
+        "heartbeat": 1,
+        "lease": 10,
+        "listen": False,
+        "concurrency": 4,
+    } | options
     Worker(WorkerOptions(**options)).run()
 
 
@@ -52,8 +58,13 @@ class Stepper:
 
     def claim(self, n: int = 50) -> list[ClaimedRun]:
         try:
-            return claims.claim(worker_id=self.worker.id, queues=["default"], kinds=self.worker.kinds, n=n,
-                               lease=self.worker.lease)
+            return claims.claim(
+                worker_id=self.worker.id,
+                queues=["default"],
+                kinds=self.worker.kinds,
+                n=n,
+                lease=self.worker.lease,
+            )
         finally:
             release_connection()
 
@@ -69,7 +80,9 @@ class Stepper:
                 assert claimed[0].id == run.pk, "another run was claimed"
                 return self.execute(claimed[0])
             if time.monotonic() > deadline:
-                pytest.fail(f"run {run.pk} not claimable within {timeout}s (status {fresh(run).status})")
+                pytest.fail(
+                    f"run {run.pk} not claimable within {timeout}s (status {fresh(run).status})"
+                )
             time.sleep(0.01)
 
 
@@ -83,8 +96,16 @@ def exit_delay(run: Run) -> float:
 
 def snapshot(run: Run) -> tuple:
     run = fresh(run)
-    return (run.status, run.attempt, run.failures, run.error_kind, run.steps_done, run.lease_token,
-            run.steps.count(), run.step_attempts.count())
+    return (
+        run.status,
+        run.attempt,
+        run.failures,
+        run.error_kind,
+        run.steps_done,
+        run.lease_token,
+        run.steps.count(),
+        run.step_attempts.count(),
+    )
 
 
 def assert_left_alone(run: Run) -> None:
@@ -108,5 +129,7 @@ def create_ledger() -> None:
 def ledger(run: Run) -> list[tuple[str, int]]:
     """The effects the callee made for the run: (key, pid of the process that made it)."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT key, pid FROM {LEDGER_TABLE} WHERE run_id = %s ORDER BY key", [str(run.pk)])
+        cursor.execute(
+            f"SELECT key, pid FROM {LEDGER_TABLE} WHERE run_id = %s ORDER BY key", [str(run.pk)]
+        )
         return cursor.fetchall()

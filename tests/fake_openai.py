@@ -46,17 +46,23 @@ class Reply:
     error: str = ""
     headers: dict = field(default_factory=dict)
     hang: float = 0.0  # seconds to stall before answering
-    usage: tuple[int, int] | None = None  # (prompt, completion) tokens; estimated from the bodies if None
+    usage: tuple[int, int] | None = (
+        None  # (prompt, completion) tokens; estimated from the bodies if None
+    )
 
 
-def say(content: str | None = None, *calls: tuple[str, dict | str], usage: tuple[int, int] | None = None) -> Reply:
+def say(
+    content: str | None = None, *calls: tuple[str, dict | str], usage: tuple[int, int] | None = None
+) -> Reply:
     """An answer with text and/or tool calls ``(name, arguments)``; string arguments are sent verbatim."""
     reply = {"content": content, "tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
     return Reply(message=reply, usage=usage)
 
 
 def fail(status: int, message: str = "injected failure", **headers: str) -> Reply:
-    return Reply(status=status, error=message, headers={k.replace("_", "-"): v for k, v in headers.items()})
+    return Reply(
+        status=status, error=message, headers={k.replace("_", "-"): v for k, v in headers.items()}
+    )
 
 
 def hang(seconds: float) -> Reply:
@@ -88,7 +94,9 @@ class FakeOpenAI:
         self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-openai", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="fake-openai", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -118,10 +126,14 @@ class FakeOpenAI:
 
     def next_reply(self, path: str, body: dict, headers: dict) -> Reply:
         with self.lock:
-            self.requests.append({"path": path, "body": body, "headers": headers, "at": time.time()})
+            self.requests.append(
+                {"path": path, "body": body, "headers": headers, "at": time.time()}
+            )
             if self.queue:
                 return self.queue.popleft()
-        messages = _openai_messages(body) if path.endswith("/messages") else body.get("messages", [])
+        messages = (
+            _openai_messages(body) if path.endswith("/messages") else body.get("messages", [])
+        )
         if self.brain is not None:
             return self.brain({**body, "messages": messages, "tools": _openai_tools(body)})
         return say("Nothing to do.")
@@ -141,15 +153,22 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            body = json.loads(
+                self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}"
+            )
             anthropic = self.path.endswith("/messages")
             reply = fake.next_reply(self.path, body, dict(self.headers))
             if reply.hang:
                 fake.released.wait(reply.hang)
             if reply.message is None:
-                payload = {"error": {"message": reply.error, "type": "injected", "code": reply.status}}
+                payload = {
+                    "error": {"message": reply.error, "type": "injected", "code": reply.status}
+                }
                 if anthropic:
-                    payload = {"type": "error", "error": {"type": "injected", "message": reply.error}}
+                    payload = {
+                        "type": "error",
+                        "error": {"type": "injected", "message": reply.error},
+                    }
                 return self._send(reply.status, payload, reply.headers)
             n = turn(_openai_messages(body) if anthropic else body.get("messages", []))
             message = to_assistant_message(reply.message, turn=n)
@@ -158,7 +177,11 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             usage = fake.charge(reply, body, message)
             if body.get("stream") and not anthropic:
                 return self._stream(_openai_chunks(body, message, usage), reply.headers)
-            payload = _anthropic_answer(body, message, usage) if anthropic else _openai_answer(body, message, usage)
+            payload = (
+                _anthropic_answer(body, message, usage)
+                if anthropic
+                else _openai_answer(body, message, usage)
+            )
             self._send(200, payload, reply.headers)
 
         def _stream(self, chunks: list[dict], headers: dict) -> None:
@@ -200,17 +223,31 @@ def _openai_answer(body: dict, message: dict, usage: tuple[int, int]) -> dict:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", MODEL),
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        },
     }
 
 
 def _openai_chunks(body: dict, message: dict, usage: tuple[int, int]) -> list[dict]:
     """The answer as a stream's ``chat.completion.chunk`` objects: the text a few words a chunk, each tool
     call's id and name first and then its arguments in pieces, the finish, and the usage if it was asked for."""
-    base = {"id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": body.get("model", MODEL)}
+    base = {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": body.get("model", MODEL),
+    }
     with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
     def chunk(delta: dict, finish_reason: str | None = None) -> dict:
@@ -220,53 +257,101 @@ def _openai_chunks(body: dict, message: dict, usage: tuple[int, int]) -> list[di
     content = message.get("content")
     chunks = [chunk({"role": "assistant", "content": "" if content is not None else None})]
     words = re.split(r"(?<=\s)(?=\S)", content or "")
-    chunks += [chunk({"content": "".join(words[i:i + 2])}) for i in range(0, len(words), 2) if content]
+    chunks += [
+        chunk({"content": "".join(words[i : i + 2])}) for i in range(0, len(words), 2) if content
+    ]
     if message.get("refusal"):
         chunks.append(chunk({"refusal": message["refusal"]}))
     for index, call in enumerate(message.get("tool_calls") or []):
-        first = {"index": index, "id": call["id"], "type": "function",
-                 "function": {"name": call["function"]["name"], "arguments": ""}}
+        first = {
+            "index": index,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
         chunks.append(chunk({"tool_calls": [first]}))
         arguments = call["function"]["arguments"]
         for start in range(0, len(arguments), 7):
-            piece = {"index": index, "function": {"arguments": arguments[start:start + 7]}}
+            piece = {"index": index, "function": {"arguments": arguments[start : start + 7]}}
             chunks.append(chunk({"tool_calls": [piece]}))
     chunks.append(chunk({}, "tool_calls" if message.get("tool_calls") else "stop"))
     if with_usage:
-        chunks.append({**base, "choices": [],
-                       "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}})
+        chunks.append(
+            {
+                **base,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": usage[0],
+                    "completion_tokens": usage[1],
+                    "total_tokens": sum(usage),
+                },
+            }
+        )
     return chunks
 
 
 def _anthropic_answer(body: dict, message: dict, usage: tuple[int, int]) -> dict:
-    content: list[dict] = [{"type": "text", "text": message["content"]}] if message.get("content") else []
+    content: list[dict] = (
+        [{"type": "text", "text": message["content"]}] if message.get("content") else []
+    )
     for call in message.get("tool_calls") or []:
-        content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                        "input": json.loads(call["function"]["arguments"])})
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "input": json.loads(call["function"]["arguments"]),
+            }
+        )
     return {
-        "id": f"msg_{time.monotonic_ns()}", "type": "message", "role": "assistant", "model": body.get("model"),
-        "content": content, "stop_reason": "tool_use" if message.get("tool_calls") else "end_turn",
-        "stop_sequence": None, "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
+        "id": f"msg_{time.monotonic_ns()}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model"),
+        "content": content,
+        "stop_reason": "tool_use" if message.get("tool_calls") else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
     }
 
 
 def _openai_messages(body: dict) -> list[dict]:
     """A Messages API request's conversation in Chat Completions form (for brains and turn counting)."""
-    if "system" not in body and all(isinstance(m.get("content"), str) for m in body.get("messages", [])):
+    if "system" not in body and all(
+        isinstance(m.get("content"), str) for m in body.get("messages", [])
+    ):
         return body.get("messages", [])
     messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
     for turn_ in body.get("messages", []):
-        blocks = turn_["content"] if isinstance(turn_["content"], list) else [{"type": "text", "text": turn_["content"]}]
+        blocks = (
+            turn_["content"]
+            if isinstance(turn_["content"], list)
+            else [{"type": "text", "text": turn_["content"]}]
+        )
         if turn_["role"] == "assistant":
             text = "\n".join(b["text"] for b in blocks if b["type"] == "text") or None
-            calls = [{"id": b["id"], "type": "function",
-                      "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
-                     for b in blocks if b["type"] == "tool_use"]
-            messages.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+            calls = [
+                {
+                    "id": b["id"],
+                    "type": "function",
+                    "function": {"name": b["name"], "arguments": json.dumps(b["input"])},
+                }
+                for b in blocks
+                if b["type"] == "tool_use"
+            ]
+            messages.append(
+                {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+            )
             continue
         for block in blocks:
             if block["type"] == "tool_result":
-                messages.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": block["content"]})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block["tool_use_id"],
+                        "content": block["content"],
+                    }
+                )
             elif block["type"] == "text":
                 messages.append({"role": "user", "content": block["text"]})
     return messages
@@ -274,7 +359,9 @@ def _openai_messages(body: dict) -> list[dict]:
 
 def _openai_tools(body: dict) -> list[dict]:
     return [
-        t if "function" in t else {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+        t
+        if "function" in t
+        else {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
         for t in body.get("tools") or []
     ]
 
@@ -288,8 +375,13 @@ def fake_llm(settings):
     settings.LLM_MODEL = MODEL
     settings.LLM_PROVIDER = ""
     settings.RUNS_LLM_PRICES = PRICES
-    fake.env = {"LLM_BASE_URL": fake.url, "LLM_API_KEY": "sk-test", "LLM_MODEL": MODEL, "LLM_PROVIDER": "",
-                "RUNS_LLM_PRICES": json.dumps(PRICES)}
+    fake.env = {
+        "LLM_BASE_URL": fake.url,
+        "LLM_API_KEY": "sk-test",
+        "LLM_MODEL": MODEL,
+        "LLM_PROVIDER": "",
+        "RUNS_LLM_PRICES": json.dumps(PRICES),
+    }
     yield fake
     fake.stop()
 
@@ -304,12 +396,21 @@ def offline(settings):
 
 def burst_worker(**options) -> None:
     """An in-process worker that exits once nothing is claimable."""
-    options = {"burst": True, "heartbeat": 1, "lease": 10, "listen": False, "concurrency": 2} | options
+    options = {
+        "burst": True,
+        "heartbeat": 1,
+        "lease": 10,
+        "listen": False,
+        "concurrency": 2,
+    } | options
     Worker(WorkerOptions(**options)).run()
 
 
-def drive(*runs: Run, until: tuple[str, ...] = ("done", "failed", "waiting_human", "cancelled"),
-          timeout: float = 30) -> list[Run]:
+def drive(
+    *runs: Run,
+    until: tuple[str, ...] = ("done", "failed", "waiting_human", "cancelled"),
+    timeout: float = 30,
+) -> list[Run]:
     """Run burst workers (waiting out backoffs) until every run reached one of ``until``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -318,5 +419,7 @@ def drive(*runs: Run, until: tuple[str, ...] = ("done", "failed", "waiting_human
         if all(run.status in until for run in fresh):
             return fresh
         if time.monotonic() > deadline:
-            pytest.fail(f"runs not in {until} after {timeout}s: {[(r.status, r.error) for r in fresh]}")
+            pytest.fail(
+                f"runs not in {until} after {timeout}s: {[(r.status, r.error) for r in fresh]}"
+            )
         time.sleep(0.05)

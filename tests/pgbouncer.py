@@ -45,14 +45,20 @@ def require_pgbouncer() -> str:
     path = find_pgbouncer()
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("pgbouncer not found at /usr/sbin/pgbouncer or on PATH (apt-get install pgbouncer)")
-        pytest.skip("pgbouncer not found at /usr/sbin/pgbouncer or on PATH (apt-get install pgbouncer); CI is not set")
+            pytest.fail(
+                "pgbouncer not found at /usr/sbin/pgbouncer or on PATH (apt-get install pgbouncer)"
+            )
+        pytest.skip(
+            "pgbouncer not found at /usr/sbin/pgbouncer or on PATH (apt-get install pgbouncer); CI is not set"
+        )
     return path
 
 
 def pgbouncer_version(executable: str) -> tuple[int, ...]:
     """(1, 18, 0) from ``pgbouncer --version`` ("PgBouncer 1.18.0")."""
-    out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [executable, "--version"], capture_output=True, text=True, check=True
+    ).stdout
     match = re.search(r"PgBouncer (\d+)\.(\d+)(?:\.(\d+))?", out)
     if match is None:
         raise RuntimeError(f"cannot read the version of {executable}: {out!r}")
@@ -66,8 +72,16 @@ def _quoted(value: str) -> str:
 class PgBouncer:
     """One pgbouncer process on a free loopback port; ``url(alias)`` is a DATABASE_URL through it."""
 
-    def __init__(self, executable: str, tmp_path: Path, *, upstream: str, aliases: tuple[str, ...],
-                 pool_size: int, max_prepared_statements: int = 0):
+    def __init__(
+        self,
+        executable: str,
+        tmp_path: Path,
+        *,
+        upstream: str,
+        aliases: tuple[str, ...],
+        pool_size: int,
+        max_prepared_statements: int = 0,
+    ):
         self.executable = executable
         self.dir = tmp_path
         self.server = dj_database_url.parse(upstream)
@@ -95,8 +109,12 @@ class PgBouncer:
 
     def ini(self) -> str:
         # The server may be a Unix socket directory (the embedded PostgreSQL) or a TCP host.
-        target = f"host={_quoted(self.server['HOST'] or '127.0.0.1')} port={self.server['PORT'] or 5432}"
-        databases = "\n".join(f"{alias} = {target} dbname={_quoted(self.server['NAME'])}" for alias in self.aliases)
+        target = (
+            f"host={_quoted(self.server['HOST'] or '127.0.0.1')} port={self.server['PORT'] or 5432}"
+        )
+        databases = "\n".join(
+            f"{alias} = {target} dbname={_quoted(self.server['NAME'])}" for alias in self.aliases
+        )
         settings = {
             "listen_addr": "127.0.0.1",
             "listen_port": str(self.port),
@@ -127,8 +145,11 @@ class PgBouncer:
             config = self.dir / "pgbouncer.ini"
             config.write_text(self.ini())
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen([self.executable, *self._run_as(), str(config)],
-                                             stdout=log, stderr=subprocess.STDOUT)
+                self.proc = subprocess.Popen(
+                    [self.executable, *self._run_as(), str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             if self._wait_ready():
                 return self
             self.stop()

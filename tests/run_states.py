@@ -21,7 +21,9 @@ def force_status(run: Run, status: str, **fields) -> Run:
     """Write the status (and a lease for ``running``) straight to the row."""
     if status == "running":
         fields.update(
-            lease_token=1, locked_by=uuid.uuid4(), locked_until=timezone.now() + timedelta(minutes=5),
+            lease_token=1,
+            locked_by=uuid.uuid4(),
+            locked_until=timezone.now() + timedelta(minutes=5),
             started_at=fields.get("started_at", timezone.now()),
         )
     else:
@@ -43,7 +45,12 @@ def waiting_for_approval(tenant) -> Run:
     run = submit_run(tenant=tenant, kind="approve_then_act", input={})
     Step.objects.create(run=run, seq=1, name="draft", status="done", output={"amount": 42})
     Step.objects.create(
-        run=run, seq=2, name="pay", kind="approval", status="waiting", input={"proposal": {"amount": 42}},
+        run=run,
+        seq=2,
+        name="pay",
+        kind="approval",
+        status="waiting",
+        input={"proposal": {"amount": 42}},
     )
     return force_status(run, "waiting_human", steps_done=1, current_step="pay", attempt=1)
 
@@ -52,7 +59,12 @@ def waiting_for_resolution(tenant) -> Run:
     """A side effect that may or may not have happened waits for a person."""
     run = submit_run(tenant=tenant, kind="effect", input={"log": "/dev/null"})
     Step.objects.create(
-        run=run, seq=1, name="charge", kind="tool", status="waiting", input={"args": [42]},
+        run=run,
+        seq=1,
+        name="charge",
+        kind="tool",
+        status="waiting",
+        input={"args": [42]},
         error="the worker died while the charge was in flight",
     )
     return force_status(run, "waiting_human", current_step="charge", attempt=1)

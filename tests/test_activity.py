@@ -39,8 +39,11 @@ def sentences(run: Run, **kwargs) -> list[str]:
 
 
 def submitted_through_the_api(bot: Person, kind: str, input: dict) -> Run:
-    response = bot.client.post("/api/runs", data=json.dumps({"kind": kind, "input": input}),
-                               content_type="application/json")
+    response = bot.client.post(
+        "/api/runs",
+        data=json.dumps({"kind": kind, "input": input}),
+        content_type="application/json",
+    )
     assert response.status_code == 202, response.content
     return Run.objects.get(pk=response.json()["id"])
 
@@ -61,25 +64,49 @@ def test_actors_are_named_in_one_query_per_kind_of_actor(tenant, django_assert_n
     gone_key_id = str(gone_key.pk)
     gone_key.delete()
     pairs = [
-        ("user", str(ana.pk)), ("user", str(bo.pk)), ("user", gone_user_id), ("user", "not-a-number"),
-        ("api_key", str(ours.pk)), ("api_key", str(theirs.pk)), ("api_key", gone_key_id),
-        ("worker", str(uuid.uuid4())), ("system", "reaper"), ("system", "timer"), ("system", ""),
-        ("system", f"parent:{uuid.uuid4()}"), ("martian", "1"),
+        ("user", str(ana.pk)),
+        ("user", str(bo.pk)),
+        ("user", gone_user_id),
+        ("user", "not-a-number"),
+        ("api_key", str(ours.pk)),
+        ("api_key", str(theirs.pk)),
+        ("api_key", gone_key_id),
+        ("worker", str(uuid.uuid4())),
+        ("system", "reaper"),
+        ("system", "timer"),
+        ("system", ""),
+        ("system", f"parent:{uuid.uuid4()}"),
+        ("martian", "1"),
     ]
 
     with django_assert_num_queries(2):
         names = describe_actors(pairs, tenant_id=tenant.pk)
 
     assert [names[pair] for pair in pairs] == [
-        "Ana Lopez", "bo", "a deleted user", "a deleted user",
-        "API key ‘ci-bot’", "an API key", "a deleted API key",
-        "the worker", "the reaper", "the timer", "the system", "its parent run", "someone",
+        "Ana Lopez",
+        "bo",
+        "a deleted user",
+        "a deleted user",
+        "API key ‘ci-bot’",
+        "an API key",
+        "a deleted API key",
+        "the worker",
+        "the reaper",
+        "the timer",
+        "the system",
+        "its parent run",
+        "someone",
     ]
     # The other tenant's key is named within its own tenant only.
-    assert describe_actor("api_key", str(theirs.pk), tenant_id=theirs.tenant_id) == "API key ‘their-secret-integration’"
+    assert (
+        describe_actor("api_key", str(theirs.pk), tenant_id=theirs.tenant_id)
+        == "API key ‘their-secret-integration’"
+    )
     with django_assert_num_queries(0):
         assert describe_actors([("worker", "w"), ("system", "reaper")], tenant_id=tenant.pk) == {
-            ("worker", "w"): "the worker", ("system", "reaper"): "the reaper"}
+            ("worker", "w"): "the worker",
+            ("system", "reaper"): "the reaper",
+        }
 
 
 @pytest.mark.django_db
@@ -89,10 +116,14 @@ def test_an_approvals_by_and_a_messages_author_are_named():
     run = run_states.waiting_for_a_message(tenant)
     control.post_message(run=run, actor=as_ana, text="hello")
     bot = create_api_key(tenant=tenant, name="ci-bot").api_key
-    control.post_message(run=run, actor=Actor(type="api_key", id=str(bot.pk)), text="and hello from CI")
+    control.post_message(
+        run=run, actor=Actor(type="api_key", id=str(bot.pk)), text="and hello from CI"
+    )
 
     messages = list(Message.objects.filter(run=run).order_by("id"))
-    names = describe_actors(((m.author_type, m.author_id) for m in messages), tenant_id=run.tenant_id)
+    names = describe_actors(
+        ((m.author_type, m.author_id) for m in messages), tenant_id=run.tenant_id
+    )
     assert [message_author(m, names) for m in messages] == ["Ana Lopez", "API key ‘ci-bot’"]
     # How an approval step's output and ctx.messages() spell an actor ("user:7").
     assert describe_actor(*parse_actor(f"user:{ana.pk}"), tenant_id=tenant.pk) == "Ana Lopez"
@@ -127,12 +158,18 @@ def test_submitted_by_an_api_key_approved_with_a_comment_by_a_user(tenant, tmp_p
     ]
     approved = log.entries[3]
     assert (approved.actor, approved.who, approved.comment, approved.tone) == (
-        "Ana Lopez", "Ana Lopez", "Looks right: the deal is won.", "person")
+        "Ana Lopez",
+        "Ana Lopez",
+        "Looks right: the deal is won.",
+        "person",
+    )
     assert log.earlier == 0
     assert [entry.at for entry in log.entries] == sorted(entry.at for entry in log.entries)
     # Every step is in the step timeline, not here; every Event of the log is one of the run's.
     assert Event.objects.filter(run=run, type="step.done").count() >= 2
-    assert {entry.seq for entry in log.entries} <= set(Event.objects.filter(run=run).values_list("seq", flat=True))
+    assert {entry.seq for entry in log.entries} <= set(
+        Event.objects.filter(run=run).values_list("seq", flat=True)
+    )
 
 
 @flow
@@ -140,7 +177,9 @@ def test_rejected_then_cancelled_through_the_api_then_retried_from_a_step(tenant
     ops = Person(tenant, "ops")
     bo, as_bo = person(username="bo")
     run = approval_run(tenant, str(tmp_path / "exec.log"))
-    control.reject_run(run=run, actor=Actor(type="api_key", id=str(ops.key.pk)), comment="Not this quarter.")
+    control.reject_run(
+        run=run, actor=Actor(type="api_key", id=str(ops.key.pk)), comment="Not this quarter."
+    )
     burst_worker()
     assert fresh(run).status == "done"
 
@@ -179,7 +218,9 @@ def test_a_message_then_a_cancel_honoured_by_the_worker_names_who_asked(tenant):
     outcome = control.cancel_run(run=run, actor=as_ana)
     assert outcome.later
     # The worker honours the request at its step boundary: the engine's own exit statement.
-    leave_running(run_id=run.pk, token=1, target="queued", reason="released", actor_id=str(uuid.uuid4()))
+    leave_running(
+        run_id=run.pk, token=1, target="queued", reason="released", actor_id=str(uuid.uuid4())
+    )
     assert fresh(run).status == "cancelled"
 
     log = activity(fresh(run))
@@ -213,7 +254,10 @@ def test_pause_resume_and_a_cancel_by_its_parent(tenant):
     control.cancel_runs([run.pk], actor=Actor(type="system", id=f"parent:{uuid.uuid4()}"))
 
     assert sentences(fresh(run)) == [
-        "The system submitted it.", "ana paused it.", "ana resumed it.", "Its parent run cancelled it.",
+        "The system submitted it.",
+        "ana paused it.",
+        "ana resumed it.",
+        "Its parent run cancelled it.",
     ]
     assert who_cancelled(fresh(run)) == "Its parent run"
     assert last_actor(fresh(run), "run.cancelled", people_only=True) is None
@@ -251,7 +295,13 @@ def test_the_log_is_bounded_and_says_how_much_it_leaves_out(tenant, django_asser
         log = activity(run, limit=5)
     assert len(log.entries) == 5
     assert log.earlier == 8  # submitted + 12 messages - 5 shown
-    assert [entry.comment for entry in log.entries] == ["bot 3", "note 4", "bot 4", "note 5", "bot 5"]
+    assert [entry.comment for entry in log.entries] == [
+        "bot 3",
+        "note 4",
+        "bot 4",
+        "note 5",
+        "bot 5",
+    ]
     with django_assert_num_queries(3):  # all of it fits: no count
         assert len(activity(run).entries) == 13
     html = render_to_string("runs/_activity.html", {"activity": log})
@@ -276,8 +326,12 @@ def test_the_log_reads_at_a_phones_width(live_server, chromium, tenant, tmp_path
     ana, as_ana = person(first_name="Ana", last_name="Lopez")
     run = submitted_through_the_api(bot, "approve_then_act", {"log": str(tmp_path / "exec.log")})
     burst_worker()
-    control.approve_run(run=run, actor=as_ana, comment="Looks right, but check the amount with finance before "
-                        "it goes out: " + "a-very-long-unbroken-word-" * 8 + XSS)
+    control.approve_run(
+        run=run,
+        actor=as_ana,
+        comment="Looks right, but check the amount with finance before "
+        "it goes out: " + "a-very-long-unbroken-word-" * 8 + XSS,
+    )
     burst_worker()
     control.fork_run(run=fresh(run), actor=as_ana, from_step=2)
     html = render_to_string("runs/_activity.html", {"activity": activity(fresh(run))})

@@ -55,7 +55,10 @@ def test_cancel_asks_first_then_stops_a_queued_run_at_once(ops, operator, tenant
     confirmation = post_action(ops, "cancel_runs", [run])
 
     assert confirmation.status_code == 200
-    assert b"Cancel these runs?" in confirmation.content and str(run.pk)[:8].encode() in confirmation.content
+    assert (
+        b"Cancel these runs?" in confirmation.content
+        and str(run.pk)[:8].encode() in confirmation.content
+    )
     assert fresh(run).status == "queued"
 
     response = post_action(ops, "cancel_runs", [run], apply="1")
@@ -86,7 +89,10 @@ def test_cancel_skips_finished_runs_and_says_why(ops, operator, tenant):
 
     assert fresh(done).status == "done"
     assert fresh(queued).status == "cancelled"
-    assert messages_of(response) == ["Cancelled 1 run.", "Skipped 1 run: cannot cancel a run that is done."]
+    assert messages_of(response) == [
+        "Cancelled 1 run.",
+        "Skipped 1 run: cannot cancel a run that is done.",
+    ]
 
 
 # Retry
@@ -164,17 +170,27 @@ def test_requeue_returns_a_run_whose_lease_expired(ops, operator, tenant):
 # Approve, reject, resolve
 
 
-@pytest.mark.parametrize(("action", "event", "approved"), [
-    ("approve_runs", "run.approved", True), ("reject_runs", "run.rejected", False),
-])
-def test_approval_decisions_queue_the_run_with_the_decision(ops, operator, tenant, action, event, approved):
+@pytest.mark.parametrize(
+    ("action", "event", "approved"),
+    [
+        ("approve_runs", "run.approved", True),
+        ("reject_runs", "run.rejected", False),
+    ],
+)
+def test_approval_decisions_queue_the_run_with_the_decision(
+    ops, operator, tenant, action, event, approved
+):
     run, step = waiting_on(tenant, kind="approval")
 
     post_action(ops, action, [run], apply="1")
 
     assert fresh(run).status == "queued"
     step.refresh_from_db()
-    assert (step.status, step.output["approved"], step.output["by"]) == ("done", approved, f"user:{operator.pk}")
+    assert (step.status, step.output["approved"], step.output["by"]) == (
+        "done",
+        approved,
+        f"user:{operator.pk}",
+    )
     assert assert_recorded(run, event, operator)["step"] == 1
 
 
@@ -219,7 +235,9 @@ def test_resolve_can_fail_the_run(ops, operator, tenant):
 def test_resolve_refuses_output_that_is_not_json(ops, tenant):
     run, _ = waiting_on(tenant, kind="tool")
 
-    response = post_action(ops, "resolve_runs", [run], apply="1", resolution="done", output="{not json")
+    response = post_action(
+        ops, "resolve_runs", [run], apply="1", resolution="done", output="{not json"
+    )
 
     assert response.status_code == 200
     assert b"Enter a valid JSON" in response.content
@@ -229,14 +247,17 @@ def test_resolve_refuses_output_that_is_not_json(ops, tenant):
 # Bulk actions over a filtered selection
 
 
-def test_bulk_cancel_covers_the_whole_filtered_selection_in_batches(ops, operator, tenant, monkeypatch):
+def test_bulk_cancel_covers_the_whole_filtered_selection_in_batches(
+    ops, operator, tenant, monkeypatch
+):
     monkeypatch.setattr(run_actions, "BATCH_SIZE", 3)
     chosen = [make_run(tenant, "queued", kind="noop3") for _ in range(7)]
     other_kind = make_run(tenant, "queued", kind="broken")
 
     # "Select all" on the changelist filtered by kind: only one row's checkbox is sent.
-    response = post_action(ops, "cancel_runs", chosen[:1], url=f"{CHANGELIST}?kind=noop3", select_across="1",
-                           apply="1")
+    response = post_action(
+        ops, "cancel_runs", chosen[:1], url=f"{CHANGELIST}?kind=noop3", select_across="1", apply="1"
+    )
 
     assert response.status_code == 302
     assert {fresh(run).status for run in chosen} == {"cancelled"}
@@ -250,8 +271,14 @@ def test_bulk_retry_covers_the_filtered_selection(ops, operator, tenant):
     failed = [make_run(tenant, "failed", error_kind="retryable") for _ in range(4)]
     cancelled = make_run(tenant, "cancelled")
 
-    post_action(ops, "retry_runs", failed[:1], url=f"{CHANGELIST}?status__exact=failed", select_across="1",
-                           apply="1")
+    post_action(
+        ops,
+        "retry_runs",
+        failed[:1],
+        url=f"{CHANGELIST}?status__exact=failed",
+        select_across="1",
+        apply="1",
+    )
 
     assert {fresh(run).status for run in failed} == {"queued"}
     assert fresh(cancelled).status == "cancelled"
@@ -268,7 +295,9 @@ def test_a_bulk_action_commits_batch_by_batch(tenant, operator):
             cursor.execute("SELECT txid_current()")
             transactions.append(cursor.fetchone()[0])
 
-    tally = run_actions.apply_in_batches(Run.objects.filter(pk__in=[r.pk for r in runs]), cancel, batch_size=3)
+    tally = run_actions.apply_in_batches(
+        Run.objects.filter(pk__in=[r.pk for r in runs]), cancel, batch_size=3
+    )
 
     assert tally.done == 7
     batches = [transactions.count(txid) for txid in dict.fromkeys(transactions)]

@@ -29,8 +29,10 @@ XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 CRM_PROPOSAL = {
     "summary": "Mark the Globex deal as won",
     "target": "crm://deals/4711",
-    "changes": [{"field": "stage", "before": "negotiation", "after": "won"},
-                {"field": "amount", "before": 12000, "after": 12500}],
+    "changes": [
+        {"field": "stage", "before": "negotiation", "after": "won"},
+        {"field": "amount", "before": 12000, "after": 12500},
+    ],
 }
 
 
@@ -43,9 +45,15 @@ def admin_log_in(page, base_url: str, user) -> None:
 
 
 def awaiting_approval(tenant, proposal, *, name: str = "update_crm") -> Run:
-    run = make_run(tenant, "waiting_human", kind="approve_then_act", current_step=name, steps_done=1, attempt=1)
-    Step.objects.create(run=run, seq=1, name="draft", kind="tool", status="done", output={"draft": True})
-    Step.objects.create(run=run, seq=2, name=name, kind="approval", status="waiting", input={"proposal": proposal})
+    run = make_run(
+        tenant, "waiting_human", kind="approve_then_act", current_step=name, steps_done=1, attempt=1
+    )
+    Step.objects.create(
+        run=run, seq=1, name="draft", kind="tool", status="done", output={"draft": True}
+    )
+    Step.objects.create(
+        run=run, seq=2, name=name, kind="approval", status="waiting", input={"proposal": proposal}
+    )
     return run
 
 
@@ -53,16 +61,38 @@ def awaiting_approval(tenant, proposal, *, name: str = "update_crm") -> Run:
 def console(tenant):
     """A superuser, and a console with something on every page: runs in several states, workers, keys."""
     user = UserFactory(is_staff=True, is_superuser=True)
-    other = TenantFactory(slug="globex-research-and-development", name="Globex Research & Development")
+    other = TenantFactory(
+        slug="globex-research-and-development", name="Globex Research & Development"
+    )
     now = timezone.now()
     runs = {
         "queued": make_run(tenant, "queued"),
-        "running": make_run(other, "running", kind="approve_then_act", current_step="draft", steps_total=4,
-                            steps_done=1, cost_cents="0.004213"),
-        "done": make_run(tenant, "done", cost_cents="1234.5", started_at=now - timedelta(minutes=3),
-                         finished_at=now - timedelta(minutes=2), steps_done=3, steps_total=3),
-        "failed": make_run(other, "failed", error_kind="fatal", error="the CRM said no", cost_cents="1.096920",
-                           finished_at=now - timedelta(minutes=20)),
+        "running": make_run(
+            other,
+            "running",
+            kind="approve_then_act",
+            current_step="draft",
+            steps_total=4,
+            steps_done=1,
+            cost_cents="0.004213",
+        ),
+        "done": make_run(
+            tenant,
+            "done",
+            cost_cents="1234.5",
+            started_at=now - timedelta(minutes=3),
+            finished_at=now - timedelta(minutes=2),
+            steps_done=3,
+            steps_total=3,
+        ),
+        "failed": make_run(
+            other,
+            "failed",
+            error_kind="fatal",
+            error="the CRM said no",
+            cost_cents="1.096920",
+            finished_at=now - timedelta(minutes=20),
+        ),
         "approval": awaiting_approval(tenant, CRM_PROPOSAL),
         "hostile": awaiting_approval(other, {"note": XSS, "amount": 42}, name="pay"),
     }
@@ -71,16 +101,30 @@ def console(tenant):
     for minutes in (4, 9, 14, 31, 33, 47):
         make_run(tenant, "done", finished_at=now - timedelta(minutes=minutes))
     make_run(other, "failed", error_kind="retryable", finished_at=now - timedelta(minutes=9))
-    Worker.objects.create(host="worker-a.internal", pid=4121, concurrency=8, runs_held=3, queues=["default", "long"])
-    Worker.objects.create(host="worker-b.internal", pid=77, concurrency=4, last_seen_at=now - timedelta(hours=1))
+    Worker.objects.create(
+        host="worker-a.internal", pid=4121, concurrency=8, runs_held=3, queues=["default", "long"]
+    )
+    Worker.objects.create(
+        host="worker-b.internal", pid=77, concurrency=4, last_seen_at=now - timedelta(hours=1)
+    )
     create_api_key(tenant=tenant, name="billing integration")
     MembershipFactory(tenant=tenant, role="approver")
-    WebhookEndpoint.objects.create(tenant=tenant, url="https://hooks.example.com/agent-runs/callback?source=prod",
-                                   description="billing system: every finished run")
+    WebhookEndpoint.objects.create(
+        tenant=tenant,
+        url="https://hooks.example.com/agent-runs/callback?source=prod",
+        description="billing system: every finished run",
+    )
     event = Event.objects.filter(run=runs["done"]).order_by("seq").first()
     WebhookDelivery.objects.create(
-        event=event, run=runs["done"], tenant=tenant, url="https://hooks.example.com/agent-runs/callback?source=prod",
-        event_type="run.done", webhook_id="msg_2Yh0c3Vx", status="dead", attempts=12, response_code=502,
+        event=event,
+        run=runs["done"],
+        tenant=tenant,
+        url="https://hooks.example.com/agent-runs/callback?source=prod",
+        event_type="run.done",
+        webhook_id="msg_2Yh0c3Vx",
+        status="dead",
+        attempts=12,
+        response_code=502,
         last_error="502 Bad Gateway from the receiver after 10 s",
     )
     return user, runs
@@ -148,19 +192,35 @@ def test_every_console_page_fits_a_phone_and_shows_its_key_columns(live_server, 
         page.goto(url + "/admin/runs/run/overview/")
         chart = page.locator("svg.ops-chart")
         expect(page.locator("ol.breadcrumbs")).to_contain_text("Operations overview")
-        expect(page.get_by_role("img", name="Runs finished per 5 minutes over the last hour")).to_be_visible()
+        expect(
+            page.get_by_role("img", name="Runs finished per 5 minutes over the last hour")
+        ).to_be_visible()
         labels = chart.locator("text").all_text_contents()
         assert "runs" in labels and any(label.startswith("finished at") for label in labels)
-        assert "0" in labels and any(":" in label for label in labels), labels  # the y ticks and the times
+        assert "0" in labels and any(":" in label for label in labels), (
+            labels
+        )  # the y ticks and the times
         assert chart.locator("rect.done").count() == 12
         screenshots(page, "admin-overview")
 
         for name, path, columns in [
             ("tenants", "/admin/runs/tenant/", ("Slug", "Running", "Cost today", "Daily cap")),
-            ("apikeys", "/admin/runs/apikey/", ("Name", "Tenant", "Created", "Last used", "Revoked")),
+            (
+                "apikeys",
+                "/admin/runs/apikey/",
+                ("Name", "Tenant", "Created", "Last used", "Revoked"),
+            ),
             ("memberships", "/admin/runs/membership/", ("User", "Tenant", "Role")),
-            ("workers", "/admin/runs/worker/", ("Worker", "Host", "State", "Runs held", "Last seen")),
-            ("deliveries", "/admin/runs/webhookdelivery/", ("Event type", "Run", "Status", "Url", "Last answer", "Created")),
+            (
+                "workers",
+                "/admin/runs/worker/",
+                ("Worker", "Host", "State", "Runs held", "Last seen"),
+            ),
+            (
+                "deliveries",
+                "/admin/runs/webhookdelivery/",
+                ("Event type", "Run", "Status", "Url", "Last answer", "Created"),
+            ),
             ("steps", "/admin/runs/step/", ("Run", "Name", "Status", "Cost", "Ended")),
         ]:
             page.goto(url + path)
@@ -172,11 +232,20 @@ def test_every_console_page_fits_a_phone_and_shows_its_key_columns(live_server, 
         screenshots(page, "admin-membership-add")
 
         # The other pages reachable from the index only need to fit a phone.
-        for path in ["/admin/runs/queue/", "/admin/runs/kindstate/", "/admin/runs/webhookendpoint/",
-                     "/admin/runs/webhookendpoint/add/", f"/admin/runs/tenant/{runs['done'].tenant_id}/change/",
-                     "/admin/runs/apikey/add/", f"/admin/runs/run/{runs['approval'].pk}/change/",
-                     f"/admin/runs/step/{step_id}/change/", "/admin/auth/user/", "/admin/crm/lead/",
-                     "/admin/crm/leadupdate/", "/admin/deploys/resource/"]:
+        for path in [
+            "/admin/runs/queue/",
+            "/admin/runs/kindstate/",
+            "/admin/runs/webhookendpoint/",
+            "/admin/runs/webhookendpoint/add/",
+            f"/admin/runs/tenant/{runs['done'].tenant_id}/change/",
+            "/admin/runs/apikey/add/",
+            f"/admin/runs/run/{runs['approval'].pk}/change/",
+            f"/admin/runs/step/{step_id}/change/",
+            "/admin/auth/user/",
+            "/admin/crm/lead/",
+            "/admin/crm/leadupdate/",
+            "/admin/deploys/resource/",
+        ]:
             page.goto(url + path)
             for size in (DESKTOP, PHONE):
                 page.set_viewport_size(size)
@@ -224,7 +293,9 @@ def test_bulk_cancel_asks_first(live_server, chromium, console):
         admin_log_in(page, live_server.url, user)
         page.goto(live_server.url + "/admin/runs/run/")
         for state in ("queued", "running"):
-            page.locator("#result_list tr", has_text=str(runs[state].pk)[:8]).locator("input.action-select").check()
+            page.locator("#result_list tr", has_text=str(runs[state].pk)[:8]).locator(
+                "input.action-select"
+            ).check()
         page.locator("select[name=action]").select_option("cancel_runs")
         page.locator("button[name=index]").click()
 
@@ -235,7 +306,9 @@ def test_bulk_cancel_asks_first(live_server, chromium, console):
         expect(page.locator("#result_list")).to_be_visible()
 
         # The single-run forms (retry or fork from a step, resolve) share the confirmation pages' look.
-        page.locator("#result_list tr", has_text=str(runs["failed"].pk)[:8]).locator("input.action-select").check()
+        page.locator("#result_list tr", has_text=str(runs["failed"].pk)[:8]).locator(
+            "input.action-select"
+        ).check()
         page.locator("select[name=action]").select_option("retry_from_step")
         page.locator("button[name=index]").click()
         expect(page.locator("ol.breadcrumbs")).to_contain_text("Retry from a step")
@@ -245,7 +318,9 @@ def test_bulk_cancel_asks_first(live_server, chromium, console):
 
 
 @BROWSER
-def test_a_membership_is_given_with_a_user_search_and_described_roles(live_server, chromium, console, tenant):
+def test_a_membership_is_given_with_a_user_search_and_described_roles(
+    live_server, chromium, console, tenant
+):
     from playwright.sync_api import expect
 
     user, _ = console
@@ -256,7 +331,9 @@ def test_a_membership_is_given_with_a_user_search_and_described_roles(live_serve
 
         roles = page.locator(".field-role")
         expect(roles).to_contain_text("Viewer: reads the tenant's runs, steps and results")
-        expect(roles).to_contain_text("Operator: also submits, cancels, pauses, resumes, retries and sends messages")
+        expect(roles).to_contain_text(
+            "Operator: also submits, cancels, pauses, resumes, retries and sends messages"
+        )
         expect(roles).to_contain_text("Approver: also approves, rejects and resolves")
 
         # The user is found by typing (an autocomplete), not by a raw id.
@@ -285,10 +362,18 @@ def test_an_approval_decides_the_step_it_showed_not_a_later_one(admin_client, te
     assert f'name="step-{run.pk}" value="2"' in page
     # Meanwhile the run was approved elsewhere and now waits on another proposal.
     Step.objects.filter(run=run, seq=2).update(status="done", output={"approved": True})
-    Step.objects.create(run=run, seq=3, name="send_invoice", kind="approval", status="waiting",
-                        input={"proposal": {"summary": "Invoice Globex"}})
+    Step.objects.create(
+        run=run,
+        seq=3,
+        name="send_invoice",
+        kind="approval",
+        status="waiting",
+        input={"proposal": {"summary": "Invoice Globex"}},
+    )
 
-    response = admin_client.post("/admin/runs/run/", {**selected, f"step-{run.pk}": "2", "apply": "1"})
+    response = admin_client.post(
+        "/admin/runs/run/", {**selected, f"step-{run.pk}": "2", "apply": "1"}
+    )
 
     assert messages_of(response) == [
         "Skipped 1 run: step 2 is not the pending approval (step 3 is)."
@@ -298,12 +383,18 @@ def test_an_approval_decides_the_step_it_showed_not_a_later_one(admin_client, te
 
 
 @pytest.mark.django_db
-def test_a_confirmed_cancel_keeps_select_all_but_a_decision_covers_only_the_runs_listed(admin_client, tenant):
+def test_a_confirmed_cancel_keeps_select_all_but_a_decision_covers_only_the_runs_listed(
+    admin_client, tenant
+):
     runs = [awaiting_approval(tenant, {"summary": f"change {i}"}) for i in range(3)]
     across = {"_selected_action": [str(runs[0].pk)], "select_across": "1", "index": "0"}
 
-    cancel = admin_client.post("/admin/runs/run/?status__exact=waiting_human", {"action": "cancel_runs", **across})
-    approve = admin_client.post("/admin/runs/run/?status__exact=waiting_human", {"action": "approve_runs", **across})
+    cancel = admin_client.post(
+        "/admin/runs/run/?status__exact=waiting_human", {"action": "cancel_runs", **across}
+    )
+    approve = admin_client.post(
+        "/admin/runs/run/?status__exact=waiting_human", {"action": "approve_runs", **across}
+    )
 
     assert b'name="select_across" value="1"' in cancel.content
     assert b'name="select_across"' not in approve.content

@@ -40,7 +40,11 @@ def ops(client, operator):
 def busy(tenant):
     """Runs of several tenants in every state the pages show, so an N+1 query would multiply."""
     others = [TenantFactory(), TenantFactory()]
-    runs = [make_run(t, status) for t in [tenant, *others] for status in ("queued", "failed", "done", "running")]
+    runs = [
+        make_run(t, status)
+        for t in [tenant, *others]
+        for status in ("queued", "failed", "done", "running")
+    ]
     runs.append(make_run(others[0], "running", locked_until=timezone.now() - timedelta(minutes=2)))
     return runs
 
@@ -64,7 +68,9 @@ def test_run_changelist_lists_runs_with_their_tenants_in_a_fixed_number_of_queri
     assert b"about" not in response.content.split(b'class="paginator"')[1][:300]
 
 
-def test_filtered_changelist_costs_the_same_queries_and_shows_only_the_match(ops, busy, django_assert_num_queries):
+def test_filtered_changelist_costs_the_same_queries_and_shows_only_the_match(
+    ops, busy, django_assert_num_queries
+):
     url = f"{CHANGELIST}?status__exact=failed&kind=noop3"
     ops.get(url)
     with django_assert_num_queries(9):  # as the plain list: filters add conditions, not queries
@@ -89,7 +95,9 @@ def test_search_finds_a_run_by_id_or_by_idempotency_key(ops, tenant):
     assert nothing.content.count(b'class="action-select"') == 0
 
 
-def test_the_paginator_uses_the_planners_estimate_instead_of_counting(tenant, django_assert_num_queries):
+def test_the_paginator_uses_the_planners_estimate_instead_of_counting(
+    tenant, django_assert_num_queries
+):
     for _ in range(4):
         make_run(tenant)
     paginator = EstimatedCountPaginator(Run.objects.order_by("-created_at"), 2)
@@ -115,7 +123,9 @@ def test_the_paginator_offers_no_page_deeper_than_its_limit(tenant):
 
 def test_the_paginator_counts_small_results_exactly(tenant):
     runs = [make_run(tenant) for _ in range(3)]
-    paginator = EstimatedCountPaginator(Run.objects.filter(pk__in=[r.pk for r in runs[:2]]).order_by("pk"), 50)
+    paginator = EstimatedCountPaginator(
+        Run.objects.filter(pk__in=[r.pk for r in runs[:2]]).order_by("pk"), 50
+    )
 
     assert (paginator.count, paginator.estimated) == (2, False)
 
@@ -126,7 +136,13 @@ def test_the_paginator_counts_small_results_exactly(tenant):
 def test_run_page_shows_escaped_json_steps_and_events_in_a_fixed_number_of_queries(
     ops, tenant, django_assert_num_queries
 ):
-    run = make_run(tenant, "failed", error_kind="fatal", error="the <CRM> said no", result={"partial": "<i>x</i>"})
+    run = make_run(
+        tenant,
+        "failed",
+        error_kind="fatal",
+        error="the <CRM> said no",
+        result={"partial": "<i>x</i>"},
+    )
     add_steps(run, 3)
     url = f"{CHANGELIST}{run.pk}/change/"
     ops.get(url)  # the first visit of a process also loads the run's ContentType (then cached)
@@ -148,11 +164,15 @@ def test_an_action_from_the_run_page_comes_back_to_it(ops, operator, tenant):
     run = make_run(tenant, "queued")
     url = f"{CHANGELIST}{run.pk}/change/"
 
-    confirmation = ops.post(url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk)})
+    confirmation = ops.post(
+        url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk)}
+    )
     assert b'name="CHANGE_FORM-action" value="cancel_runs"' in confirmation.content
     assert fresh(run).status == "queued"
 
-    response = ops.post(url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk), "apply": "1"})
+    response = ops.post(
+        url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk), "apply": "1"}
+    )
 
     assert response.status_code == 302 and response["Location"] == url
     assert fresh(run).status == "cancelled"
@@ -167,8 +187,15 @@ def test_retry_from_step_from_the_run_page_goes_through_its_form(ops, tenant):
     form = ops.post(url, {"CHANGE_FORM-action": "retry_from_step", "_selected_action": str(run.pk)})
     assert b'name="CHANGE_FORM-action" value="retry_from_step"' in form.content
 
-    ops.post(url, {"CHANGE_FORM-action": "retry_from_step", "_selected_action": str(run.pk), "apply": "1",
-                   "from_step": "2"})
+    ops.post(
+        url,
+        {
+            "CHANGE_FORM-action": "retry_from_step",
+            "_selected_action": str(run.pk),
+            "apply": "1",
+            "from_step": "2",
+        },
+    )
     assert (fresh(run).status, fresh(run).generation) == ("queued", 2)
 
 
@@ -189,7 +216,9 @@ def test_overview_shows_depth_capacity_throughput_stuck_runs_and_workers(
     ops, tenant, busy, django_assert_num_queries
 ):
     Worker.objects.create(host="alive-host", pid=1, concurrency=4, runs_held=2, queues=["default"])
-    Worker.objects.create(host="dead-host", pid=2, concurrency=4, last_seen_at=timezone.now() - timedelta(hours=1))
+    Worker.objects.create(
+        host="dead-host", pid=2, concurrency=4, last_seen_at=timezone.now() - timedelta(hours=1)
+    )
     stuck = [r for r in busy if r.locked_until and r.locked_until < timezone.now()][0]
     Tenant.objects.filter(pk=tenant.pk).update(running=1, queued=3)  # the claim keeps these
     # session, user, permissions (2); queues: depth, oldest, paused queues, paused kinds;
@@ -242,19 +271,30 @@ def test_editing_a_tenants_limits_never_overwrites_its_live_counters(admin_clien
     assert page.status_code == 200
     Tenant.objects.filter(pk=tenant.pk).update(running=4, queued=9)  # claims meanwhile
 
-    admin_client.post(f"/admin/runs/tenant/{tenant.pk}/change/", {
-        "name": tenant.name, "slug": tenant.slug, "max_running": 9, "max_queued": 1000,
-        "default_cost_ceiling_cents": "", "daily_cost_cap_cents": "",
-    })
+    admin_client.post(
+        f"/admin/runs/tenant/{tenant.pk}/change/",
+        {
+            "name": tenant.name,
+            "slug": tenant.slug,
+            "max_running": 9,
+            "max_queued": 1000,
+            "default_cost_ceiling_cents": "",
+            "daily_cost_cap_cents": "",
+        },
+    )
 
     tenant.refresh_from_db()
     assert (tenant.max_running, tenant.running, tenant.queued) == (9, 4, 9)
 
 
 def test_tenants_pause_and_resume(admin_client, tenant):
-    admin_client.post("/admin/runs/tenant/", {"action": "pause_tenants", "_selected_action": [tenant.pk]})
+    admin_client.post(
+        "/admin/runs/tenant/", {"action": "pause_tenants", "_selected_action": [tenant.pk]}
+    )
     assert fresh_tenant(tenant).paused is True
-    admin_client.post("/admin/runs/tenant/", {"action": "resume_tenants", "_selected_action": [tenant.pk]})
+    admin_client.post(
+        "/admin/runs/tenant/", {"action": "resume_tenants", "_selected_action": [tenant.pk]}
+    )
     assert fresh_tenant(tenant).paused is False
 
 
@@ -267,9 +307,14 @@ def test_adding_an_api_key_shows_the_secret_once_and_stores_its_hash(admin_clien
     from runs.keys import authenticate_key, hash_key
     from runs.models import ApiKey
 
-    response = admin_client.post("/admin/runs/apikey/add/", {
-        "tenant": tenant.pk, "name": "billing", "scopes": ["runs:read", "runs:write"],
-    })
+    response = admin_client.post(
+        "/admin/runs/apikey/add/",
+        {
+            "tenant": tenant.pk,
+            "name": "billing",
+            "scopes": ["runs:read", "runs:write"],
+        },
+    )
 
     assert response.status_code == 200
     assert "no-store" in response["Cache-Control"]
@@ -287,7 +332,9 @@ def test_revoking_a_key_stops_it_at_once(admin_client, tenant):
 
     issued = create_api_key(tenant=tenant, name="old")
 
-    admin_client.post("/admin/runs/apikey/", {"action": "revoke", "_selected_action": [issued.api_key.pk]})
+    admin_client.post(
+        "/admin/runs/apikey/", {"action": "revoke", "_selected_action": [issued.api_key.pk]}
+    )
 
     issued.api_key.refresh_from_db()
     assert issued.api_key.revoked_at is not None
@@ -296,7 +343,9 @@ def test_revoking_a_key_stops_it_at_once(admin_client, tenant):
 
 def test_worker_list_tells_alive_from_dead(admin_client):
     Worker.objects.create(host="alive-host", pid=1, concurrency=4, runs_held=3)
-    Worker.objects.create(host="dead-host", pid=2, concurrency=4, last_seen_at=timezone.now() - timedelta(hours=1))
+    Worker.objects.create(
+        host="dead-host", pid=2, concurrency=4, last_seen_at=timezone.now() - timedelta(hours=1)
+    )
     Worker.objects.create(host="gone-host", pid=3, concurrency=4, stopped_at=timezone.now())
 
     alive = admin_client.get("/admin/runs/worker/?state=alive").content.decode()
@@ -317,7 +366,10 @@ def test_queues_are_paused_and_resumed_through_the_service(admin_client):
     admin_client.post("/admin/runs/queue/", {"action": "resume", "_selected_action": ["long"]})
     queue.refresh_from_db()
     assert (queue.paused, queue.paused_at) == (False, None)
-    assert b"lowercase letters" in admin_client.post("/admin/runs/queue/add/", {"name": "Bad Name"}).content
+    assert (
+        b"lowercase letters"
+        in admin_client.post("/admin/runs/queue/add/", {"name": "Bad Name"}).content
+    )
 
 
 def test_kinds_are_paused_from_the_registered_kinds(admin_client):
@@ -333,7 +385,9 @@ def test_kinds_are_paused_from_the_registered_kinds(admin_client):
     assert not KindState.objects.get(name="noop3").paused
 
 
-@pytest.mark.parametrize("path", ["/admin/runs/step/", "/admin/runs/membership/", "/admin/runs/apikey/add/"])
+@pytest.mark.parametrize(
+    "path", ["/admin/runs/step/", "/admin/runs/membership/", "/admin/runs/apikey/add/"]
+)
 def test_the_other_pages_render(admin_client, tenant, path):
     add_steps(make_run(tenant, "done"), 2)
 

@@ -63,35 +63,83 @@ NOOP = {"kind": "noop3", "input": {}}
 
 SUBMIT_CASES = [
     pytest.param({**NOOP, "input": {"note": f"a{NUL}b"}}, {}, "input", id="input-value-nul"),
-    pytest.param({**NOOP, "input": {"items": ["ok", "fine", f"x{NUL}"]}}, {}, "input.items[2]",
-                 id="input-nested-value-nul"),
+    pytest.param(
+        {**NOOP, "input": {"items": ["ok", "fine", f"x{NUL}"]}},
+        {},
+        "input.items[2]",
+        id="input-nested-value-nul",
+    ),
     pytest.param({**NOOP, "input": {f"a{NUL}": 1}}, {}, "input", id="input-key-nul"),
-    pytest.param({**NOOP, "input": {"note": SURROGATE}}, {}, "input.note", id="input-value-surrogate"),
-    pytest.param({**NOOP, "input": {"outer": {LOW_SURROGATE: 1}}}, {}, "input.outer", id="input-nested-key-surrogate"),
+    pytest.param(
+        {**NOOP, "input": {"note": SURROGATE}}, {}, "input.note", id="input-value-surrogate"
+    ),
+    pytest.param(
+        {**NOOP, "input": {"outer": {LOW_SURROGATE: 1}}},
+        {},
+        "input.outer",
+        id="input-nested-key-surrogate",
+    ),
     pytest.param({**NOOP, "input": {"x": NAN}}, {}, "input.x", id="input-nan"),
     pytest.param({**NOOP, "input": {"x": [1, INF]}}, {}, "input.x[1]", id="input-infinity"),
-    pytest.param(raw('{"kind": "noop3", "input": {"x": 1e400}}'), {}, "input.x", id="input-number-beyond-float"),
-    pytest.param(raw('{"kind": "noop3", "input": {"deep": ' + nested_lists(100) + "}}"), {}, "input.deep",
-                 id="input-100-levels-deep"),
+    pytest.param(
+        raw('{"kind": "noop3", "input": {"x": 1e400}}'),
+        {},
+        "input.x",
+        id="input-number-beyond-float",
+    ),
+    pytest.param(
+        raw('{"kind": "noop3", "input": {"deep": ' + nested_lists(100) + "}}"),
+        {},
+        "input.deep",
+        id="input-100-levels-deep",
+    ),
     pytest.param({"kind": f"echo{NUL}", "input": {"text": "hi"}}, {}, "kind", id="kind-nul"),
     pytest.param({"kind": SURROGATE, "input": {}}, {}, "kind", id="kind-surrogate"),
     pytest.param({**NOOP, "queue": f"default{NUL}"}, {}, "queue", id="queue-nul"),
     pytest.param({**NOOP, "queue": SURROGATE}, {}, "queue", id="queue-surrogate"),
-    pytest.param({**NOOP, "idempotency_key": f"k{NUL}"}, {}, "idempotency_key", id="idempotency-key-nul"),
-    pytest.param({**NOOP, "idempotency_key": SURROGATE}, {}, "idempotency_key", id="idempotency-key-surrogate"),
-    pytest.param(NOOP, {"Idempotency-Key": f"k{NUL}"}, "Idempotency-Key", id="idempotency-key-header-nul"),
-    pytest.param({**NOOP, "callback_url": f"https://example.com/{NUL}"}, {}, "callback_url", id="callback-url-nul"),
-    pytest.param({**NOOP, "callback_url": f"https://example.com/{SURROGATE}"}, {}, "callback_url",
-                 id="callback-url-surrogate"),
-    pytest.param({**NOOP, "cost_ceiling_cents": 1e30}, {}, "cost_ceiling_cents", id="cost-ceiling-1e30"),
-    pytest.param({**NOOP, "cost_ceiling_cents": 1e12}, {}, "cost_ceiling_cents", id="cost-ceiling-1e12"),
-    pytest.param({**NOOP, "cost_ceiling_cents": INF}, {}, "cost_ceiling_cents", id="cost-ceiling-infinity"),
-    pytest.param({**NOOP, "cost_ceiling_cents": NAN}, {}, "cost_ceiling_cents", id="cost-ceiling-nan"),
+    pytest.param(
+        {**NOOP, "idempotency_key": f"k{NUL}"}, {}, "idempotency_key", id="idempotency-key-nul"
+    ),
+    pytest.param(
+        {**NOOP, "idempotency_key": SURROGATE},
+        {},
+        "idempotency_key",
+        id="idempotency-key-surrogate",
+    ),
+    pytest.param(
+        NOOP, {"Idempotency-Key": f"k{NUL}"}, "Idempotency-Key", id="idempotency-key-header-nul"
+    ),
+    pytest.param(
+        {**NOOP, "callback_url": f"https://example.com/{NUL}"},
+        {},
+        "callback_url",
+        id="callback-url-nul",
+    ),
+    pytest.param(
+        {**NOOP, "callback_url": f"https://example.com/{SURROGATE}"},
+        {},
+        "callback_url",
+        id="callback-url-surrogate",
+    ),
+    pytest.param(
+        {**NOOP, "cost_ceiling_cents": 1e30}, {}, "cost_ceiling_cents", id="cost-ceiling-1e30"
+    ),
+    pytest.param(
+        {**NOOP, "cost_ceiling_cents": 1e12}, {}, "cost_ceiling_cents", id="cost-ceiling-1e12"
+    ),
+    pytest.param(
+        {**NOOP, "cost_ceiling_cents": INF}, {}, "cost_ceiling_cents", id="cost-ceiling-infinity"
+    ),
+    pytest.param(
+        {**NOOP, "cost_ceiling_cents": NAN}, {}, "cost_ceiling_cents", id="cost-ceiling-nan"
+    ),
 ]
 
 
 @pytest.mark.parametrize("body, headers, field", SUBMIT_CASES)
-def test_a_submit_with_unstorable_input_is_422_naming_the_field_and_writes_nothing(api, body, headers, field):
+def test_a_submit_with_unstorable_input_is_422_naming_the_field_and_writes_nothing(
+    api, body, headers, field
+):
     response = post(api, "/api/runs", body, **headers)
 
     assert_4xx_naming(response, field)
@@ -100,7 +148,9 @@ def test_a_submit_with_unstorable_input_is_422_naming_the_field_and_writes_nothi
 
 
 def test_input_nested_ten_thousand_levels_deep_is_a_4xx_not_a_recursion_error(api):
-    response = post(api, "/api/runs", raw('{"kind": "noop3", "input": {"deep": ' + nested_lists(10_000) + "}}"))
+    response = post(
+        api, "/api/runs", raw('{"kind": "noop3", "input": {"deep": ' + nested_lists(10_000) + "}}")
+    )
 
     assert 400 <= response.status_code < 500, response.content
     assert isinstance(response.json()["detail"], str)
@@ -135,7 +185,9 @@ LIST_CASES = [
     pytest.param("cursor=not-a-cursor", "cursor", id="cursor-garbage"),
     # Valid base64 of JSON that is not a cursor, and of a cursor whose id is not a UUID.
     pytest.param("cursor=eyJhIjogMX0", "cursor", id="cursor-json-object"),
-    pytest.param("cursor=WyIyMDI0LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgIngiXQ", "cursor", id="cursor-bad-uuid"),
+    pytest.param(
+        "cursor=WyIyMDI0LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgIngiXQ", "cursor", id="cursor-bad-uuid"
+    ),
     pytest.param("status=%00", "status", id="status-nul"),
     pytest.param("limit=1e999", "limit", id="limit-huge"),
 ]
@@ -151,22 +203,69 @@ def test_a_run_list_filter_postgresql_cannot_compare_is_422_naming_it(api, query
 ACTION_CASES = [
     pytest.param("queued", "messages", {"text": f"hi{NUL}"}, "text", id="message-nul"),
     pytest.param("waiting", "messages", {"text": f"hi{SURROGATE}"}, "text", id="message-surrogate"),
-    pytest.param("failed_on_budget", "retry", {"cost_ceiling_cents": 1e40}, "cost_ceiling_cents", id="retry-ceiling-1e40"),
-    pytest.param("failed_on_budget", "retry", {"cost_ceiling_cents": NAN}, "cost_ceiling_cents", id="retry-ceiling-nan"),
-    pytest.param("failed_on_deadline", "retry", {"deadline_seconds": 10**12}, "deadline_seconds", id="retry-deadline-huge"),
-    pytest.param("approval", "approve", {"comment": f"ok{NUL}"}, "comment", id="approve-comment-nul"),
-    pytest.param("approval", "approve", {"comment": SURROGATE}, "comment", id="approve-comment-surrogate"),
+    pytest.param(
+        "failed_on_budget",
+        "retry",
+        {"cost_ceiling_cents": 1e40},
+        "cost_ceiling_cents",
+        id="retry-ceiling-1e40",
+    ),
+    pytest.param(
+        "failed_on_budget",
+        "retry",
+        {"cost_ceiling_cents": NAN},
+        "cost_ceiling_cents",
+        id="retry-ceiling-nan",
+    ),
+    pytest.param(
+        "failed_on_deadline",
+        "retry",
+        {"deadline_seconds": 10**12},
+        "deadline_seconds",
+        id="retry-deadline-huge",
+    ),
+    pytest.param(
+        "approval", "approve", {"comment": f"ok{NUL}"}, "comment", id="approve-comment-nul"
+    ),
+    pytest.param(
+        "approval", "approve", {"comment": SURROGATE}, "comment", id="approve-comment-surrogate"
+    ),
     pytest.param("approval", "reject", {"comment": f"no{NUL}"}, "comment", id="reject-comment-nul"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": {"receipt": f"r{NUL}"}}, "output.receipt",
-                 id="resolve-output-nul"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": [SURROGATE]}, "output[0]",
-                 id="resolve-output-surrogate"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": {"amount": NAN}}, "output.amount",
-                 id="resolve-output-nan"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": {f"k{NUL}": 1}}, "output",
-                 id="resolve-output-key-nul"),
-    pytest.param("ambiguous", "resolve", raw('{"action": "done", "output": ' + nested_lists(100) + "}"), "output",
-                 id="resolve-output-100-levels-deep"),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": {"receipt": f"r{NUL}"}},
+        "output.receipt",
+        id="resolve-output-nul",
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": [SURROGATE]},
+        "output[0]",
+        id="resolve-output-surrogate",
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": {"amount": NAN}},
+        "output.amount",
+        id="resolve-output-nan",
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": {f"k{NUL}": 1}},
+        "output",
+        id="resolve-output-key-nul",
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        raw('{"action": "done", "output": ' + nested_lists(100) + "}"),
+        "output",
+        id="resolve-output-100-levels-deep",
+    ),
 ]
 
 
@@ -219,12 +318,18 @@ def test_an_unknown_api_path_is_a_json_404(api):
     assert isinstance(response.json()["detail"], str)
 
 
-@pytest.mark.parametrize("error", [
-    DataError("numeric field overflow"),
-    UnicodeEncodeError("utf-8", SURROGATE, 0, 1, "surrogates not allowed"),
-])
-def test_a_value_the_schemas_let_through_but_postgresql_refuses_is_a_422_not_a_500(api, monkeypatch, error):
+@pytest.mark.parametrize(
+    "error",
+    [
+        DataError("numeric field overflow"),
+        UnicodeEncodeError("utf-8", SURROGATE, 0, 1, "surrogates not allowed"),
+    ],
+)
+def test_a_value_the_schemas_let_through_but_postgresql_refuses_is_a_422_not_a_500(
+    api, monkeypatch, error
+):
     """The last line behind the schemas: a gap in them shows as a 422 (and a warning), never a 500."""
+
     def refused(**kwargs):
         raise error
 

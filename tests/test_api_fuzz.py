@@ -45,18 +45,62 @@ ENDPOINTS = [
 # --- values --------------------------------------------------------------------------
 
 UNSTORABLE_TEXT = ["\x00", "a\x00b", "\ud800", "x\udfff", "\udbff\x00", "\x00" * 3]
-ODD_TEXT = ["", " ", "\n", "null", "NaN", "Infinity", "1e999", "-1", "0", "../..", "%00", "'; --", "\ufffd",
-            "\U0001f600", "\u202e", "a" * 300, "é" * 70]
-PLAUSIBLE_TEXT = ["noop3", "echo", "default", "done", "retry", "fail", "queued", "failed", "ok",
-                  "https://example.com/hook"]
-HUGE_NUMBERS = [1e30, 1e40, -1e30, 1e12, 999_999_999_999.999999, 10**20, -(10**20), 2**63, 2**31, -1, 0, 1,
-                0.1, 1e-12]
+ODD_TEXT = [
+    "",
+    " ",
+    "\n",
+    "null",
+    "NaN",
+    "Infinity",
+    "1e999",
+    "-1",
+    "0",
+    "../..",
+    "%00",
+    "'; --",
+    "\ufffd",
+    "\U0001f600",
+    "\u202e",
+    "a" * 300,
+    "é" * 70,
+]
+PLAUSIBLE_TEXT = [
+    "noop3",
+    "echo",
+    "default",
+    "done",
+    "retry",
+    "fail",
+    "queued",
+    "failed",
+    "ok",
+    "https://example.com/hook",
+]
+HUGE_NUMBERS = [
+    1e30,
+    1e40,
+    -1e30,
+    1e12,
+    999_999_999_999.999999,
+    10**20,
+    -(10**20),
+    2**63,
+    2**31,
+    -1,
+    0,
+    1,
+    0.1,
+    1e-12,
+]
 NOT_FINITE = [float("nan"), float("inf"), float("-inf")]
 
 texts = st.one_of(
     st.sampled_from(UNSTORABLE_TEXT),
     st.sampled_from(ODD_TEXT + PLAUSIBLE_TEXT),
-    st.text(alphabet=st.sampled_from(["\x00", "\ud800", "\udfff", "a", "é", "\U0001f600", "/", "%"]), max_size=12),
+    st.text(
+        alphabet=st.sampled_from(["\x00", "\ud800", "\udfff", "a", "é", "\U0001f600", "/", "%"]),
+        max_size=12,
+    ),
     st.text(max_size=20),
 )
 numbers = st.one_of(
@@ -116,7 +160,11 @@ def _resolve(schema: dict) -> dict:
 
 
 # Values that get a request past validation, so that the hostile value next to them reaches the database.
-PLAUSIBLE_BY_NAME = {"kind": ["noop3", "echo"], "queue": ["default"], "callback_url": ["https://example.com/hook"]}
+PLAUSIBLE_BY_NAME = {
+    "kind": ["noop3", "echo"],
+    "queue": ["default"],
+    "callback_url": ["https://example.com/hook"],
+}
 
 
 def field_values(name: str, prop: dict) -> st.SearchStrategy:
@@ -130,7 +178,9 @@ def field_values(name: str, prop: dict) -> st.SearchStrategy:
     elif kind == "string":
         own = texts
     elif kind == "integer":
-        own = st.integers(min_value=prop.get("minimum"), max_value=prop.get("maximum")) | st.sampled_from(HUGE_NUMBERS)
+        own = st.integers(
+            min_value=prop.get("minimum"), max_value=prop.get("maximum")
+        ) | st.sampled_from(HUGE_NUMBERS)
     elif kind == "number":
         own = numbers
     elif kind == "object":
@@ -147,7 +197,9 @@ def body_strategy(operation: dict) -> st.SearchStrategy:
     required = set(schema.get("required", []))
     return st.fixed_dictionaries(
         {name: field_values(name, prop) for name, prop in fields.items() if name in required},
-        optional={name: field_values(name, prop) for name, prop in fields.items() if name not in required},
+        optional={
+            name: field_values(name, prop) for name, prop in fields.items() if name not in required
+        },
     )
 
 
@@ -169,7 +221,11 @@ def world(tenant, api_key, settings, tmp_path):
     settings.MEDIA_ROOT = str(tmp_path)
     runs = run_states.one_of_each(tenant)
     artifact = Artifact.objects.create(
-        run=runs["failed"], name="notes.txt", content_type="text/plain", size=5, sha256="0" * 64,
+        run=runs["failed"],
+        name="notes.txt",
+        content_type="text/plain",
+        size=5,
+        sha256="0" * 64,
         file=ContentFile(b"hello", name="notes.txt"),
     )
     ids = [str(run.id) for run in runs.values()] + [str(artifact.pk)]
@@ -179,30 +235,48 @@ def world(tenant, api_key, settings, tmp_path):
 def request_for(method: str, path: str, operation: dict, ids: list[str]) -> st.SearchStrategy:
     # Mostly real runs (and the artifact), so that requests reach the runs' states.
     real = st.sampled_from(ids)
-    path_values = st.one_of(real, real, real, texts, st.integers(min_value=-(10**30), max_value=10**30).map(str))
+    path_values = st.one_of(
+        real, real, real, texts, st.integers(min_value=-(10**30), max_value=10**30).map(str)
+    )
     bodies = st.one_of(
         body_strategy(operation).map(to_json),
         body_strategy(operation).map(to_json),
         json_values.map(to_json),
-        st.sampled_from(["", "{", "not json", "[1, 2]", '"text"', "null", '{"a": 1e400}', "[" * 10_000]),
+        st.sampled_from(
+            ["", "{", "not json", "[1, 2]", '"text"', "null", '{"a": 1e400}', "[" * 10_000]
+        ),
         st.none(),
     )
-    query = st.fixed_dictionaries({}, optional={
-        **{p["name"]: field_values(p["name"], p.get("schema", {})).map(as_text) for p in params(operation, "query")},
-        "extra": texts,
-    })
-    headers = st.fixed_dictionaries({}, optional={
-        p["name"]: field_values(p["name"], p.get("schema", {})).map(as_text) for p in params(operation, "header")
-    })
-    return st.fixed_dictionaries({
-        "path": st.fixed_dictionaries({p["name"]: path_values for p in params(operation, "path")}),
-        "query": query,
-        "headers": headers,
-        "body": bodies,
-        # Mostly the tenant's real key, so requests get past authentication.
-        "auth": st.sampled_from(["key"] * 8 + ["none", "garbage"]),
-        "auth_garbage": texts,
-    })
+    query = st.fixed_dictionaries(
+        {},
+        optional={
+            **{
+                p["name"]: field_values(p["name"], p.get("schema", {})).map(as_text)
+                for p in params(operation, "query")
+            },
+            "extra": texts,
+        },
+    )
+    headers = st.fixed_dictionaries(
+        {},
+        optional={
+            p["name"]: field_values(p["name"], p.get("schema", {})).map(as_text)
+            for p in params(operation, "header")
+        },
+    )
+    return st.fixed_dictionaries(
+        {
+            "path": st.fixed_dictionaries(
+                {p["name"]: path_values for p in params(operation, "path")}
+            ),
+            "query": query,
+            "headers": headers,
+            "body": bodies,
+            # Mostly the tenant's real key, so requests get past authentication.
+            "auth": st.sampled_from(["key"] * 8 + ["none", "garbage"]),
+            "auth_garbage": texts,
+        }
+    )
 
 
 def send(method: str, path: str, drawn: dict, key: str):
@@ -229,18 +303,28 @@ def check(response, what: str) -> None:
     # and a close of our own would fire request_finished, which drops the test's connection.
     assert response.status_code < 500, f"{what} -> {response.status_code}"
     if 400 <= response.status_code < 500:
-        assert response["Content-Type"].startswith("application/json"), f"{what} -> {response['Content-Type']}"
+        assert response["Content-Type"].startswith("application/json"), (
+            f"{what} -> {response['Content-Type']}"
+        )
         content = b"".join(response.streaming_content) if response.streaming else response.content
         detail = json.loads(content).get("detail")
         assert isinstance(detail, str) and detail, f"{what} -> {content[:300]!r}"
 
 
-@pytest.mark.parametrize("method, path, operation", ENDPOINTS, ids=[f"{m} {p}" for m, p, _ in ENDPOINTS])
+@pytest.mark.parametrize(
+    "method, path, operation", ENDPOINTS, ids=[f"{m} {p}" for m, p, _ in ENDPOINTS]
+)
 def test_no_input_makes_an_endpoint_fail_with_a_server_error(world, method, path, operation):
     @hypothesis_settings(
-        max_examples=EXAMPLES_PER_ENDPOINT, deadline=None, database=None, derandomize=True,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                               HealthCheck.data_too_large],
+        max_examples=EXAMPLES_PER_ENDPOINT,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+        ],
     )
     @given(drawn=request_for(method, path, operation, world["ids"]))
     def fire(drawn):

@@ -37,8 +37,12 @@ def spent_today(tenant) -> Decimal:
 class TestDeadline:
     def test_a_run_that_uses_up_its_running_time_fails(self, tenant, tmp_path):
         log = str(tmp_path / "exec.log")
-        run = submit_run(tenant=tenant, kind="steps", input={"steps": 10, "log": log, "step_seconds": 0.4},
-                         deadline_seconds=1)
+        run = submit_run(
+            tenant=tenant,
+            kind="steps",
+            input={"steps": 10, "log": log, "step_seconds": 0.4},
+            deadline_seconds=1,
+        )
         burst_worker()
         run = fresh(run)
         assert (run.status, run.error_kind) == ("failed", "deadline")
@@ -58,7 +62,9 @@ class TestDeadline:
         time.sleep(1.1)
         reaper = Reaper()
         # Its worker is alive: the lease is fresh, so there is nothing to rescue...
-        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {claimed.lease_token: (False, False)}
+        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {
+            claimed.lease_token: (False, False)
+        }
         assert reaper.find_expired() == []
         # ...but the run is over its running time.
         assert [stale.run_id for stale in reaper.find_past_deadline()] == [run.pk]
@@ -69,14 +75,30 @@ class TestDeadline:
         assert (run.status, run.error_kind, run.lease_token) == ("failed", "deadline", None)
         assert run.running_seconds >= 1
         event = Event.objects.filter(run=run).latest("seq")
-        assert (event.type, event.actor_type, event.payload["reason"]) == ("run.failed", "system", "deadline")
+        assert (event.type, event.actor_type, event.payload["reason"]) == (
+            "run.failed",
+            "system",
+            "deadline",
+        )
         assert Tenant.objects.get(pk=tenant.pk).running == 0
         # The worker finds out at its next heartbeat or checkpoint, and writes nothing.
         assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {}
-        record = checkpoint.StepRecord(run_id=run.pk, token=claimed.lease_token, generation=1, seq=1, name="one",
-                                       kind="custom", input=None, started_at=datetime.now(UTC))
-        assert checkpoint.checkpoint(record, output=None, worker_id=stepper.worker.id, lease=60,
-                                     steps_total=None) is None
+        record = checkpoint.StepRecord(
+            run_id=run.pk,
+            token=claimed.lease_token,
+            generation=1,
+            seq=1,
+            name="one",
+            kind="custom",
+            input=None,
+            started_at=datetime.now(UTC),
+        )
+        assert (
+            checkpoint.checkpoint(
+                record, output=None, worker_id=stepper.worker.id, lease=60, steps_total=None
+            )
+            is None
+        )
         assert not Step.objects.filter(run=run).exists()
         assert_left_alone(run)
 
@@ -102,7 +124,12 @@ class TestStepLimits:
         assert "limit of 3 model calls" in run.error
         # Three model calls and the tool call after each; the fourth model call never starts.
         assert list(Step.objects.filter(run=run).values_list("name", "kind")) == [
-            ("model1", "llm"), ("tool1", "tool"), ("model2", "llm"), ("tool2", "tool"), ("model3", "llm"), ("tool3", "tool"),
+            ("model1", "llm"),
+            ("tool1", "tool"),
+            ("model2", "llm"),
+            ("tool2", "tool"),
+            ("model3", "llm"),
+            ("tool3", "tool"),
         ]
         assert [n["step"] for n in notes(log)] == ["model", "tool"] * 3
         assert_left_alone(run)
@@ -112,11 +139,20 @@ class TestMoney:
     def test_the_step_that_crosses_the_cost_ceiling_is_the_last(self, tenant, tmp_path):
         """30-cent steps under a 100-cent ceiling: four steps run, the run fails at 120."""
         log = str(tmp_path / "calls.log")
-        run = submit_run(tenant=tenant, kind="spender", input={"log": log, "steps": 10, "cents": 30},
-                         cost_ceiling_cents=100)
+        run = submit_run(
+            tenant=tenant,
+            kind="spender",
+            input={"log": log, "steps": 10, "cents": 30},
+            cost_ceiling_cents=100,
+        )
         burst_worker()
         run = fresh(run)
-        assert (run.status, run.error_kind, run.steps_done, run.cost_cents) == ("failed", "budget", 4, 120)
+        assert (run.status, run.error_kind, run.steps_done, run.cost_cents) == (
+            "failed",
+            "budget",
+            4,
+            120,
+        )
         assert "over its ceiling" in run.error
         assert list(Step.objects.filter(run=run).values_list("cost_cents", flat=True)) == [30] * 4
         assert len(notes(log)) == 4
@@ -125,22 +161,36 @@ class TestMoney:
 
     def test_money_spent_by_failed_executions_is_kept(self, tenant, tmp_path):
         log = str(tmp_path / "calls.log")
-        run = submit_run(tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 9, "cost_cents": 7},
-                         max_attempts=2)
+        run = submit_run(
+            tenant=tenant,
+            kind="flaky_call",
+            input={"log": log, "fail_times": 9, "cost_cents": 7},
+            max_attempts=2,
+        )
         [run] = drive([run])
         assert (run.status, run.error_kind, run.cost_cents) == ("failed", "retryable", 14)
         attempts = StepAttempt.objects.filter(run=run).order_by("attempt")
-        assert [(a.attempt, a.cost_cents, a.tokens_in) for a in attempts] == [(1, 7, 1000), (2, 7, 1000)]
+        assert [(a.attempt, a.cost_cents, a.tokens_in) for a in attempts] == [
+            (1, 7, 1000),
+            (2, 7, 1000),
+        ]
         call = Step.objects.get(run=run, name="call")
         assert (call.cost_cents, call.tokens_in, call.tokens_out) == (14, 2000, 40)
         assert spent_today(tenant) == 14
 
     @pytest.mark.parametrize("max_attempts", [1, 3])
-    def test_a_failed_execution_that_crosses_the_ceiling_ends_the_run_on_budget(self, tenant, tmp_path, max_attempts):
+    def test_a_failed_execution_that_crosses_the_ceiling_ends_the_run_on_budget(
+        self, tenant, tmp_path, max_attempts
+    ):
         """The money a failed call cost counts at once: no retry, and the run says why it stopped."""
         log = str(tmp_path / "calls.log")
-        run = submit_run(tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 9, "cost_cents": 150},
-                         cost_ceiling_cents=100, max_attempts=max_attempts)
+        run = submit_run(
+            tenant=tenant,
+            kind="flaky_call",
+            input={"log": log, "fail_times": 9, "cost_cents": 150},
+            cost_ceiling_cents=100,
+            max_attempts=max_attempts,
+        )
         [run] = drive([run])
         assert (run.status, run.error_kind, run.cost_cents) == ("failed", "budget", 150)
         assert run.attempt == 1
@@ -174,8 +224,10 @@ class TestMoney:
 
 def test_a_waiting_run_past_expires_at_is_failed_by_the_reaper(tenant, tmp_path):
     log = str(tmp_path / "send.log")
-    runs = [submit_run(tenant=tenant, kind="slow_call", input={"log": log, "explicit_ambiguous": True})
-            for _ in range(2)]
+    runs = [
+        submit_run(tenant=tenant, kind="slow_call", input={"log": log, "explicit_ambiguous": True})
+        for _ in range(2)
+    ]
     stepper = Stepper()
     assert [stepper.execute(claimed) for claimed in stepper.claim()] == ["waiting_human"] * 2
     stale, waiting = runs
@@ -186,6 +238,10 @@ def test_a_waiting_run_past_expires_at_is_failed_by_the_reaper(tenant, tmp_path)
     assert (stale.status, stale.error_kind) == ("failed", "expired")
     assert stale.finished_at is not None
     event = Event.objects.filter(run=stale).latest("seq")
-    assert (event.type, event.actor_type, event.payload["error_kind"]) == ("run.failed", "system", "expired")
+    assert (event.type, event.actor_type, event.payload["error_kind"]) == (
+        "run.failed",
+        "system",
+        "expired",
+    )
     assert fresh(waiting).status == "waiting_human"  # its expires_at is days away
     assert_left_alone(stale)

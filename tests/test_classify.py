@@ -43,9 +43,17 @@ ERROR_ANSWERS = {
 def completion(finish_reason: str, content: str) -> dict:
     """A chat completion as the OpenAI API sends it."""
     return {
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m",
-        "choices": [{"index": 0, "finish_reason": finish_reason,
-                     "message": {"role": "assistant", "content": content}}],
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish_reason,
+                "message": {"role": "assistant", "content": content},
+            }
+        ],
     }
 
 
@@ -152,7 +160,12 @@ def call_anthropic(url: str):
     client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
 
 
-CLIENTS = {"httpx": call_httpx, "requests": call_requests, "openai": call_openai, "anthropic": call_anthropic}
+CLIENTS = {
+    "httpx": call_httpx,
+    "requests": call_requests,
+    "openai": call_openai,
+    "anthropic": call_anthropic,
+}
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -173,7 +186,12 @@ CLIENTS = {"httpx": call_httpx, "requests": call_requests, "openai": call_openai
 def test_http_status(server, client, case, kind, uncertain, retry_after):
     c = classify(raised(lambda: CLIENTS[client](f"{server}/{case}")))
 
-    assert (c.kind, c.uncertain, c.status_code, c.retry_after) == (kind, uncertain, int(case), retry_after)
+    assert (c.kind, c.uncertain, c.status_code, c.retry_after) == (
+        kind,
+        uncertain,
+        int(case),
+        retry_after,
+    )
     assert c.reason == f"HTTP {case} from the callee ({kind})"
 
 
@@ -246,7 +264,9 @@ def test_unusable_model_answers_are_fatal(server, case, exc_type, says):
 
 def test_http_date_retry_after_is_honoured():
     later = format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True)
-    response = httpx.Response(503, headers={"Retry-After": later}, request=httpx.Request("GET", "http://x/"))
+    response = httpx.Response(
+        503, headers={"Retry-After": later}, request=httpx.Request("GET", "http://x/")
+    )
 
     c = classify(raised(response.raise_for_status))
 
@@ -256,7 +276,9 @@ def test_http_date_retry_after_is_honoured():
 
 @pytest.mark.parametrize("value", ["-5", "soon", "nan", ""])
 def test_unusable_retry_after_is_ignored(value):
-    response = httpx.Response(429, headers={"Retry-After": value}, request=httpx.Request("GET", "http://x/"))
+    response = httpx.Response(
+        429, headers={"Retry-After": value}, request=httpx.Request("GET", "http://x/")
+    )
 
     c = classify(raised(response.raise_for_status))
 
@@ -264,7 +286,9 @@ def test_unusable_retry_after_is_ignored(value):
 
 
 def test_a_huge_retry_after_is_capped():
-    response = httpx.Response(429, headers={"Retry-After": "1e12"}, request=httpx.Request("GET", "http://x/"))
+    response = httpx.Response(
+        429, headers={"Retry-After": "1e12"}, request=httpx.Request("GET", "http://x/")
+    )
 
     assert classify(raised(response.raise_for_status)).retry_after == 24 * 3600
 
@@ -315,7 +339,9 @@ def test_a_socket_timeout_is_retryable_but_uncertain(server):
     assert (c.kind, c.uncertain) == ("retryable", True)
 
 
-@pytest.mark.parametrize("exc", [ValueError("bad"), TypeError("bad"), KeyError("k"), json.JSONDecodeError("x", "", 0)])
+@pytest.mark.parametrize(
+    "exc", [ValueError("bad"), TypeError("bad"), KeyError("k"), json.JSONDecodeError("x", "", 0)]
+)
 def test_invalid_values_are_fatal(exc):
     assert classify(exc).kind == "fatal"
 
@@ -354,6 +380,13 @@ def test_a_connection_error_without_a_known_cause_is_uncertain():
 
 def test_the_classifier_imports_no_client_library():
     code = "import sys, workers.classify; print(sorted({'httpx', 'httpx2', 'requests', 'openai', 'anthropic'} & set(sys.modules)))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
     assert done.stdout.strip() == "[]"

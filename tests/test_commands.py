@@ -40,7 +40,9 @@ def test_createtenant_is_idempotent_and_createapikey_prints_the_secret_last(proc
 
 
 def http(method, url, key=None, body=None):
-    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None)
+    request = urllib.request.Request(
+        url, method=method, data=json.dumps(body).encode() if body else None
+    )
     request.add_header("Content-Type", "application/json")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
@@ -61,10 +63,15 @@ def test_up_serves_the_api_runs_a_worker_and_stops_on_ctrl_c(processes):
 
     wait_for(healthy, timeout=60, interval=0.2, message="the web server of `up`")
     key = wait_for(lambda: _printed_key(processes.output(up)), message="the printed API key")
-    status, body = http("POST", f"{base}/api/runs", key, {"kind": "research_brief", "input": {"topic": "Acme"}})
+    status, body = http(
+        "POST", f"{base}/api/runs", key, {"kind": "research_brief", "input": {"topic": "Acme"}}
+    )
     assert status == 202
-    wait_for(lambda: http("GET", f"{base}/api/runs/{body['id']}", key)[1]["status"] == "done", timeout=60,
-             message="the demo run to finish")
+    wait_for(
+        lambda: http("GET", f"{base}/api/runs/{body['id']}", key)[1]["status"] == "done",
+        timeout=60,
+        message="the demo run to finish",
+    )
     run = Run.objects.get(pk=body["id"])
     assert run.result["topic"] == "Acme"
     assert run.steps_done == run.steps_total == 7
@@ -73,12 +80,23 @@ def test_up_serves_the_api_runs_a_worker_and_stops_on_ctrl_c(processes):
     from runs.models import Membership
 
     task = pipeline_report.enqueue("demo")
-    wait_for(lambda: pipeline_report.get_result(task.id).is_finished, timeout=60, message="the task to run")
+    wait_for(
+        lambda: pipeline_report.get_result(task.id).is_finished,
+        timeout=60,
+        message="the task to run",
+    )
     # The demo leads are the demo tenant's (RUNS_EXAMPLES=1, as `make run` sets it).
     assert pipeline_report.get_result(task.id).return_value == {
-        "new": 1, "contacted": 1, "qualified": 0, "proposal": 1, "won": 0, "lost": 0}
-    assert set(Membership.objects.filter(user__username="demo").values_list("tenant__slug", flat=True)) == {
-        "demo", "tasks"}
+        "new": 1,
+        "contacted": 1,
+        "qualified": 0,
+        "proposal": 1,
+        "won": 0,
+        "lost": 0,
+    }
+    assert set(
+        Membership.objects.filter(user__username="demo").values_list("tenant__slug", flat=True)
+    ) == {"demo", "tasks"}
 
     up.send_signal(signal.SIGINT)
     assert up.wait(60) == 0, processes.output(up)

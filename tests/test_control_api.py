@@ -71,7 +71,9 @@ def test_cancel_of_a_run_that_is_not_running_is_immediate(tenant, ops, tmp_path,
     assert_events_consistent(run)
 
 
-@pytest.mark.parametrize("kind,status", [("echo", "done"), ("broken", "failed"), ("echo", "cancelled")])
+@pytest.mark.parametrize(
+    "kind,status", [("echo", "done"), ("broken", "failed"), ("echo", "cancelled")]
+)
 def test_cancel_of_a_finished_run_is_409_and_changes_nothing(tenant, ops, kind, status):
     run = submit_run(tenant=tenant, kind=kind, input={"text": "hi"} if kind == "echo" else {})
     if status == "cancelled":
@@ -136,7 +138,10 @@ def test_approve_with_a_comment_resumes_the_run_with_the_decision(tenant, ops, t
     log = str(tmp_path / "exec.log")
     run = approval_run(tenant, log)
     assert get(ops.client, run)["waiting_for"] == {
-        "type": "approval", "step": 2, "name": "update_crm", "proposal": {"fields": {"stage": "won"}},
+        "type": "approval",
+        "step": 2,
+        "name": "update_crm",
+        "proposal": {"fields": {"stage": "won"}},
     }
 
     response = act(ops.client, run, "approve", {"comment": "ship it", "step": 2})
@@ -228,7 +233,9 @@ def _race(*calls):
 
 def test_approve_racing_reject_exactly_one_wins(tenant, ops, tmp_path):
     log = str(tmp_path / "exec.log")
-    runs = [submit_run(tenant=tenant, kind="approve_then_act", input={"log": log}) for _ in range(6)]
+    runs = [
+        submit_run(tenant=tenant, kind="approve_then_act", input={"log": log}) for _ in range(6)
+    ]
     burst_worker()
     assert {fresh(run).status for run in runs} == {"waiting_human"}
 
@@ -251,7 +258,9 @@ def test_approve_racing_reject_exactly_one_wins(tenant, ops, tmp_path):
 
 def test_approve_racing_cancel_never_leaves_a_half_decided_run(tenant, ops, tmp_path):
     log = str(tmp_path / "exec.log")
-    runs = [submit_run(tenant=tenant, kind="approve_then_act", input={"log": log}) for _ in range(6)]
+    runs = [
+        submit_run(tenant=tenant, kind="approve_then_act", input={"log": log}) for _ in range(6)
+    ]
     burst_worker()
     assert {fresh(run).status for run in runs} == {"waiting_human"}
 
@@ -283,7 +292,9 @@ def test_approve_and_cancel_arriving_together_are_serialised(tenant, ops, tmp_pa
 
     def call(action):
         try:
-            answers[action] = act(ops.client, run, action, {"comment": "go"} if action == "approve" else None)
+            answers[action] = act(
+                ops.client, run, action, {"comment": "go"} if action == "approve" else None
+            )
         finally:
             connections.close_all()
 
@@ -292,7 +303,11 @@ def test_approve_and_cancel_arriving_together_are_serialised(tenant, ops, tmp_pa
         for n, action in enumerate(order, start=1):
             threads.append(threading.Thread(target=call, args=(action,)))
             threads[-1].start()
-            wait_for(lambda n=n: len(backends_waiting_on_locks()) == n, timeout=10, message=f"{action} to wait")
+            wait_for(
+                lambda n=n: len(backends_waiting_on_locks()) == n,
+                timeout=10,
+                message=f"{action} to wait",
+            )
     for thread in threads:
         thread.join(30)
 

@@ -50,14 +50,22 @@ def retried_by(run, client) -> dict:
 
 def priced(tenant, tmp_path, **input) -> tuple[Run, str]:
     log = str(tmp_path / "exec.log")
-    options = {k: input.pop(k) for k in ("max_attempts", "cost_ceiling_cents", "deadline_seconds") if k in input}
-    return submit_run(tenant=tenant, kind="priced_calls", input={"log": log, **input}, **options), log
+    options = {
+        k: input.pop(k)
+        for k in ("max_attempts", "cost_ceiling_cents", "deadline_seconds")
+        if k in input
+    }
+    return submit_run(
+        tenant=tenant, kind="priced_calls", input={"log": log, **input}, **options
+    ), log
 
 
 def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, ops, tmp_path):
     fail = tmp_path / "fail"
     fail.touch()
-    run, log = priced(tenant, tmp_path, fail_at=2, fail_file=str(fail), error="retryable", max_attempts=2)
+    run, log = priced(
+        tenant, tmp_path, fail_at=2, fail_file=str(fail), error="retryable", max_attempts=2
+    )
     run = work_until(run, "failed")
     assert (run.error_kind, run.failures, run.steps_done) == ("retryable", 2, 1)
     fail.unlink()
@@ -66,7 +74,12 @@ def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, ops, t
 
     assert response.status_code == 200, response.content
     body = response.json()
-    assert (body["status"], body["error"], body["error_kind"], body["finished_at"]) == ("queued", "", "", None)
+    assert (body["status"], body["error"], body["error_kind"], body["finished_at"]) == (
+        "queued",
+        "",
+        "",
+        None,
+    )
     assert fresh(run).failures == 0
     assert retried_by(run, ops) == {"from": "failed", "to": "queued", "from_step": None}
     run = work_until(run, "done")
@@ -112,9 +125,17 @@ def test_retry_from_step_n_re_executes_n_and_later_and_keeps_the_money(tenant, o
     assert sum(Step.objects.filter(run=run).values_list("cost_cents", flat=True)) == Decimal(60)
     # The first generation stays for the audit trail.
     assert list(Step.objects.filter(run=run, generation=1).values_list("seq", "status")) == [
-        (1, "done"), (2, "done"), (3, "done"), (4, "failed")]
+        (1, "done"),
+        (2, "done"),
+        (3, "done"),
+        (4, "failed"),
+    ]
     assert list(Step.objects.filter(run=run, generation=2).values_list("seq", "status")) == [
-        (1, "done"), (2, "done"), (3, "done"), (4, "done")]
+        (1, "done"),
+        (2, "done"),
+        (3, "done"),
+        (4, "done"),
+    ]
     assert_events_consistent(run)
 
 
@@ -185,7 +206,9 @@ def test_a_run_failed_on_its_deadline_needs_a_longer_one(tenant, ops, tmp_path):
 
 @pytest.mark.parametrize("state", ["queued", "done", "waiting"])
 def test_only_failed_or_cancelled_runs_can_be_retried(tenant, ops, state):
-    run = submit_run(tenant=tenant, kind="chat" if state == "waiting" else "echo", input={"text": "hi"})
+    run = submit_run(
+        tenant=tenant, kind="chat" if state == "waiting" else "echo", input={"text": "hi"}
+    )
     if state != "queued":
         burst_worker()
     before = fresh(run)

@@ -39,8 +39,11 @@ def test_a_key_without_runs_approve_cannot_decide_but_can_cancel(tenant, ops, tm
     approval = approval_run(tenant, str(tmp_path / "a.log"))
     ambiguous = ambiguous_run(tenant, str(tmp_path / "b.log"))
 
-    for run, action, body in [(approval, "approve", {}), (approval, "reject", {}),
-                              (ambiguous, "resolve", {"action": "done", "output": 1})]:
+    for run, action, body in [
+        (approval, "approve", {}),
+        (approval, "reject", {}),
+        (ambiguous, "resolve", {"action": "done", "output": 1}),
+    ]:
         before = fresh(run)
         response = act(writer.client, run, action, body)
         assert response.status_code == 403, (action, response.content)
@@ -61,7 +64,13 @@ def test_a_key_without_runs_write_cannot_control_runs(tenant, ops, tmp_path):
     burst_worker()
     paused = submit_run(tenant=tenant, kind="echo", input={"text": "later"})
     act(ops.client, paused, "pause")
-    cases = [(queued, "cancel"), (queued, "pause"), (paused, "resume"), (waiting, "messages"), (broken, "retry")]
+    cases = [
+        (queued, "cancel"),
+        (queued, "pause"),
+        (paused, "resume"),
+        (waiting, "messages"),
+        (broken, "retry"),
+    ]
 
     for run, action in cases:
         before = fresh(run)

@@ -30,7 +30,11 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MODULES = os.environ.get("AGENT_MODULES", "tests.agents") + ",tests.django_tasks,tests.agents_core"
-ENV = {"AGENT_MODULES": MODULES, "RUNS_BACKOFF_BASE_SECONDS": "0.05", "RUNS_BACKOFF_CAP_SECONDS": "0.2"}
+ENV = {
+    "AGENT_MODULES": MODULES,
+    "RUNS_BACKOFF_BASE_SECONDS": "0.05",
+    "RUNS_BACKOFF_CAP_SECONDS": "0.2",
+}
 
 
 def signals(path) -> list[dict]:
@@ -40,22 +44,31 @@ def signals(path) -> list[dict]:
 @pytest.mark.parametrize("how", list(agents_core.SHOWN_AS))
 def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_path, tenant, how):
     log = tmp_path / "signals"
-    worker = processes.worker("--poll", "0.1", "--concurrency", "1", TASK_SIGNAL_LOG=str(log), **ENV)
+    worker = processes.worker(
+        "--poll", "0.1", "--concurrency", "1", TASK_SIGNAL_LOG=str(log), **ENV
+    )
     in_task = agents_core.exits.enqueue(how)
     in_step = submit_run(tenant=tenant, kind="exits_in_step", input={"how": how})
     between = submit_run(tenant=tenant, kind="exits_between_steps", input={"how": how})
     ids = [UUID(in_task.id), in_step.pk, between.pk]
 
-    wait_for(lambda: Run.objects.filter(pk__in=ids, status="failed").count() == 3, timeout=60,
-             message=f"the three runs to fail\n{processes.output(worker)}")
+    wait_for(
+        lambda: Run.objects.filter(pk__in=ids, status="failed").count() == 3,
+        timeout=60,
+        message=f"the three runs to fail\n{processes.output(worker)}",
+    )
     shown = agents_core.SHOWN_AS[how]
     runs = {run.pk: run for run in Run.objects.filter(pk__in=ids)}
     for run in runs.values():
         # Failed for good on its first attempt: neither left running for the reaper nor retried.
         assert (run.attempt, run.error_kind, run.failures) == (1, "fatal", 0), run.error
-    assert runs[in_step.pk].error.startswith(f"step 2 (leave): {shown} raised by the step: "), runs[in_step.pk].error
+    assert runs[in_step.pk].error.startswith(f"step 2 (leave): {shown} raised by the step: "), runs[
+        in_step.pk
+    ].error
     assert "cannot stop the worker process" in runs[in_step.pk].error
-    assert runs[between.pk].error.startswith(f"{shown} raised by the kind's code between steps"), runs[between.pk].error
+    assert runs[between.pk].error.startswith(f"{shown} raised by the kind's code between steps"), (
+        runs[between.pk].error
+    )
     assert runs[UUID(in_task.id)].error.startswith(f"step 1 (exits): {shown} raised by the step")
     # The step's own record keeps the exception and where it was raised.
     [attempt] = StepAttempt.objects.filter(run_id=in_step.pk)
@@ -65,18 +78,25 @@ def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_
     result = agents_core.exits.get_result(in_task.id)
     assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
     [error] = result.errors
-    expected_class = "builtins.KeyboardInterrupt" if how == "KeyboardInterrupt" else "builtins.SystemExit"
+    expected_class = (
+        "builtins.KeyboardInterrupt" if how == "KeyboardInterrupt" else "builtins.SystemExit"
+    )
     assert error.exception_class_path == expected_class
-    wait_for(lambda: any(e["signal"] == "finished" and e["id"] == in_task.id for e in signals(log)),
-             message="task_finished")
+    wait_for(
+        lambda: any(e["signal"] == "finished" and e["id"] == in_task.id for e in signals(log)),
+        message="task_finished",
+    )
     [finished] = [e for e in signals(log) if e["signal"] == "finished" and e["id"] == in_task.id]
     assert finished["status"] == "FAILED" and finished["pid"] == worker.pid
 
     # The same process goes on: it runs the next task to the end.
     assert worker.poll() is None, processes.output(worker)
     after = tasks.add.enqueue(2, 3)
-    wait_for(lambda: tasks.add.get_result(after.id).status == TaskResultStatus.SUCCESSFUL, timeout=30,
-             message=f"the worker to run another task\n{processes.output(worker)}")
+    wait_for(
+        lambda: tasks.add.get_result(after.id).status == TaskResultStatus.SUCCESSFUL,
+        timeout=30,
+        message=f"the worker to run another task\n{processes.output(worker)}",
+    )
     assert worker.poll() is None
     assert "executor crashed" not in processes.output(worker)
 
@@ -93,7 +113,9 @@ def test_runs_enqueued_together_start_in_the_order_they_were_enqueued(processes,
     with transaction.atomic():
         enqueued = [note.enqueue(str(order), str(n)) for n in range(30)]
     runs = Run.objects.filter(pk__in=[result.id for result in enqueued])
-    assert len({(run.priority, run.run_after) for run in runs}) == 1  # nothing but the tie-break tells them apart
+    assert (
+        len({(run.priority, run.run_after) for run in runs}) == 1
+    )  # nothing but the tie-break tells them apart
     worker = processes.worker("--burst", "--poll", "0.1", "--concurrency", "1", **ENV)
     assert worker.wait(120) == 0, processes.output(worker)
     assert order.read_text().split() == [str(n) for n in range(30)]

@@ -25,7 +25,9 @@ from workers.worker import Worker, WorkerOptions
 
 HTMX = {"HX-Request": "true"}
 XSS = "<script>alert(1)</script>"
-VISIBLE_ONLY = "every 2s, visibilitychange from:document"  # paused on hidden tabs by static/js/poll.js
+VISIBLE_ONLY = (
+    "every 2s, visibilitychange from:document"  # paused on hidden tabs by static/js/poll.js
+)
 REPLY = {"customer": "ana@example.com", "order": "A-1001", "message": "My kettle arrived broken."}
 
 
@@ -58,9 +60,15 @@ def detail_url(run) -> str:
 def waiting_for_approval(tenant, proposal=None) -> Run:
     """Test setup only: a run whose second step waits for an approver, as ctx.approval leaves it."""
     run = submit_run(tenant=tenant, kind="approve_then_act", input={})
-    Step.objects.create(run=run, seq=1, name="draft", status="done", output={"fields": {"stage": "won"}})
     Step.objects.create(
-        run=run, seq=2, name="update_crm", kind="approval", status="waiting",
+        run=run, seq=1, name="draft", status="done", output={"fields": {"stage": "won"}}
+    )
+    Step.objects.create(
+        run=run,
+        seq=2,
+        name="update_crm",
+        kind="approval",
+        status="waiting",
         input={"proposal": proposal if proposal is not None else {"fields": {"stage": "won"}}},
     )
     return force_status(run, "waiting_human", steps_done=1, current_step="update_crm", attempt=1)
@@ -83,7 +91,9 @@ def test_anonymous_user_is_redirected_to_login(client, path):
 
 
 @pytest.mark.django_db
-def test_a_poll_from_an_ended_session_reloads_the_page_instead_of_swapping_in_the_login_form(client):
+def test_a_poll_from_an_ended_session_reloads_the_page_instead_of_swapping_in_the_login_form(
+    client,
+):
     for path in ("/", f"/runs/{uuid.uuid4()}/?state=x&seen=y"):
         response = client.get(path, headers=HTMX)
 
@@ -259,12 +269,39 @@ def _controls(html: str) -> dict[str, bool]:
 @pytest.mark.parametrize(
     "role, expected",
     [
-        ("viewer", {"cancel": False, "pause": False, "approve": False, "reject": False, "message": False,
-                    "new_run": False}),
-        ("operator", {"cancel": True, "pause": False, "approve": False, "reject": False, "message": True,
-                      "new_run": True}),
-        ("approver", {"cancel": True, "pause": False, "approve": True, "reject": True, "message": True,
-                      "new_run": True}),
+        (
+            "viewer",
+            {
+                "cancel": False,
+                "pause": False,
+                "approve": False,
+                "reject": False,
+                "message": False,
+                "new_run": False,
+            },
+        ),
+        (
+            "operator",
+            {
+                "cancel": True,
+                "pause": False,
+                "approve": False,
+                "reject": False,
+                "message": True,
+                "new_run": True,
+            },
+        ),
+        (
+            "approver",
+            {
+                "cancel": True,
+                "pause": False,
+                "approve": True,
+                "reject": True,
+                "message": True,
+                "new_run": True,
+            },
+        ),
     ],
 )
 def test_the_buttons_of_a_waiting_approval_follow_the_role(role, expected):
@@ -299,7 +336,9 @@ def test_a_forged_post_from_a_viewer_is_refused_and_changes_nothing(action):
     assert "does not allow you to" in response.content.decode()
     after = fresh(run)
     assert (after.status, after.last_event_seq, after.cancel_requested_at) == (
-        before.status, before.last_event_seq, before.cancel_requested_at
+        before.status,
+        before.last_event_seq,
+        before.cancel_requested_at,
     )
     assert not Message.objects.filter(run=run).exists()
     assert Step.objects.get(run=run, seq=2).status == "waiting"
@@ -338,7 +377,9 @@ def test_posts_without_a_csrf_token_are_refused(member):
     # Every form on the page carries the token.
     html = client.get(detail_url(run)).content.decode()
     # (the confirmation dialog's form only closes the dialog: method="dialog" posts nothing)
-    assert html.count("<form") - html.count('<form method="dialog"') == html.count('name="csrfmiddlewaretoken"')
+    assert html.count("<form") - html.count('<form method="dialog"') == html.count(
+        'name="csrfmiddlewaretoken"'
+    )
 
 
 @pytest.mark.django_db
@@ -362,7 +403,11 @@ def test_an_operator_cancels_a_queued_run(member_client, member):
     assert flashes(response) == ["Run cancelled."]
     assert fresh(run).status == "cancelled"
     event = Event.objects.filter(run=run).order_by("-seq").first()
-    assert (event.type, event.actor_type, event.actor_id) == ("run.cancelled", "user", str(member.user.pk))
+    assert (event.type, event.actor_type, event.actor_id) == (
+        "run.cancelled",
+        "user",
+        str(member.user.pk),
+    )
     html = response.content.decode()
     assert 'data-testid="status">Cancelled</span>' in html
     assert ">Retry</button>" in html and ">Cancel run</button>" not in html
@@ -370,7 +415,9 @@ def test_an_operator_cancels_a_queued_run(member_client, member):
 
 @pytest.mark.django_db
 def test_cancelling_a_running_run_is_a_request_the_page_shows(member_client, member):
-    run = force_status(submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "running")
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "running"
+    )
 
     response = member_client.post(detail_url(run) + "cancel/", {"confirmed": "1"}, follow=True)
 
@@ -400,7 +447,9 @@ def test_pause_and_resume_a_queued_run(member_client, member):
 @pytest.mark.django_db
 def test_an_action_the_state_no_longer_allows_is_reported_not_forced(member_client, member):
     run = force_status(
-        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "done", finished_at=timezone.now()
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}),
+        "done",
+        finished_at=timezone.now(),
     )
 
     response = member_client.post(detail_url(run) + "cancel/", {"confirmed": "1"}, follow=True)
@@ -415,8 +464,11 @@ def test_an_action_the_state_no_longer_allows_is_reported_not_forced(member_clie
 @pytest.mark.django_db
 def test_retry_a_failed_run(member_client, member):
     run = force_status(
-        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "failed",
-        finished_at=timezone.now(), error="boom", error_kind="fatal",
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}),
+        "failed",
+        finished_at=timezone.now(),
+        error="boom",
+        error_kind="fatal",
     )
 
     response = member_client.post(detail_url(run) + "retry/", follow=True)
@@ -428,8 +480,12 @@ def test_retry_a_failed_run(member_client, member):
 @pytest.mark.django_db
 def test_retrying_a_run_that_hit_its_deadline_asks_for_a_larger_one(member_client, member):
     run = force_status(
-        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "failed",
-        finished_at=timezone.now(), error="out of time", error_kind="deadline", running_seconds=60,
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}),
+        "failed",
+        finished_at=timezone.now(),
+        error="out of time",
+        error_kind="deadline",
+        running_seconds=60,
         deadline_seconds=60,
     )
     html = member_client.get(detail_url(run)).content.decode()
@@ -440,7 +496,9 @@ def test_retrying_a_run_that_hit_its_deadline_asks_for_a_larger_one(member_clien
     assert "retry with a larger deadline_seconds" in flashes(response)[0]
     assert fresh(run).status == "failed"
 
-    response = member_client.post(detail_url(run) + "retry/", {"deadline_seconds": "600"}, follow=True)
+    response = member_client.post(
+        detail_url(run) + "retry/", {"deadline_seconds": "600"}, follow=True
+    )
     assert flashes(response) == ["Run queued again."]
     assert fresh(run).deadline_seconds == 600
 
@@ -448,14 +506,19 @@ def test_retrying_a_run_that_hit_its_deadline_asks_for_a_larger_one(member_clien
 @pytest.mark.django_db
 def test_retry_from_a_step_out_of_range_is_an_inline_error(member_client, member):
     run = force_status(
-        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "failed",
-        finished_at=timezone.now(), error="boom", error_kind="fatal",
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}),
+        "failed",
+        finished_at=timezone.now(),
+        error="boom",
+        error_kind="fatal",
     )
 
     response = member_client.post(detail_url(run) + "retry/", {"from_step": "7"})
 
     assert response.status_code == 422
-    assert '<p class="field-error">from_step must be between 1 and 1</p>' in response.content.decode()
+    assert (
+        '<p class="field-error">from_step must be between 1 and 1</p>' in response.content.decode()
+    )
     assert fresh(run).status == "failed"
 
 
@@ -466,7 +529,9 @@ def test_an_approver_approves_with_a_comment():
     html = client.get(detail_url(run)).content.decode()
     assert '<input type="hidden" name="step" value="2"' in html
 
-    response = client.post(detail_url(run) + "approve/", {"comment": "looks right", "step": "2"}, follow=True)
+    response = client.post(
+        detail_url(run) + "approve/", {"comment": "looks right", "step": "2"}, follow=True
+    )
 
     assert flashes(response) == ["Approved: the run continues."]
     assert fresh(run).status == "queued"
@@ -482,7 +547,9 @@ def test_an_approver_rejects():
     client, membership = login("approver")
     run = waiting_for_approval(membership.tenant)
 
-    response = client.post(detail_url(run) + "reject/", {"comment": "no", "step": "2", "confirmed": "1"}, follow=True)
+    response = client.post(
+        detail_url(run) + "reject/", {"comment": "no", "step": "2", "confirmed": "1"}, follow=True
+    )
 
     assert flashes(response) == ["Rejected: the run continues without it."]
     assert Step.objects.get(run=run, seq=2).output["approved"] is False
@@ -512,8 +579,9 @@ def test_an_approver_resolves_an_ambiguous_step():
     assert "Enter a valid JSON." in bad.content.decode()
     assert fresh(run).status == "waiting_human"
 
-    response = client.post(detail_url(run) + "resolve/", {"action": "done", "output": '{"charged": 42}'},
-                           follow=True)
+    response = client.post(
+        detail_url(run) + "resolve/", {"action": "done", "output": '{"charged": 42}'}, follow=True
+    )
     assert flashes(response) == ["Marked done: the run continues."]
     assert fresh(run).status == "queued"
     assert Step.objects.get(run=run, seq=1).output == {"charged": 42}
@@ -521,11 +589,15 @@ def test_an_approver_resolves_an_ambiguous_step():
 
 @pytest.mark.django_db
 def test_a_message_is_posted_into_a_live_run_and_listed_escaped(member_client, member):
-    run = force_status(submit_run(tenant=member.tenant, kind="chat", input={}), "waiting", attempt=1)
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="chat", input={}), "waiting", attempt=1
+    )
     html = member_client.get(detail_url(run)).content.decode()
     assert "The run waits for a message: write one below." in html
 
-    response = member_client.post(detail_url(run) + "messages/", {"text": f"hello {XSS}"}, follow=True)
+    response = member_client.post(
+        detail_url(run) + "messages/", {"text": f"hello {XSS}"}, follow=True
+    )
 
     assert flashes(response) == ["Message sent."]
     assert Message.objects.get(run=run).text == f"hello {XSS}"
@@ -564,11 +636,17 @@ def test_the_form_is_built_from_the_kinds_schema(member_client):
     html = member_client.get("/runs/new/?kind=support_reply").content.decode()
 
     assert '<input type="text" name="input-customer" maxlength="120" minlength="3" required' in html
-    assert '<textarea name="input-message" cols="40" rows="3" maxlength="2000" minlength="1" required' in html
+    assert (
+        '<textarea name="input-message" cols="40" rows="3" maxlength="2000" minlength="1" required'
+        in html
+    )
     assert '<select name="input-tone" id="id_input-tone">' in html
     assert '<option value="friendly" selected>friendly</option>' in html
     assert '<option value="formal">formal</option>' in html
-    assert '<input type="number" name="input-refund_limit_eur" value="50" min="0" max="500" step="any"' in html
+    assert (
+        '<input type="number" name="input-refund_limit_eur" value="50" min="0" max="500" step="any"'
+        in html
+    )
     assert '<input type="number" name="input-drafts" value="1" min="1" max="3"' in html
     assert '<input type="checkbox" name="input-urgent"' in html
     assert "The most the agent may offer back" in html  # the field's description
@@ -577,9 +655,16 @@ def test_the_form_is_built_from_the_kinds_schema(member_client):
 
 @pytest.mark.django_db
 def test_submitting_the_form_creates_the_run_and_opens_its_page(member_client, member):
-    data = {"input-customer": "ana@example.com", "input-order": "A-1001", "input-message": "Broken kettle",
-            "input-tone": "formal", "input-refund_limit_eur": "20.5", "input-drafts": "2",
-            "input-urgent": "on", "idempotency_key": "form-1"}
+    data = {
+        "input-customer": "ana@example.com",
+        "input-order": "A-1001",
+        "input-message": "Broken kettle",
+        "input-tone": "formal",
+        "input-refund_limit_eur": "20.5",
+        "input-drafts": "2",
+        "input-urgent": "on",
+        "idempotency_key": "form-1",
+    }
 
     response = member_client.post("/runs/new/?kind=support_reply", data)
 
@@ -587,8 +672,15 @@ def test_submitting_the_form_creates_the_run_and_opens_its_page(member_client, m
     assert response.status_code == 302
     assert response["Location"] == detail_url(run)
     assert run.kind == "support_reply"
-    assert run.input == {"customer": "ana@example.com", "order": "A-1001", "message": "Broken kettle",
-                         "tone": "formal", "refund_limit_eur": 20.5, "drafts": 2, "urgent": True}
+    assert run.input == {
+        "customer": "ana@example.com",
+        "order": "A-1001",
+        "message": "Broken kettle",
+        "tone": "formal",
+        "refund_limit_eur": 20.5,
+        "drafts": 2,
+        "urgent": True,
+    }
     event = Event.objects.get(run=run, seq=1)
     assert (event.actor_type, event.actor_id) == ("user", str(member.user.pk))
     assert flashes(member_client.get(response["Location"])) == ["Run submitted."]
@@ -602,31 +694,52 @@ def test_submitting_the_form_creates_the_run_and_opens_its_page(member_client, m
 
 @pytest.mark.django_db
 def test_blank_optional_fields_take_the_kinds_defaults(member_client, member):
-    data = {"input-customer": "ana@example.com", "input-order": "A-1001", "input-message": "Hi",
-            "input-tone": "friendly", "input-refund_limit_eur": "", "input-drafts": ""}
+    data = {
+        "input-customer": "ana@example.com",
+        "input-order": "A-1001",
+        "input-message": "Hi",
+        "input-tone": "friendly",
+        "input-refund_limit_eur": "",
+        "input-drafts": "",
+    }
 
     assert member_client.post("/runs/new/?kind=support_reply", data).status_code == 302
 
     assert Run.objects.get(tenant=member.tenant).input == {
-        "customer": "ana@example.com", "order": "A-1001", "message": "Hi", "tone": "friendly",
-        "refund_limit_eur": 50.0, "drafts": 1, "urgent": False,
+        "customer": "ana@example.com",
+        "order": "A-1001",
+        "message": "Hi",
+        "tone": "friendly",
+        "refund_limit_eur": 50.0,
+        "drafts": 1,
+        "urgent": False,
     }
 
 
 @pytest.mark.django_db
 def test_validation_errors_are_shown_next_to_their_fields(member_client, member):
-    data = {"input-customer": "ana.example.com", "input-order": "A-1001", "input-message": "",
-            "input-tone": "rude", "input-drafts": "9", "input-refund_limit_eur": "10"}
+    data = {
+        "input-customer": "ana.example.com",
+        "input-order": "A-1001",
+        "input-message": "",
+        "input-tone": "rude",
+        "input-drafts": "9",
+        "input-refund_limit_eur": "10",
+    }
 
     response = member_client.post("/runs/new/?kind=support_reply", data)
 
     assert response.status_code == 422
     html = response.content.decode()
     assert '<p class="field-error" data-testid="error-message">This field is required.</p>' in html
-    assert ('<p class="field-error" data-testid="error-tone">Select a valid choice. rude is not one of the'
-            ' available choices.</p>') in html
-    assert ('<p class="field-error" data-testid="error-drafts">Ensure this value is less than or equal to 3.</p>'
-            in html)
+    assert (
+        '<p class="field-error" data-testid="error-tone">Select a valid choice. rude is not one of the'
+        " available choices.</p>"
+    ) in html
+    assert (
+        '<p class="field-error" data-testid="error-drafts">Ensure this value is less than or equal to 3.</p>'
+        in html
+    )
     # What the user typed is kept.
     assert 'value="ana.example.com"' in html
     assert not Run.objects.exists()
@@ -635,8 +748,10 @@ def test_validation_errors_are_shown_next_to_their_fields(member_client, member)
     data.update({"input-message": "Hi", "input-tone": "friendly", "input-drafts": "1"})
     response = member_client.post("/runs/new/?kind=support_reply", data)
     assert response.status_code == 422
-    assert ('<p class="field-error" data-testid="error-customer">Value error, must be an email address, like'
-            ' ana@example.com</p>') in response.content.decode()
+    assert (
+        '<p class="field-error" data-testid="error-customer">Value error, must be an email address, like'
+        " ana@example.com</p>"
+    ) in response.content.decode()
     assert not Run.objects.exists()
 
 
@@ -693,18 +808,37 @@ def test_the_form_builder_covers_the_json_schema_types():
         },
         "required": ["name", "colour", "limit"],
     }
-    form = KindInputForm(schema, {"input-name": "x", "input-count": "4", "input-ratio": "0.75",
-                                  "input-colour": "blue", "input-size": "3", "input-limit": "",
-                                  "input-tags": '["a"]'})
+    form = KindInputForm(
+        schema,
+        {
+            "input-name": "x",
+            "input-count": "4",
+            "input-ratio": "0.75",
+            "input-colour": "blue",
+            "input-size": "3",
+            "input-limit": "",
+            "input-tags": '["a"]',
+        },
+    )
 
     assert form.is_valid(), form.errors
-    assert form.input_data() == {"name": "x", "count": 4, "ratio": 0.75, "ok": False, "colour": "blue",
-                                 "size": 3, "limit": None, "tags": ["a"]}
+    assert form.input_data() == {
+        "name": "x",
+        "count": 4,
+        "ratio": 0.75,
+        "ok": False,
+        "colour": "blue",
+        "size": 3,
+        "limit": None,
+        "tags": ["a"],
+    }
     assert form.fields["count"].min_value == 1 and form.fields["count"].max_value == 9
     assert form.fields["name"].required and not form.fields["note"].required
 
-    invalid = KindInputForm(schema, {"input-name": "", "input-count": "0", "input-ratio": "0.1",
-                                     "input-colour": "green"})
+    invalid = KindInputForm(
+        schema,
+        {"input-name": "", "input-count": "0", "input-ratio": "0.1", "input-colour": "green"},
+    )
     assert not invalid.is_valid()
     assert set(invalid.errors) == {"name", "count", "ratio", "colour"}
 
@@ -716,8 +850,13 @@ def test_the_form_builder_covers_the_json_schema_types():
 def test_the_list_filters_by_status_and_kind_and_searches_by_id(member_client, member):
     echo = submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"})
     steps = submit_run(tenant=member.tenant, kind="steps", input={"steps": 2})
-    failed = force_status(submit_run(tenant=member.tenant, kind="echo", input={"text": "x"}), "failed",
-                          finished_at=timezone.now(), error="boom", error_kind="fatal")
+    failed = force_status(
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "x"}),
+        "failed",
+        finished_at=timezone.now(),
+        error="boom",
+        error_kind="fatal",
+    )
 
     def shown(query: str) -> set:
         html = member_client.get("/" + query).content.decode()
@@ -742,7 +881,9 @@ def test_the_list_filters_by_status_and_kind_and_searches_by_id(member_client, m
 @pytest.mark.django_db
 def test_the_list_pages_with_a_keyset_cursor_keeping_the_filters(member_client, member):
     base = timezone.now()
-    runs = [submit_run(tenant=member.tenant, kind="echo", input={"text": str(i)}) for i in range(53)]
+    runs = [
+        submit_run(tenant=member.tenant, kind="echo", input={"text": str(i)}) for i in range(53)
+    ]
     for i, run in enumerate(runs):
         Run.objects.filter(pk=run.pk).update(created_at=base - timedelta(seconds=i))
 
@@ -751,7 +892,10 @@ def test_the_list_pages_with_a_keyset_cursor_keeping_the_filters(member_client, 
     assert [r.id for r in page.items] == [r.id for r in runs[:50]]
     next_url = first.context["next_url"]
     assert next_url.startswith("?kind=echo&cursor=")
-    assert f'<a href="{next_url.replace("&", "&amp;")}" rel="next">Older runs →</a>' in first.content.decode()
+    assert (
+        f'<a href="{next_url.replace("&", "&amp;")}" rel="next">Older runs →</a>'
+        in first.content.decode()
+    )
 
     second = member_client.get("/" + next_url)
     assert [r.id for r in second.context["page"].items] == [r.id for r in runs[50:]]
@@ -764,10 +908,14 @@ def test_the_list_pages_with_a_keyset_cursor_keeping_the_filters(member_client, 
 
 @pytest.mark.django_db
 def test_keyset_pages_split_runs_created_in_the_same_instant_exactly_once(member_client, member):
-    runs = [submit_run(tenant=member.tenant, kind="echo", input={"text": str(i)}) for i in range(120)]
+    runs = [
+        submit_run(tenant=member.tenant, kind="echo", input={"text": str(i)}) for i in range(120)
+    ]
     same = timezone.now()
     Run.objects.filter(pk__in=[r.pk for r in runs[:70]]).update(created_at=same)
-    Run.objects.filter(pk__in=[r.pk for r in runs[70:]]).update(created_at=same - timedelta(seconds=1))
+    Run.objects.filter(pk__in=[r.pk for r in runs[70:]]).update(
+        created_at=same - timedelta(seconds=1)
+    )
 
     seen, url = [], "/"
     while url:
@@ -796,8 +944,13 @@ def test_approvers_see_how_many_runs_wait_for_them():
 
 @pytest.mark.django_db
 def test_the_list_polls_while_a_run_on_it_is_unfinished(member_client, member):
-    run = force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 4}), "running",
-                       current_step="step2", steps_done=1, steps_total=4)
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 4}),
+        "running",
+        current_step="step2",
+        steps_done=1,
+        steps_total=4,
+    )
 
     html = member_client.get("/?kind=steps").content.decode()
     assert 'hx-get="/?kind=steps"' in html
@@ -839,8 +992,16 @@ def test_list_page_query_count_is_pinned(django_assert_num_queries):
 @pytest.mark.django_db
 def test_run_page_shows_status_progress_elapsed_attempt_and_cost(member_client, member):
     run = submit_run(tenant=member.tenant, kind="steps", input={"steps": 4}, cost_ceiling_cents=50)
-    force_status(run, "running", current_step="step2", steps_done=1, steps_total=4, attempt=1,
-                 started_at=timezone.now() - timedelta(seconds=75), cost_cents=Decimal("12.5"))
+    force_status(
+        run,
+        "running",
+        current_step="step2",
+        steps_done=1,
+        steps_total=4,
+        attempt=1,
+        started_at=timezone.now() - timedelta(seconds=75),
+        cost_cents=Decimal("12.5"),
+    )
 
     response = member_client.get(detail_url(run))
 
@@ -851,14 +1012,21 @@ def test_run_page_shows_status_progress_elapsed_attempt_and_cost(member_client, 
     assert '<dd data-testid="current-step">step2</dd>' in html
     assert '<dd data-testid="steps-done">1 of 4</dd>' in html
     assert '<progress class="progress-running" max="4" value="1"' in html
-    assert re.search(r'<dd data-testid="elapsed">1 min 1\d s</dd>', html)  # 75 s, and a slow machine's more
+    assert re.search(
+        r'<dd data-testid="elapsed">1 min 1\d s</dd>', html
+    )  # 75 s, and a slow machine's more
     # A first attempt is no failure: the retry budget shows only once something failed.
     assert 'data-testid="failed-tries"' not in html and "Attempt" not in html
-    assert '<dd data-testid="cost">12.5¢ of 50¢ ceiling<meter min="0" max="100" low="70" high="90" optimum="0"' \
+    assert (
+        '<dd data-testid="cost">12.5¢ of 50¢ ceiling<meter min="0" max="100" low="70" high="90" optimum="0"'
         ' value="25"' in html
+    )
     # While the run can still change, the progress section polls itself, only while the tab is visible.
     state, seen = presenters.controls_version(fresh(run)), presenters.timeline_version(fresh(run))
-    assert f'hx-get="{detail_url(run)}?state={state}&amp;seen={seen}" hx-trigger="{VISIBLE_ONLY}' in html
+    assert (
+        f'hx-get="{detail_url(run)}?state={state}&amp;seen={seen}" hx-trigger="{VISIBLE_ONLY}'
+        in html
+    )
     assert "<html" in html and "← All runs" in html
 
 
@@ -937,8 +1105,12 @@ def _poll(client, run, *, state=None, seen=None):
 
 @pytest.mark.django_db
 def test_a_poll_refreshes_controls_and_timeline_only_when_they_changed(member_client, member):
-    run = force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}), "running",
-                       current_step="step1", steps_total=3)
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}),
+        "running",
+        current_step="step1",
+        steps_total=3,
+    )
 
     quiet = _poll(member_client, run).content.decode()
     assert 'id="controls"' not in quiet and 'id="work"' not in quiet
@@ -956,8 +1128,12 @@ def test_a_poll_refreshes_controls_and_timeline_only_when_they_changed(member_cl
 @pytest.mark.django_db
 def test_polled_partial_query_counts_are_pinned(django_assert_num_queries):
     client, membership = login("approver")
-    run = force_status(submit_run(tenant=membership.tenant, kind="steps", input={"steps": 3}), "running",
-                       current_step="step1", steps_total=3)
+    run = force_status(
+        submit_run(tenant=membership.tenant, kind="steps", input={"steps": 3}),
+        "running",
+        current_step="step1",
+        steps_total=3,
+    )
     Step.objects.create(run=run, seq=1, name="step1", status="running")
     run = fresh(run)
 
@@ -987,17 +1163,38 @@ def test_the_step_timeline_shows_kind_duration_tokens_cost_payloads_and_artifact
     member_client, member, settings, tmp_path
 ):
     settings.MEDIA_ROOT = str(tmp_path)
-    run = force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}), "running",
-                       current_step="search")
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}),
+        "running",
+        current_step="search",
+    )
     started = timezone.now() - timedelta(seconds=3)
     step = Step.objects.create(
-        run=run, seq=1, name="plan", kind="llm", status="done", input={"args": ["acme"]},
-        output={"plan": ["search", XSS]}, tokens_in=1200, tokens_out=340, cost_cents=Decimal("0.0384"),
-        started_at=started, ended_at=started + timedelta(seconds=2.5),
+        run=run,
+        seq=1,
+        name="plan",
+        kind="llm",
+        status="done",
+        input={"args": ["acme"]},
+        output={"plan": ["search", XSS]},
+        tokens_in=1200,
+        tokens_out=340,
+        cost_cents=Decimal("0.0384"),
+        started_at=started,
+        ended_at=started + timedelta(seconds=2.5),
     )
-    Step.objects.create(run=run, seq=2, name="search", kind="tool", status="running", started_at=started)
-    artifact = Artifact(run=run, step=step, name="page.html", content_type="text/html", size=12, sha256="0" * 64,
-                        summary="the fetched page")
+    Step.objects.create(
+        run=run, seq=2, name="search", kind="tool", status="running", started_at=started
+    )
+    artifact = Artifact(
+        run=run,
+        step=step,
+        name="page.html",
+        content_type="text/html",
+        size=12,
+        sha256="0" * 64,
+        summary="the fetched page",
+    )
     artifact.file.save("page.html", ContentFile(b"<script>x</script>"), save=True)
 
     html = member_client.get(detail_url(run)).content.decode()
@@ -1007,7 +1204,10 @@ def test_the_step_timeline_shows_kind_duration_tokens_cost_payloads_and_artifact
     assert "<span>2.5 s</span>" in html
     assert "<span>1200 in · 340 out tokens</span>" in html
     assert "<span>0.038¢</span>" in html  # two significant digits under a cent
-    assert "<details><summary>Input</summary><pre tabindex=\"0\">{\n  &quot;args&quot;: [\n    &quot;acme&quot;" in html
+    assert (
+        '<details><summary>Input</summary><pre tabindex="0">{\n  &quot;args&quot;: [\n    &quot;acme&quot;'
+        in html
+    )
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and XSS not in html
     link = f"/runs/{run.id}/artifacts/{artifact.pk}/"
     assert f'<a href="{link}" download>page.html</a>' in html
@@ -1132,7 +1332,9 @@ def test_html_in_an_error_and_in_a_step_name_is_escaped(member_client, member):
 @pytest.mark.django_db
 def test_html_in_a_proposal_is_shown_as_text_to_the_approver():
     client, membership = login("approver")
-    run = waiting_for_approval(membership.tenant, proposal={"body": XSS, "<b>key</b>": "<img src=x onerror=1>"})
+    run = waiting_for_approval(
+        membership.tenant, proposal={"body": XSS, "<b>key</b>": "<img src=x onerror=1>"}
+    )
 
     for response in (client.get(detail_url(run)), _poll(client, run, state="old")):
         html = response.content.decode()
@@ -1143,8 +1345,16 @@ def test_html_in_a_proposal_is_shown_as_text_to_the_approver():
 
 def test_presenters_word_money_and_durations():
     assert [presenters.money(c) for c in (0, Decimal("0.004"), Decimal("2.345"), 1240, None)] == [
-        "0¢", "0.004¢", "2.35¢", "$12.40", "—"
+        "0¢",
+        "0.004¢",
+        "2.35¢",
+        "$12.40",
+        "—",
     ]
     assert [presenters.duration(s) for s in (0.42, 12, 185, 7380, None)] == [
-        "0.4 s", "12 s", "3 min 05 s", "2 h 03 min", "—"
+        "0.4 s",
+        "12 s",
+        "3 min 05 s",
+        "2 h 03 min",
+        "—",
     ]

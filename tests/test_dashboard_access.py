@@ -37,14 +37,26 @@ ACTIONS = {
     "cancel": ("queued", {}),
     "retry": ("failed", {}),
 }
-PERMISSION_OF = {"approve": "approve_run", "reject": "approve_run", "resolve": "resolve_run",
-                 "cancel": "cancel_run", "retry": "retry_run"}
+PERMISSION_OF = {
+    "approve": "approve_run",
+    "reject": "approve_run",
+    "resolve": "resolve_run",
+    "cancel": "cancel_run",
+    "retry": "retry_run",
+}
 
 
-def member(role: str = Membership.Role.VIEWER, *, staff: bool = False, superuser: bool = False,
-           permissions: tuple[str, ...] = ()) -> tuple[Client, Membership]:
+def member(
+    role: str = Membership.Role.VIEWER,
+    *,
+    staff: bool = False,
+    superuser: bool = False,
+    permissions: tuple[str, ...] = (),
+) -> tuple[Client, Membership]:
     user = UserFactory(is_staff=staff, is_superuser=superuser)
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="runs", codename__in=permissions))
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="runs", codename__in=permissions)
+    )
     membership = MembershipFactory(user=user, role=role)
     client = Client()
     client.force_login(user)
@@ -73,7 +85,9 @@ def test_a_staff_viewer_without_the_permission_is_refused_and_sees_no_button(act
     before = snapshot(run)
 
     assert action not in buttons(client, run)
-    response = client.post(f"/runs/{run.id}/{action}/", data | {"confirmed": "1"})  # as the dialog posts
+    response = client.post(
+        f"/runs/{run.id}/{action}/", data | {"confirmed": "1"}
+    )  # as the dialog posts
 
     assert response.status_code == 403
     assert "does not allow you to" in response.content.decode()
@@ -87,7 +101,9 @@ def test_a_staff_viewer_with_the_consoles_permission_may_take_that_action(action
     run = run_states.build(membership.tenant, state)
 
     assert action in buttons(client, run)
-    response = client.post(f"/runs/{run.id}/{action}/", data | {"confirmed": "1"})  # as the dialog posts
+    response = client.post(
+        f"/runs/{run.id}/{action}/", data | {"confirmed": "1"}
+    )  # as the dialog posts
 
     assert response.status_code == 302
     assert Run.objects.get(pk=run.pk).status != run.status
@@ -114,7 +130,9 @@ def test_the_cancel_permission_does_not_offer_the_submit_form():
 def test_a_permission_through_a_group_counts_like_one_held_directly():
     client, membership = member(staff=True)
     group = Group.objects.create(name="approvers")
-    group.permissions.add(Permission.objects.get(content_type__app_label="runs", codename="approve_run"))
+    group.permissions.add(
+        Permission.objects.get(content_type__app_label="runs", codename="approve_run")
+    )
     membership.user.groups.add(group)
     run = run_states.waiting_for_approval(membership.tenant)
 
@@ -146,7 +164,9 @@ def test_staff_without_a_membership_see_no_tenant():
     client.force_login(user)
     run = run_states.waiting_for_approval(MembershipFactory().tenant)
 
-    assert client.get(f"/runs/{run.id}/").status_code == 403  # no tenant: nothing about the run leaks
+    assert (
+        client.get(f"/runs/{run.id}/").status_code == 403
+    )  # no tenant: nothing about the run leaks
     assert client.post(f"/runs/{run.id}/approve/", {"step": "2"}).status_code == 403
     assert Run.objects.get(pk=run.pk).status == "waiting_human"
 
@@ -156,7 +176,9 @@ def test_a_superuser_may_do_everything_in_their_tenant():
     run = run_states.waiting_for_approval(membership.tenant)
 
     assert buttons(client, run) == {"approve", "reject", "cancel", "message", "new_run"}
-    assert '<span class="role" data-testid="role">superuser</span>' in client.get("/").content.decode()
+    assert (
+        '<span class="role" data-testid="role">superuser</span>' in client.get("/").content.decode()
+    )
     assert client.post(f"/runs/{run.id}/approve/", {"step": "2"}).status_code == 302
     assert Run.objects.get(pk=run.pk).status == "queued"
     assert client.get("/runs/new/").status_code == 200

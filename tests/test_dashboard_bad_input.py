@@ -54,16 +54,24 @@ def test_the_submit_forms_json_box_refuses_what_cannot_be_stored(approver, text,
 
 
 def test_a_submit_form_text_field_with_a_nul_is_a_form_error(approver):
-    data = {"input-customer": "ana@example.com", "input-order": "A-1001", "input-message": "Hi\x00",
-            "input-tone": "friendly"}
+    data = {
+        "input-customer": "ana@example.com",
+        "input-order": "A-1001",
+        "input-message": "Hi\x00",
+        "input-tone": "friendly",
+    }
 
-    assert_form_error(approver.post("/runs/new/?kind=support_reply", data), "Null characters are not allowed.")
+    assert_form_error(
+        approver.post("/runs/new/?kind=support_reply", data), "Null characters are not allowed."
+    )
     assert not Run.objects.exists()
 
 
 def test_a_forged_idempotency_key_the_database_cannot_store_is_replaced_by_a_fresh_one(approver):
-    response = approver.post("/runs/new/?kind=approve_then_act",
-                             {"input-input": '{"log": null}', "idempotency_key": "k\x00"})
+    response = approver.post(
+        "/runs/new/?kind=approve_then_act",
+        {"input-input": '{"log": null}', "idempotency_key": "k\x00"},
+    )
 
     assert response.status_code == 302
     key = Run.objects.get().idempotency_key
@@ -82,24 +90,78 @@ def _unchanged(run, before) -> None:
 
 ACTION_FORMS = [
     pytest.param("waiting", "messages", {"text": "hi\x00"}, "Null characters", id="message-nul"),
-    pytest.param("approval", "approve", {"comment": "ok\x00", "step": "2"}, "Null characters", id="approve-nul"),
-    pytest.param("approval", "reject", {"comment": "no\x00", "step": "2"}, "Null characters", id="reject-nul"),
-    pytest.param("failed_on_budget", "retry", {"cost_ceiling_cents": "1e40"}, "digits", id="retry-ceiling-1e40"),
-    pytest.param("failed_on_budget", "retry", {"cost_ceiling_cents": "1000000000000"}, "digits", id="retry-ceiling-1e12"),
-    pytest.param("failed_on_budget", "retry", {"cost_ceiling_cents": "NaN"}, "Enter a number", id="retry-ceiling-nan"),
-    pytest.param("failed_on_deadline", "retry", {"deadline_seconds": "1" + "0" * 30}, "less than or equal", id="retry-deadline"),
-    pytest.param("failed", "retry", {"from_step": "1" + "0" * 30}, "from_step", id="retry-from-step-huge"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": '{"r": "\\u0000"}'}, "NUL",
-                 id="resolve-output-nul"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": '"\\udfff"'}, "surrogate",
-                 id="resolve-output-surrogate"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": "[NaN]"}, "finite", id="resolve-output-nan"),
-    pytest.param("ambiguous", "resolve", {"action": "done", "output": DEEP}, "", id="resolve-output-deep"),
+    pytest.param(
+        "approval",
+        "approve",
+        {"comment": "ok\x00", "step": "2"},
+        "Null characters",
+        id="approve-nul",
+    ),
+    pytest.param(
+        "approval", "reject", {"comment": "no\x00", "step": "2"}, "Null characters", id="reject-nul"
+    ),
+    pytest.param(
+        "failed_on_budget",
+        "retry",
+        {"cost_ceiling_cents": "1e40"},
+        "digits",
+        id="retry-ceiling-1e40",
+    ),
+    pytest.param(
+        "failed_on_budget",
+        "retry",
+        {"cost_ceiling_cents": "1000000000000"},
+        "digits",
+        id="retry-ceiling-1e12",
+    ),
+    pytest.param(
+        "failed_on_budget",
+        "retry",
+        {"cost_ceiling_cents": "NaN"},
+        "Enter a number",
+        id="retry-ceiling-nan",
+    ),
+    pytest.param(
+        "failed_on_deadline",
+        "retry",
+        {"deadline_seconds": "1" + "0" * 30},
+        "less than or equal",
+        id="retry-deadline",
+    ),
+    pytest.param(
+        "failed", "retry", {"from_step": "1" + "0" * 30}, "from_step", id="retry-from-step-huge"
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": '{"r": "\\u0000"}'},
+        "NUL",
+        id="resolve-output-nul",
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": '"\\udfff"'},
+        "surrogate",
+        id="resolve-output-surrogate",
+    ),
+    pytest.param(
+        "ambiguous",
+        "resolve",
+        {"action": "done", "output": "[NaN]"},
+        "finite",
+        id="resolve-output-nan",
+    ),
+    pytest.param(
+        "ambiguous", "resolve", {"action": "done", "output": DEEP}, "", id="resolve-output-deep"
+    ),
 ]
 
 
 @pytest.mark.parametrize("state, action, data, error", ACTION_FORMS)
-def test_an_action_form_with_unstorable_input_is_a_form_error_and_changes_nothing(approver, state, action, data, error):
+def test_an_action_form_with_unstorable_input_is_a_form_error_and_changes_nothing(
+    approver, state, action, data, error
+):
     run = run_states.build(approver.tenant, state)
     before = Run.objects.values().get(pk=run.pk)
     steps_before = list(Step.objects.filter(run=run).values())
@@ -111,7 +173,9 @@ def test_an_action_form_with_unstorable_input_is_a_form_error_and_changes_nothin
     assert list(Step.objects.filter(run=run).values()) == steps_before
 
 
-@pytest.mark.parametrize("query", ["kind=%00", "status=%00", "q=%00", "cursor=%00", "cursor=garbage"])
+@pytest.mark.parametrize(
+    "query", ["kind=%00", "status=%00", "q=%00", "cursor=%00", "cursor=garbage"]
+)
 def test_run_list_filters_with_garbage_render_the_list(approver, query):
     response = approver.get(f"/?{query}")
 

@@ -22,13 +22,19 @@ from tests.browser import assert_accessible, browser, browser_page, log_in, scre
 from tests.conftest import fresh, wait_for
 from tests.factories import MembershipFactory
 
-REPLY = {"customer": "ana@example.com", "order": "A-1001", "message": "My kettle arrived broken. Refund?"}
+REPLY = {
+    "customer": "ana@example.com",
+    "order": "A-1001",
+    "message": "My kettle arrived broken. Refund?",
+}
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 
 
 def start_worker(processes, *, hold_file: Path | None = None):
     """A long-lived worker (not --burst: approved runs come back to the queue) that knows support_reply."""
-    modules = ",".join(filter(None, [os.environ.get("AGENT_MODULES", ""), "tests.agents_dashboard"]))
+    modules = ",".join(
+        filter(None, [os.environ.get("AGENT_MODULES", ""), "tests.agents_dashboard"])
+    )
     env = {"AGENT_MODULES": modules}
     if hold_file is not None:
         env["DASHBOARD_HOLD_FILE"] = str(hold_file)
@@ -45,7 +51,9 @@ def wait_status(run: Run, status: str, worker, processes, timeout: float = 30) -
 
 
 @pytest.mark.django_db(transaction=True)
-def test_submit_through_the_form_and_watch_the_run_finish_without_reloading(live_server, processes, chromium):
+def test_submit_through_the_form_and_watch_the_run_finish_without_reloading(
+    live_server, processes, chromium
+):
     from playwright.sync_api import expect
 
     member = MembershipFactory(tenant__name="Acme Research", role="operator")
@@ -118,7 +126,9 @@ def test_approve_one_waiting_run_and_reject_another(live_server, processes, chro
     member = MembershipFactory(tenant__name="Acme Support", role="approver")
     worker = start_worker(processes)
     approved = submit_run(tenant=member.tenant, kind="support_reply", input=REPLY)
-    rejected = submit_run(tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1002"})
+    rejected = submit_run(
+        tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1002"}
+    )
     wait_status(approved, "waiting_human", worker, processes)
     wait_status(rejected, "waiting_human", worker, processes)
 
@@ -150,12 +160,18 @@ def test_approve_one_waiting_run_and_reject_another(live_server, processes, chro
         card = page.get_by_test_id("approval")
         card.get_by_label("Comment").fill("Wrong tone.")
         card.get_by_role("button", name="Reject").click()
-        page.locator("#confirm-dialog").get_by_role("button", name="Reject").click()  # it asks first
+        page.locator("#confirm-dialog").get_by_role(
+            "button", name="Reject"
+        ).click()  # it asks first
         expect(page.get_by_role("status")).to_have_text("Rejected: the run continues without it.")
         expect(page.get_by_test_id("status")).to_have_text("Done", timeout=30_000)
         expect(page.get_by_test_id("result")).to_contain_text('"sent": false')
 
-    assert fresh(approved).result == {"sent": True, "refund_eur": 50.0, "comment": "Refund is fine."}
+    assert fresh(approved).result == {
+        "sent": True,
+        "refund_eur": 50.0,
+        "comment": "Refund is fine.",
+    }
     assert fresh(rejected).result == {"sent": False, "comment": "Wrong tone."}
     # Only the approved reply was sent.
     assert Step.objects.filter(run=approved, name="send_email", status="done").exists()
@@ -171,7 +187,9 @@ def test_cancel_a_running_run(live_server, processes, chromium, tmp_path):
     hold.touch()
     start_worker(processes, hold_file=hold)
     run = submit_run(tenant=member.tenant, kind="support_reply", input=REPLY, cost_ceiling_cents=5)
-    wait_for(lambda: fresh(run).current_step == "lookup_order", message="the run to reach lookup_order")
+    wait_for(
+        lambda: fresh(run).current_step == "lookup_order", message="the run to reach lookup_order"
+    )
 
     with browser_page(chromium) as page:
         log_in(page, live_server.url, member.user.username)
@@ -185,17 +203,23 @@ def test_cancel_a_running_run(live_server, processes, chromium, tmp_path):
         screenshots(page, "run-running")
         page.wait_for_timeout(2_500)
         # ... stays open across polls: the timeline is only re-rendered when it changed.
-        expect(page.get_by_test_id("step").first.locator("details").nth(1)).to_have_attribute("open", "")
+        expect(page.get_by_test_id("step").first.locator("details").nth(1)).to_have_attribute(
+            "open", ""
+        )
 
         page.get_by_role("button", name="Cancel run").click()
-        page.locator("#confirm-dialog").get_by_role("button", name="Cancel run").click()  # it asks first
+        page.locator("#confirm-dialog").get_by_role(
+            "button", name="Cancel run"
+        ).click()  # it asks first
         expect(page.get_by_role("status")).to_have_text(
             "Cancel requested: the run stops at the end of its current step."
         )
         expect(page.get_by_test_id("status")).to_have_text("Cancelled", timeout=30_000)
         expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
         expect(page.get_by_role("button", name="Retry")).to_be_visible()
-        expect(page.get_by_test_id("advice")).to_contain_text(f"{member.user.username} cancelled it.")
+        expect(page.get_by_test_id("advice")).to_contain_text(
+            f"{member.user.username} cancelled it."
+        )
 
     run = fresh(run)
     assert run.status == "cancelled"
@@ -203,7 +227,9 @@ def test_cancel_a_running_run(live_server, processes, chromium, tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_viewer_sees_no_approve_button_and_a_forged_post_is_refused(live_server, processes, chromium):
+def test_a_viewer_sees_no_approve_button_and_a_forged_post_is_refused(
+    live_server, processes, chromium
+):
     from playwright.sync_api import expect
 
     viewer = MembershipFactory(role="viewer")
@@ -259,20 +285,26 @@ def test_a_proposal_containing_a_script_tag_is_shown_as_text(live_server, proces
         log_in(page, live_server.url, member.user.username)
         page.goto(f"{live_server.url}/runs/{run.id}/")
         proposal = page.get_by_test_id("proposal")
-        expect(proposal).to_contain_text('You wrote: \u201c<script>window.__xss = 1</script><img src=x onerror=')
+        expect(proposal).to_contain_text(
+            "You wrote: \u201c<script>window.__xss = 1</script><img src=x onerror="
+        )
         expect(proposal.locator("script, img")).to_have_count(0)
         page.wait_for_timeout(2_500)  # a poll or two, in case a swap would run it
         assert page.evaluate("typeof window.__xss") == "undefined"
         # The timeline's step input, shown on request, is text too.
         page.get_by_test_id("step").first.get_by_text("Input").click()
-        expect(page.get_by_test_id("step").first).to_contain_text("<script>window.__xss = 1</script>")
+        expect(page.get_by_test_id("step").first).to_contain_text(
+            "<script>window.__xss = 1</script>"
+        )
         assert page.evaluate("typeof window.__xss") == "undefined"
     assert dialogs == []
     assert fresh(run).status == "waiting_human"
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(live_server, processes, chromium, tmp_path):
+def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(
+    live_server, processes, chromium, tmp_path
+):
     from playwright.sync_api import expect
 
     member = MembershipFactory(tenant__name="Acme Support", role="approver")
@@ -281,18 +313,29 @@ def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(live_server,
     # A list with runs in every state people meet, oldest first.
     done = submit_run(tenant=member.tenant, kind="echo", input={"text": "hello"})
     wait_status(done, "done", worker, processes)
-    failed = submit_run(tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "X-404"})
+    failed = submit_run(
+        tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "X-404"}
+    )
     wait_status(failed, "failed", worker, processes)
     cancelled = submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}, queue="short")
     cancel_run(run=cancelled, actor=SYSTEM)
     paused = submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}, queue="short")
     pause_run(run=paused, actor=SYSTEM)
-    waiting = submit_run(tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1003"})
+    waiting = submit_run(
+        tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1003"}
+    )
     wait_status(waiting, "waiting_human", worker, processes)
-    submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}, queue="short")  # no worker on "short"
+    submit_run(
+        tenant=member.tenant, kind="steps", input={"steps": 3}, queue="short"
+    )  # no worker on "short"
     hold.touch()
-    running = submit_run(tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1004"})
-    wait_for(lambda: fresh(running).current_step == "lookup_order", message="the run to reach lookup_order")
+    running = submit_run(
+        tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1004"}
+    )
+    wait_for(
+        lambda: fresh(running).current_step == "lookup_order",
+        message="the run to reach lookup_order",
+    )
 
     with browser_page(chromium) as page:
         log_in(page, live_server.url, member.user.username)
@@ -321,8 +364,12 @@ def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(live_server,
         rows.first.get_by_role("link").click()
 
         expect(page.get_by_test_id("status")).to_have_text("Failed")
-        expect(page.get_by_test_id("error")).to_contain_text("order X-404 does not exist in the shop")
-        expect(page.get_by_test_id("advice")).to_contain_text("Retrying the same input will fail the same way.")
+        expect(page.get_by_test_id("error")).to_contain_text(
+            "order X-404 does not exist in the shop"
+        )
+        expect(page.get_by_test_id("advice")).to_contain_text(
+            "Retrying the same input will fail the same way."
+        )
         expect(page.get_by_test_id("step").nth(1).locator(".badge")).to_have_text("Failed")
         expect(page.get_by_role("button", name="Retry")).to_be_visible()
         assert_accessible(page)

@@ -40,7 +40,9 @@ def test_cancel_without_confirmation_shows_a_page_and_changes_nothing():
 
 def test_cancel_and_roll_back_keeps_its_choice_through_the_confirmation_page():
     client, member = logged_in()
-    run = force_status(submit_run(tenant=member.tenant, kind="echo", input={"text": "x"}), "running")
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "x"}), "running"
+    )
     html = client.post(f"/runs/{run.id}/cancel/", {"compensate": "1"}).content.decode()
     assert "Cancel and roll back this run?" in html
     assert '<input type="hidden" name="compensate" value="1">' in html

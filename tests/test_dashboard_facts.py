@@ -35,7 +35,9 @@ def fact(html: str, testid: str) -> tuple[str, str] | None:
 
 
 def steps_run(member, **fields) -> Run:
-    return force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}), **fields)
+    return force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 3}), **fields
+    )
 
 
 def test_between_steps_the_page_names_the_last_finished_step_as_such(member):
@@ -63,7 +65,9 @@ def test_a_waiting_run_names_what_it_waits_on(member):
 
 
 def test_a_paused_run_shows_paused_without_a_pause_requested_note(member):
-    run = steps_run(member, status="paused", pause_requested_at=timezone.now(), current_step="step1")
+    run = steps_run(
+        member, status="paused", pause_requested_at=timezone.now(), current_step="step1"
+    )
     html = page(member, run)
     assert 'data-testid="status">Paused</span>' in html
     assert "pause requested" not in html.lower()
@@ -80,7 +84,9 @@ def test_failed_tries_show_only_once_something_failed(member):
 
 
 def test_money_under_a_cent_keeps_two_significant_digits(member):
-    run = steps_run(member, status="done", cost_cents=Decimal("0.004213"), cost_ceiling_cents=Decimal("0.0025"))
+    run = steps_run(
+        member, status="done", cost_cents=Decimal("0.004213"), cost_ceiling_cents=Decimal("0.0025")
+    )
     html = page(member, run)
     assert '<dd data-testid="cost">0.0042¢ of 0.0025¢ ceiling' in html
     assert "&lt; 0.01" not in html and "< 0.01" not in html
@@ -94,10 +100,18 @@ def test_staff_get_a_link_to_the_run_in_the_admin_and_others_do_not(member):
     assert f'href="/admin/runs/run/{run.id}/change/">Open in the admin</a>' in page(member, run)
 
 
-@pytest.mark.parametrize(("search", "is_id"), [
-    ("3f2a", True), ("DEADBEEF", True), ("0b1c-4d", True), ("cafe", False), ("decade", False),
-    ("acme renewal", False), ("3f2z", False),
-])
+@pytest.mark.parametrize(
+    ("search", "is_id"),
+    [
+        ("3f2a", True),
+        ("DEADBEEF", True),
+        ("0b1c-4d", True),
+        ("cafe", False),
+        ("decade", False),
+        ("acme renewal", False),
+        ("3f2z", False),
+    ],
+)
 def test_the_list_search_tells_a_run_id_from_words(search, is_id):
     from runs.dashboard.forms import RunFilterForm
 

@@ -45,7 +45,9 @@ class WebServer:
 
     def start(self) -> None:
         self.proc = self.processes.manage("serve", f"127.0.0.1:{self.port}")
-        wait_for(self._answers, timeout=30, interval=0.1, message="manage.py serve to answer /api/health")
+        wait_for(
+            self._answers, timeout=30, interval=0.1, message="manage.py serve to answer /api/health"
+        )
 
     def restart(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -71,9 +73,16 @@ def web_server(processes):
 def hold_steps_run(tenant, hold, *, steps: int) -> Run:
     """A run of ``steps`` 1 s steps whose first one waits while the file ``hold`` exists."""
     hold.touch()
-    return submit_run(tenant=tenant, kind="steps", input={
-        "steps": steps, "step_seconds": 1, "block_at": 1, "block_file": str(hold),
-    })
+    return submit_run(
+        tenant=tenant,
+        kind="steps",
+        input={
+            "steps": steps,
+            "step_seconds": 1,
+            "block_at": 1,
+            "block_file": str(hold),
+        },
+    )
 
 
 def wait_current_step(run: Run, name: str, worker, processes) -> None:
@@ -93,13 +102,19 @@ class RequestLog:
         page.on("request", lambda request: self.entries.append((time.monotonic(), request.url)))
 
     def polls(self, since: float = 0) -> list[float]:
-        return [at for at, url in self.entries if at >= since and self._partial(url) and "via=stream" not in url]
+        return [
+            at
+            for at, url in self.entries
+            if at >= since and self._partial(url) and "via=stream" not in url
+        ]
 
     def refetches(self) -> list[str]:
         return [url for _, url in self.entries if self._partial(url) and "via=stream" in url]
 
     def streams(self, since: float = 0) -> list[str]:
-        return [url for at, url in self.entries if at >= since and f"/api{self.run_path}events" in url]
+        return [
+            url for at, url in self.entries if at >= since and f"/api{self.run_path}events" in url
+        ]
 
     def for_the_run(self, since: float) -> list[str]:
         return [url for at, url in self.entries if at >= since and self.run_path in url]
@@ -115,7 +130,9 @@ def page_errors(page) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_run_page_follows_the_event_stream_and_does_not_poll(chromium, web_server, processes, tmp_path):
+def test_the_run_page_follows_the_event_stream_and_does_not_poll(
+    chromium, web_server, processes, tmp_path
+):
     from playwright.sync_api import expect
 
     member = MembershipFactory(tenant__name="Acme Research", role="operator")
@@ -151,7 +168,9 @@ def test_the_run_page_follows_the_event_stream_and_does_not_poll(chromium, web_s
         finished_at = time.monotonic()
         expect(page.get_by_test_id("result")).to_contain_text('"steps": 6')
         expect(page.get_by_test_id("steps-done")).to_have_text("6 of 6")
-        expect(page.get_by_test_id("step").locator(".step-name")).to_have_text([f"step{n}" for n in range(1, 7)])
+        expect(page.get_by_test_id("step").locator(".step-name")).to_have_text(
+            [f"step{n}" for n in range(1, 7)]
+        )
         expect(page.get_by_test_id("step").locator(".badge")).to_have_text(["Done"] * 6)
         expect(page.get_by_text(LIVE_NOTE)).to_be_hidden()
         page.wait_for_timeout(4_000)
@@ -169,7 +188,9 @@ def test_the_run_page_follows_the_event_stream_and_does_not_poll(chromium, web_s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_when_the_stream_is_cut_the_page_falls_back_to_polling(chromium, web_server, processes, tmp_path):
+def test_when_the_stream_is_cut_the_page_falls_back_to_polling(
+    chromium, web_server, processes, tmp_path
+):
     from playwright.sync_api import expect
 
     member = MembershipFactory(tenant__name="Acme Research", role="operator")
@@ -194,7 +215,9 @@ def test_when_the_stream_is_cut_the_page_falls_back_to_polling(chromium, web_ser
 
         expect(page.get_by_text(LIVE_NOTE)).to_be_hidden()
         # Polling takes over, and the page keeps moving until the run is done.
-        expect(page.get_by_test_id("steps-done")).to_have_text(re.compile(r"^[5-9] of 10$"), timeout=30_000)
+        expect(page.get_by_test_id("steps-done")).to_have_text(
+            re.compile(r"^[5-9] of 10$"), timeout=30_000
+        )
         expect(page.get_by_test_id("status")).to_have_text("Done", timeout=40_000)
         expect(page.get_by_role("heading", name="Result", exact=True)).to_be_visible()
         finished_at = time.monotonic()
@@ -203,7 +226,9 @@ def test_when_the_stream_is_cut_the_page_falls_back_to_polling(chromium, web_ser
         page.wait_for_timeout(3_000)
 
         assert errors == []
-        assert log.polls(since=0) == log.polls(since=cut_at), "the page polled while the stream was open"
+        assert log.polls(since=0) == log.polls(since=cut_at), (
+            "the page polled while the stream was open"
+        )
         assert len(log.polls(since=cut_at)) >= 2, "the page did not fall back to polling"
         # It tried the stream again a few times, then left it to polling.
         assert len(log.streams(since=cut_at)) >= 1
@@ -214,14 +239,18 @@ def test_when_the_stream_is_cut_the_page_falls_back_to_polling(chromium, web_ser
 
 
 @pytest.mark.django_db(transaction=True)
-def test_model_text_shows_in_the_live_output_box_while_the_model_call_runs(chromium, web_server, processes):
+def test_model_text_shows_in_the_live_output_box_while_the_model_call_runs(
+    chromium, web_server, processes
+):
     from playwright.sync_api import expect
 
     member = MembershipFactory(tenant__name="Acme Research", role="operator")
     prompt = "Which kettle boils water fastest, and which one is the quietest of them all?"
     run = submit_run(tenant=member.tenant, kind="llm_agent", input={"prompt": prompt})
     # The scripted model (no LLM_BASE_URL) answers in four pieces over 0.4 s x 25 = 10 s.
-    worker = processes.worker("--heartbeat", "1", "--poll", "0.5", RUNS_DEMO_DELAY_SCALE="25", LLM_BASE_URL="")
+    worker = processes.worker(
+        "--heartbeat", "1", "--poll", "0.5", RUNS_DEMO_DELAY_SCALE="25", LLM_BASE_URL=""
+    )
     wait_current_step(run, "Thinking (iteration 1)", worker, processes)
 
     with browser_page(chromium) as page:
@@ -232,7 +261,9 @@ def test_model_text_shows_in_the_live_output_box_while_the_model_call_runs(chrom
         live = page.get_by_test_id("live-output")
         # The text so far, piece by piece (the last piece comes with the step's end).
         expect(live).to_contain_text("(scripted model) You said:", timeout=20_000)
-        expect(page.get_by_role("heading", name=re.compile(r"^Live output · model call 1$"))).to_be_visible()
+        expect(
+            page.get_by_role("heading", name=re.compile(r"^Live output · model call 1$"))
+        ).to_be_visible()
         expect(live).to_contain_text("You said: Which kettle boils water fastest,", timeout=20_000)
         assert_accessible(page)
         screenshots(page, "run-live")
@@ -249,16 +280,27 @@ def test_model_text_shows_in_the_live_output_box_while_the_model_call_runs(chrom
 @pytest.mark.django_db
 def test_a_live_run_page_served_by_asgi_follows_the_stream_after_the_events_it_shows():
     member = MembershipFactory(role="viewer")
-    run = force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}), "running")
-    done = force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}), "done",
-                        finished_at=timezone.now())
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}), "running"
+    )
+    done = force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}),
+        "done",
+        finished_at=timezone.now(),
+    )
     client = AsyncClient()
     client.force_login(member.user)
 
     html = async_to_sync(client.get)(f"/runs/{run.id}/").content.decode()
-    assert f'data-stream-url="/api/runs/{run.id}/events?last_event_id={fresh(run).last_event_seq}"' in html
+    assert (
+        f'data-stream-url="/api/runs/{run.id}/events?last_event_id={fresh(run).last_event_seq}"'
+        in html
+    )
     assert '<script src="/static/js/run-stream.js" defer></script>' in html
-    assert '<script id="run-status-labels" type="application/json">' in html and '"done": "Done"' in html
+    assert (
+        '<script id="run-status-labels" type="application/json">' in html
+        and '"done": "Done"' in html
+    )
     # Polling stays in the markup: the script holds it back while the stream is open.
     assert 'hx-trigger="every 2s, visibilitychange from:document" data-poll-visible' in html
 
@@ -269,7 +311,9 @@ def test_a_live_run_page_served_by_asgi_follows_the_stream_after_the_events_it_s
 @pytest.mark.django_db
 def test_under_wsgi_the_run_page_polls_and_opens_no_stream(client):
     member = MembershipFactory(role="viewer")
-    run = force_status(submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}), "running")
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="steps", input={"steps": 2}), "running"
+    )
     client.force_login(member.user)
 
     html = client.get(f"/runs/{run.id}/").content.decode()
@@ -287,17 +331,28 @@ def done_event(run: Run) -> Event:
 
 
 def finished_run_with_event(tenant) -> tuple[Run, Event]:
-    run = force_status(submit_run(tenant=tenant, kind="echo", input={"text": "hi"}), "done",
-                       finished_at=timezone.now())
+    run = force_status(
+        submit_run(tenant=tenant, kind="echo", input={"text": "hi"}),
+        "done",
+        finished_at=timezone.now(),
+    )
     event = done_event(run)
     return fresh(run), event
 
 
-def delivery(event: Event, status: str, *, url: str = "https://hooks.example.com/runs", **fields) -> WebhookDelivery:
+def delivery(
+    event: Event, status: str, *, url: str = "https://hooks.example.com/runs", **fields
+) -> WebhookDelivery:
     run = event.run
     return WebhookDelivery.objects.create(
-        event=event, run=run, tenant_id=run.tenant_id, url=url, event_type=event.type,
-        webhook_id=f"msg_{run.id.hex}_{event.seq}", status=status, **fields,
+        event=event,
+        run=run,
+        tenant_id=run.tenant_id,
+        url=url,
+        event_type=event.type,
+        webhook_id=f"msg_{run.id.hex}_{event.seq}",
+        status=status,
+        **fields,
     )
 
 
@@ -317,18 +372,36 @@ def test_the_run_page_lists_its_deliveries_newest_first_with_redeliver_for_finis
     client, member = logged_in("operator")
     run, event = finished_run_with_event(member.tenant)
     now = timezone.now()
-    delivered = delivery(event, DeliveryStatus.DELIVERED, attempts=1, response_code=200, delivered_at=now)
-    dead = delivery(event, DeliveryStatus.DEAD, url="https://hooks.example.com/in?token=s3cret-token",
-                    attempts=7, response_code=500, last_error="HTTP 500 from the receiver <script>x</script>",
-                    last_attempt_at=now - timedelta(hours=3))
-    pending = delivery(event, DeliveryStatus.PENDING, attempts=2, last_error="timed out after 10 s (10.1.2.3)",
-                       failure="timeout", next_attempt_at=now + timedelta(minutes=5))
+    delivered = delivery(
+        event, DeliveryStatus.DELIVERED, attempts=1, response_code=200, delivered_at=now
+    )
+    dead = delivery(
+        event,
+        DeliveryStatus.DEAD,
+        url="https://hooks.example.com/in?token=s3cret-token",
+        attempts=7,
+        response_code=500,
+        last_error="HTTP 500 from the receiver <script>x</script>",
+        last_attempt_at=now - timedelta(hours=3),
+    )
+    pending = delivery(
+        event,
+        DeliveryStatus.PENDING,
+        attempts=2,
+        last_error="timed out after 10 s (10.1.2.3)",
+        failure="timeout",
+        next_attempt_at=now + timedelta(minutes=5),
+    )
 
     html = client.get(f"/runs/{run.id}/").content.decode()
 
     assert "Webhook deliveries" in html
     newest, middle, oldest = rows(html)
-    assert "Pending" in newest and "the receiver did not answer" in newest and "next attempt in 4 min" in newest
+    assert (
+        "Pending" in newest
+        and "the receiver did not answer" in newest
+        and "next attempt in 4 min" in newest
+    )
     assert "Dead" in middle and "HTTP 500" in middle and "the receiver answered 500" in middle
     # The sender's own error sentence is the operators' (the admin's): it can name addresses and ports.
     assert "10.1.2.3" not in html and "<script>x" not in html and "&lt;script&gt;x" not in html
@@ -352,10 +425,17 @@ def test_redeliver_sends_the_event_again_as_a_new_delivery():
     response = client.post(f"/runs/{run.id}/deliveries/{dead.pk}/redeliver/", follow=True)
 
     assert response.redirect_chain == [(f"/runs/{run.id}/", 302)]
-    assert [str(m) for m in response.context["messages"]] == ["The run.done webhook will be sent again."]
+    assert [str(m) for m in response.context["messages"]] == [
+        "The run.done webhook will be sent again."
+    ]
     again = WebhookDelivery.objects.exclude(pk=dead.pk).get()
     assert (again.event_id, again.url, again.webhook_id, again.status, again.attempts) == (
-        event.pk, dead.url, dead.webhook_id, "pending", 0)
+        event.pk,
+        dead.url,
+        dead.webhook_id,
+        "pending",
+        0,
+    )
     # The page shows it at the top, without a button while it is attempted.
     newest, older = rows(response.content.decode())
     assert "Pending" in newest and "Redeliver" not in newest
@@ -401,13 +481,17 @@ def test_another_runs_or_tenants_delivery_is_not_found():
     foreign = delivery(foreign_event, DeliveryStatus.DEAD)
 
     assert client.post(f"/runs/{run.id}/deliveries/{elsewhere.pk}/redeliver/").status_code == 404
-    assert client.post(f"/runs/{foreign_run.id}/deliveries/{foreign.pk}/redeliver/").status_code == 404
+    assert (
+        client.post(f"/runs/{foreign_run.id}/deliveries/{foreign.pk}/redeliver/").status_code == 404
+    )
     assert client.get(f"/runs/{run.id}/deliveries/{elsewhere.pk}/redeliver/").status_code == 405
     assert WebhookDelivery.objects.count() == 2
 
 
 @pytest.mark.django_db
-def test_the_section_is_hidden_without_deliveries_and_shows_the_latest_20(django_assert_num_queries):
+def test_the_section_is_hidden_without_deliveries_and_shows_the_latest_20(
+    django_assert_num_queries,
+):
     client, member = logged_in("operator")
     run, event = finished_run_with_event(member.tenant)
     assert "Webhook deliveries" not in client.get(f"/runs/{run.id}/").content.decode()
@@ -425,7 +509,9 @@ def test_the_section_is_hidden_without_deliveries_and_shows_the_latest_20(django
 @pytest.mark.django_db
 def test_the_poll_that_sees_a_run_finish_brings_its_deliveries():
     client, member = logged_in("viewer")
-    run = force_status(submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "running")
+    run = force_status(
+        submit_run(tenant=member.tenant, kind="echo", input={"text": "hi"}), "running"
+    )
     page = client.get(f"/runs/{run.id}/").content.decode()
     poll_url = re.search(r'hx-get="([^"]+)"', page).group(1).replace("&amp;", "&")
     # A poll of a running run does not look for deliveries: no Event it may have had writes one.

@@ -31,30 +31,68 @@ QUESTION = "How does a worker avoid running a step twice after a crash?"
 
 def morning(tenant, person: Actor, bot: Actor) -> dict[str, Run]:
     """The runs of the morning, each in the state the issue describes."""
-    kim = Lead.objects.create(tenant=tenant, name="Kim Lee", company="Acme", email="kim@acme.test", stage="proposal")
-    ana = Lead.objects.create(tenant=tenant, name="Ana Lopez", company="Globex", email="ana@globex.test", stage="new")
+    kim = Lead.objects.create(
+        tenant=tenant, name="Kim Lee", company="Acme", email="kim@acme.test", stage="proposal"
+    )
+    ana = Lead.objects.create(
+        tenant=tenant, name="Ana Lopez", company="Globex", email="ana@globex.test", stage="new"
+    )
     runs = {
-        "research": submit_run(tenant=tenant, kind="research", input={"question": QUESTION, "max_sources": 2},
-                               actor=bot),
-        "brief": submit_run(tenant=tenant, kind="research_brief", input={"topic": "Durable execution engines"},
-                            actor=person),
-        "approved": submit_run(tenant=tenant, kind="crm_update", actor=person,
-                               input={"lead_id": kim.pk, "instruction": "They signed the contract today"}),
-        "rejected": submit_run(tenant=tenant, kind="crm_update", actor=person,
-                               input={"lead_id": ana.pk, "instruction": "They signed the contract today"}),
-        "missing": submit_run(tenant=tenant, kind="crm_update", actor=bot,
-                              input={"lead_id": 999_999, "instruction": "We had a call, they are qualified"}),
-        "waiting": submit_run(tenant=tenant, kind="crm_update", actor=person,
-                              input={"lead_id": ana.pk, "instruction": "Sent them our proposal and a quote"}),
-        "cancelled": submit_run(tenant=tenant, kind="crm_update", actor=person,
-                                input={"lead_id": kim.pk, "instruction": "We had a call, they are qualified"}),
-        "over_budget": submit_run(tenant=tenant, kind="research", actor=bot,
-                                  input={"question": "What is a lease and who renews it?", "max_sources": 2},
-                                  cost_ceiling_cents=Decimal("0.0001")),
+        "research": submit_run(
+            tenant=tenant,
+            kind="research",
+            input={"question": QUESTION, "max_sources": 2},
+            actor=bot,
+        ),
+        "brief": submit_run(
+            tenant=tenant,
+            kind="research_brief",
+            input={"topic": "Durable execution engines"},
+            actor=person,
+        ),
+        "approved": submit_run(
+            tenant=tenant,
+            kind="crm_update",
+            actor=person,
+            input={"lead_id": kim.pk, "instruction": "They signed the contract today"},
+        ),
+        "rejected": submit_run(
+            tenant=tenant,
+            kind="crm_update",
+            actor=person,
+            input={"lead_id": ana.pk, "instruction": "They signed the contract today"},
+        ),
+        "missing": submit_run(
+            tenant=tenant,
+            kind="crm_update",
+            actor=bot,
+            input={"lead_id": 999_999, "instruction": "We had a call, they are qualified"},
+        ),
+        "waiting": submit_run(
+            tenant=tenant,
+            kind="crm_update",
+            actor=person,
+            input={"lead_id": ana.pk, "instruction": "Sent them our proposal and a quote"},
+        ),
+        "cancelled": submit_run(
+            tenant=tenant,
+            kind="crm_update",
+            actor=person,
+            input={"lead_id": kim.pk, "instruction": "We had a call, they are qualified"},
+        ),
+        "over_budget": submit_run(
+            tenant=tenant,
+            kind="research",
+            actor=bot,
+            input={"question": "What is a lease and who renews it?", "max_sources": 2},
+            cost_ceiling_cents=Decimal("0.0001"),
+        ),
     }
     drive(*runs.values())
     approve_run(run=runs["approved"], actor=person, comment="Confirmed on the phone")
-    reject_run(run=runs["rejected"], actor=person, comment="Not signed yet: the legal review is pending")
+    reject_run(
+        run=runs["rejected"], actor=person, comment="Not signed yet: the legal review is pending"
+    )
     cancel_run(run=runs["cancelled"], actor=bot)
     drive(runs["approved"], runs["rejected"])
     return {name: Run.objects.get(pk=run.pk) for name, run in runs.items()}
@@ -63,8 +101,9 @@ def morning(tenant, person: Actor, bot: Actor) -> dict[str, Run]:
 def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline):
     from playwright.sync_api import expect
 
-    member = MembershipFactory(role="approver", tenant__name="Acme Sales",
-                               user__first_name="Ana", user__last_name="Lopez")
+    member = MembershipFactory(
+        role="approver", tenant__name="Acme Sales", user__first_name="Ana", user__last_name="Lopez"
+    )
     key = create_api_key(tenant=member.tenant, name="ci-bot").api_key
     person = Actor(type="user", id=str(member.user.pk))
     bot = Actor(type="api_key", id=str(key.pk))
@@ -89,7 +128,8 @@ def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline
         expect(page.locator(f"#run-{runs['approved'].id} .badge")).to_have_text("Done")
         expect(page.locator(f"#run-{runs['research'].id} .run-title")).to_have_text(QUESTION)
         expect(page.locator(f"#run-{runs['research'].id} .progress-cell")).to_contain_text(
-            f"{runs['research'].steps_done} steps")  # no total announced: never a bare number
+            f"{runs['research'].steps_done} steps"
+        )  # no total announced: never a bare number
         expect(table).not_to_contain_text("Attempt")
         assert_accessible(page)
         screenshots(page, "tour-run-list")
@@ -116,7 +156,9 @@ def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline
         # Who did what, by name, with their words.
         activity = page.get_by_test_id("activity")
         expect(activity).to_contain_text("Ana Lopez submitted it")
-        expect(activity.get_by_test_id("activity-entry").filter(has_text="rejected")).to_contain_text("Ana Lopez")
+        expect(
+            activity.get_by_test_id("activity-entry").filter(has_text="rejected")
+        ).to_contain_text("Ana Lopez")
         expect(activity).to_contain_text("Not signed yet: the legal review is pending")
         expect(page.get_by_test_id("submitted-by")).to_have_text("Ana Lopez")
         # Each model call is a transcript: what it was sent and what it answered.
@@ -141,7 +183,9 @@ def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline
         expect(page.get_by_test_id("status")).to_have_text("Failed")
         ceiling = page.get_by_label("New cost ceiling (¢)")
         assert Decimal(ceiling.input_value()) > runs["over_budget"].cost_cents
-        expect(page.get_by_test_id("retry")).to_contain_text("the new ceiling counts the cost so far")
+        expect(page.get_by_test_id("retry")).to_contain_text(
+            "the new ceiling counts the cost so far"
+        )
         assert_accessible(page)
         screenshots(page, "tour-run-over-budget")
 
@@ -203,11 +247,17 @@ def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline
         page.close()
 
         # Without JavaScript the same button lands on a confirmation page instead of acting.
-        context = instance.new_context(java_script_enabled=False, viewport={"width": 1280, "height": 800})
+        context = instance.new_context(
+            java_script_enabled=False, viewport={"width": 1280, "height": 800}
+        )
         plain = context.new_page()
         plain.set_default_timeout(15_000)
-        log_in(plain, live_server.url, member.user.username, landing=f"/runs/{runs['over_budget'].id}/")
-        plain.get_by_role("button", name="Retry").click()  # not destructive (a larger ceiling is filled in)
+        log_in(
+            plain, live_server.url, member.user.username, landing=f"/runs/{runs['over_budget'].id}/"
+        )
+        plain.get_by_role(
+            "button", name="Retry"
+        ).click()  # not destructive (a larger ceiling is filled in)
         expect(plain.locator(".flash")).to_contain_text("Run queued again")
         plain.get_by_role("button", name="Cancel run").click()
         expect(plain.get_by_test_id("confirm-page")).to_contain_text("Cancel this run?")
@@ -217,8 +267,12 @@ def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline
         context.close()
         # (axe runs in the page's JavaScript: it checks the same confirmation page in a page that has it.)
         page = instance.new_page(viewport={"width": 1280, "height": 800})
-        log_in(page, live_server.url, member.user.username, landing=f"/runs/{runs['over_budget'].id}/")
-        page.evaluate("() => document.querySelectorAll('[data-confirm]').forEach(b => b.removeAttribute('data-confirm'))")
+        log_in(
+            page, live_server.url, member.user.username, landing=f"/runs/{runs['over_budget'].id}/"
+        )
+        page.evaluate(
+            "() => document.querySelectorAll('[data-confirm]').forEach(b => b.removeAttribute('data-confirm'))"
+        )
         page.get_by_role("button", name="Cancel run").click()
         expect(page.get_by_test_id("confirm-page")).to_be_visible()
         assert_accessible(page)
@@ -227,8 +281,8 @@ def test_a_morning_of_runs_reads_as_what_happened(live_server, chromium, offline
 
 
 MODEL_XSS = (
-    "**Bold** and <script>window.__xss = 1</script> and <img src=x onerror=\"window.__xss = 2\">.\n\n"
-    "[a link](javascript:window.__xss=3) <a href=\"#\" onclick=\"window.__xss=4\">raw</a>"
+    '**Bold** and <script>window.__xss = 1</script> and <img src=x onerror="window.__xss = 2">.\n\n'
+    '[a link](javascript:window.__xss=3) <a href="#" onclick="window.__xss=4">raw</a>'
 )
 
 
@@ -239,7 +293,9 @@ def test_a_model_answer_holding_html_is_shown_as_text_and_never_runs(live_server
 
     member = MembershipFactory(role="viewer")
     run = submit_run(tenant=member.tenant, kind="research", input={"question": "<b>hostile?</b>"})
-    force_status(run, "done", result={"question": "<b>hostile?</b>", "answer": MODEL_XSS, "citations": []})
+    force_status(
+        run, "done", result={"question": "<b>hostile?</b>", "answer": MODEL_XSS, "citations": []}
+    )
 
     with browser(chromium) as instance:
         page = instance.new_page(viewport={"width": 1280, "height": 800})
@@ -267,7 +323,9 @@ def test_a_page_the_role_does_not_allow_says_why_and_leads_back(live_server, chr
         log_in(page, live_server.url, member.user.username)
         response = page.goto(f"{live_server.url}/runs/new/")
         assert response.status == 403
-        expect(page.get_by_test_id("forbidden")).to_contain_text("(viewer) does not allow you to submit runs")
+        expect(page.get_by_test_id("forbidden")).to_contain_text(
+            "(viewer) does not allow you to submit runs"
+        )
         assert_accessible(page)
         screenshots(page, "tour-forbidden")
         page.get_by_role("link", name="Back to the runs").click()

@@ -58,10 +58,16 @@ def test_a_user_without_a_tenant_is_refused_with_a_reason_before_any_run_is_look
     client.force_login(UserFactory(first_name="Ana", last_name="Lopez"))
     run = run_states.waiting_for_approval(MembershipFactory().tenant)
 
-    for response in (client.get("/"), client.get(f"/runs/{run.id}/"), client.get(f"/runs/{uuid.uuid4()}/"),
-                     client.post(f"/runs/{run.id}/approve/", {"step": "2"})):
+    for response in (
+        client.get("/"),
+        client.get(f"/runs/{run.id}/"),
+        client.get(f"/runs/{uuid.uuid4()}/"),
+        client.post(f"/runs/{run.id}/approve/", {"step": "2"}),
+    ):
         assert response.status_code == 403
-        assert NO_TENANT in re.sub(r"</?strong>", "", response.content.decode())  # the page of its own
+        assert NO_TENANT in re.sub(
+            r"</?strong>", "", response.content.decode()
+        )  # the page of its own
     assert Run.objects.get(pk=run.pk).status == "waiting_human"
 
 
@@ -77,10 +83,16 @@ def test_the_no_tenant_page_names_the_user_and_offers_to_log_out():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("path", "again"), [
-    ("/accounts/logout/", '<a class="button" href="/accounts/login/">Log in again</a>'),
-    ("/admin/logout/", '<a class="button" href="/admin/login/">Log in to the operations console again</a>'),
-])
+@pytest.mark.parametrize(
+    ("path", "again"),
+    [
+        ("/accounts/logout/", '<a class="button" href="/accounts/login/">Log in again</a>'),
+        (
+            "/admin/logout/",
+            '<a class="button" href="/admin/login/">Log in to the operations console again</a>',
+        ),
+    ],
+)
 def test_logging_out_says_so_and_offers_to_log_in_again(client, settings, path, again):
     settings.LOGOUT_REDIRECT_URL = None  # what config/settings.py is to say (see the browser test)
     client.force_login(UserFactory(is_staff=True))
@@ -161,7 +173,10 @@ def test_a_user_without_a_tenant_is_told_why_and_can_log_out(live_server, chromi
         expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/$"))
 
         # The page of its own (templates/no_membership.html), once the 403 handler renders it.
-        page.set_content(dedicated.replace('href="/static/', f'href="{live_server.url}/static/'), wait_until="load")
+        page.set_content(
+            dedicated.replace('href="/static/', f'href="{live_server.url}/static/'),
+            wait_until="load",
+        )
         expect(page.get_by_test_id("no-membership")).to_have_text(NO_TENANT)
         for width in (1280, 390):
             page.set_viewport_size({"width": width, "height": 800})

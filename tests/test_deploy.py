@@ -39,9 +39,23 @@ WORKER_INSTANCE = "default,short"  # what the template's %I stands for in these 
 
 # The production environment the README and the env file promise to document.
 DOCUMENTED = {
-    "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "DATABASE_URL", "SECURE_PROXY_SSL_HEADER",
-    "FORWARDED_ALLOW_IPS", "STATIC_ROOT", "MEDIA_ROOT", "RUNS_METRICS_TOKEN", "RUNS_RETENTION_DAYS",
-    "RUNS_LISTEN", "RUNS_DB_PREPARE", "LLM_BASE_URL", "LLM_API_KEY", "LLM_MODEL", "AGENT_MODULES",
+    "DEBUG",
+    "SECRET_KEY",
+    "ALLOWED_HOSTS",
+    "CSRF_TRUSTED_ORIGINS",
+    "DATABASE_URL",
+    "SECURE_PROXY_SSL_HEADER",
+    "FORWARDED_ALLOW_IPS",
+    "STATIC_ROOT",
+    "MEDIA_ROOT",
+    "RUNS_METRICS_TOKEN",
+    "RUNS_RETENTION_DAYS",
+    "RUNS_LISTEN",
+    "RUNS_DB_PREPARE",
+    "LLM_BASE_URL",
+    "LLM_API_KEY",
+    "LLM_MODEL",
+    "AGENT_MODULES",
     "RUNS_LOG_FORMAT",
 }
 # What a process on a bare host has besides the env file (the test session's settings are not among them).
@@ -62,7 +76,9 @@ def documented_environment() -> dict[str, str]:
             commented = True
         else:
             name, equals, value = line.partition("=")
-            assert equals and re.fullmatch(r"[A-Z][A-Z0-9_]*", name), f"line {number} is not KEY=value: {line!r}"
+            assert equals and re.fullmatch(r"[A-Z][A-Z0-9_]*", name), (
+                f"line {number} is not KEY=value: {line!r}"
+            )
             assert commented, f"line {number}: {name} has no comment line above it"
             # systemd keeps "x # y" as the value: a comment must be a line of its own.
             assert " #" not in value, f"line {number}: a comment after the value becomes part of it"
@@ -77,14 +93,19 @@ def production_environment(**overrides: str) -> dict[str, str]:
     env = {name: os.environ[name] for name in HOST_VARIABLES if name in os.environ}
     env |= documented_environment()
     # The file's placeholder secrets refuse to start (tests/test_trust_secrets.py): real random ones here.
-    env |= {"DATABASE_URL": database_url(), "SECRET_KEY": secrets.token_urlsafe(50),
-            "RUNS_METRICS_TOKEN": secrets.token_urlsafe(32), "PYTHONUNBUFFERED": "1"}
+    env |= {
+        "DATABASE_URL": database_url(),
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "RUNS_METRICS_TOKEN": secrets.token_urlsafe(32),
+        "PYTHONUNBUFFERED": "1",
+    }
     return env | overrides
 
 
 def read_unit(path: Path) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(delimiters=("=",), interpolation=None, strict=True,
-                                       empty_lines_in_values=False)
+    parser = configparser.ConfigParser(
+        delimiters=("=",), interpolation=None, strict=True, empty_lines_in_values=False
+    )
     parser.optionxform = str  # systemd keys are case-sensitive
     parser.read_string(path.read_text(), source=str(path))
     return parser
@@ -93,7 +114,9 @@ def read_unit(path: Path) -> configparser.ConfigParser:
 def unit_command(line: str) -> list[str]:
     """`<venv python> manage.py <command> <options>` of an Exec line → [command, *options]."""
     argv = shlex.split(line.replace("%I", WORKER_INSTANCE))
-    assert not any("%" in arg for arg in argv), f"a systemd specifier this test does not know: {line}"
+    assert not any("%" in arg for arg in argv), (
+        f"a systemd specifier this test does not know: {line}"
+    )
     python, manage, *command = argv
     assert python.startswith("/") and Path(python).name.startswith("python"), line
     assert manage == "manage.py", f"manage.py is found in WorkingDirectory: {line}"
@@ -149,12 +172,21 @@ def test_the_env_file_documents_the_production_environment_one_comment_line_each
 
 
 def test_check_deploy_is_silent_with_exactly_the_documented_production_environment(db):
-    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check", "--deploy", "--fail-level", "DEBUG"],
-                            cwd=ROOT, env=production_environment(), capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check", "--deploy", "--fail-level", "DEBUG"],
+        cwd=ROOT,
+        env=production_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (result.stdout + result.stderr).strip() in ("", "System check identified no issues (0 silenced).")
+    assert (result.stdout + result.stderr).strip() in (
+        "",
+        "System check identified no issues (0 silenced).",
+    )
 
 
 # --- the units --------------------------------------------------------------------
@@ -182,9 +214,19 @@ def test_each_unit_runs_sandboxed_as_its_own_user_and_stops_on_sigterm(path):
     service = unit["Service"]
 
     assert service["User"] == service["Group"] == "agentruns"
-    assert service["WorkingDirectory"].startswith("/") and service["EnvironmentFile"].startswith("/")
-    assert (service["Restart"], service["KillSignal"], service["KillMode"]) == ("on-failure", "SIGTERM", "mixed")
-    assert (service["NoNewPrivileges"], service["ProtectSystem"], service["PrivateTmp"]) == ("yes", "strict", "yes")
+    assert service["WorkingDirectory"].startswith("/") and service["EnvironmentFile"].startswith(
+        "/"
+    )
+    assert (service["Restart"], service["KillSignal"], service["KillMode"]) == (
+        "on-failure",
+        "SIGTERM",
+        "mixed",
+    )
+    assert (service["NoNewPrivileges"], service["ProtectSystem"], service["PrivateTmp"]) == (
+        "yes",
+        "strict",
+        "yes",
+    )
     assert set(unit["Unit"]["After"].split()) >= {"network-online.target", "postgresql.service"}
     assert "network-online.target" in unit["Unit"]["Wants"].split()
     assert unit["Unit"]["PartOf"] == unit["Install"]["WantedBy"] == "agentruns.target"
@@ -198,24 +240,32 @@ def test_the_processes_that_write_may_write_media_root():
 
 def test_stop_timeouts_outlast_each_process_s_own_shutdown():
     timeouts = stop_timeouts()
-    web = parse_options(unit_command(read_unit(DEPLOY / "agentruns-web.service")["Service"]["ExecStart"]), "web")
+    web = parse_options(
+        unit_command(read_unit(DEPLOY / "agentruns-web.service")["Service"]["ExecStart"]), "web"
+    )
 
     # A worker lets each in-flight step run to its end or its timeout, then releases the run (an exit
     # that retries while the database is away): a SIGKILL before that repeats the step.
     assert timeouts["runworker"] > settings.RUNS_STEP_TIMEOUT_SECONDS + EXIT_RETRY_SECONDS
     assert timeouts["serve"] > web.graceful
-    assert timeouts["deliverwebhooks"] >= DeliveryLoop().lease  # a send cut short goes again after its lease
+    assert (
+        timeouts["deliverwebhooks"] >= DeliveryLoop().lease
+    )  # a send cut short goes again after its lease
     assert set(timeouts) == {"serve", "runworker", "reap", "deliverwebhooks"}
 
 
 def test_the_target_enables_the_singletons_and_every_unit_is_part_of_it():
     target = read_unit(DEPLOY / "agentruns.target")
 
-    assert set(target["Install"]["Also"].split()) == {p.name for p in UNITS if not p.name.endswith("@.service")}
+    assert set(target["Install"]["Also"].split()) == {
+        p.name for p in UNITS if not p.name.endswith("@.service")
+    }
     assert target["Install"]["WantedBy"] == "multi-user.target"
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
 def test_systemd_analyze_verify_finds_nothing_wrong(tmp_path):
     # verify checks that the executables exist: point the venv's python at this one.
     venv_python = shlex.split(read_unit(UNITS[0])["Service"]["ExecStart"])[0]
@@ -224,10 +274,17 @@ def test_systemd_analyze_verify_finds_nothing_wrong(tmp_path):
     instance = tmp_path / "agentruns-worker@default\\x2cshort.service"
     shutil.copy(tmp_path / "agentruns-worker@.service", instance)
 
-    result = subprocess.run(["systemd-analyze", "verify", *sorted(str(p) for p in tmp_path.iterdir())],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", *sorted(str(p) for p in tmp_path.iterdir())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
-    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "agentruns" in line]
+    complaints = [
+        line for line in (result.stdout + result.stderr).splitlines() if "agentruns" in line
+    ]
     assert result.returncode == 0 and complaints == [], result.stdout + result.stderr
 
 
@@ -246,24 +303,38 @@ def test_the_procfile_runs_real_commands_on_known_queues():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themselves(processes, api_key, tmp_path):
+def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themselves(
+    processes, api_key, tmp_path
+):
     port = free_port()
     # The documented production environment; this test is the TLS-terminating proxy on loopback
     # (FORWARDED_ALLOW_IPS=127.0.0.1): it sends the public Host and X-Forwarded-Proto: https.
     env = production_environment(
         AGENT_MODULES=os.environ["AGENT_MODULES"],  # the test kinds
-        STATIC_ROOT=str(tmp_path / "static"), MEDIA_ROOT=str(tmp_path / "media"),
-        LLM_BASE_URL="", RUNS_WEBHOOKS_ALLOW_PRIVATE="1", PORT=str(port),
+        STATIC_ROOT=str(tmp_path / "static"),
+        MEDIA_ROOT=str(tmp_path / "media"),
+        LLM_BASE_URL="",
+        RUNS_WEBHOOKS_ALLOW_PRIVATE="1",
+        PORT=str(port),
     )
     (tmp_path / "static").mkdir()  # as collectstatic would have made it
-    proxy = {"Host": documented_environment()["ALLOWED_HOSTS"].split(",")[0], "X-Forwarded-Proto": "https"}
+    proxy = {
+        "Host": documented_environment()["ALLOWED_HOSTS"].split(",")[0],
+        "X-Forwarded-Proto": "https",
+    }
     base = f"http://127.0.0.1:{port}"
     entries = procfile()
 
     def argv(name: str) -> list[str]:
-        return [sys.executable, str(ROOT / "manage.py"), *(arg.replace("$PORT", str(port)) for arg in entries[name])]
+        return [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            *(arg.replace("$PORT", str(port)) for arg in entries[name]),
+        ]
 
-    release = subprocess.run(argv("release"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    release = subprocess.run(
+        argv("release"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert release.returncode == 0, release.stdout + release.stderr
 
     started: dict[str, subprocess.Popen] = {}
@@ -287,17 +358,35 @@ def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themse
     wait_for(web_is_up, timeout=90, message="the web process to answer")
     receiver = Receiver()
     try:
-        client = httpx.Client(base_url=base, headers=proxy | {"Authorization": f"Bearer {api_key}"}, timeout=10)
-        queues = sorted({q for name, a in entries.items() if a[0] == "runworker" for q in parse_options(a, name).queues})
+        client = httpx.Client(
+            base_url=base, headers=proxy | {"Authorization": f"Bearer {api_key}"}, timeout=10
+        )
+        queues = sorted(
+            {
+                q
+                for name, a in entries.items()
+                if a[0] == "runworker"
+                for q in parse_options(a, name).queues
+            }
+        )
         ids = {}
         for queue in queues:
-            answer = client.post("/api/runs", json={"kind": "echo", "input": {"text": queue}, "queue": queue,
-                                                    "callback_url": receiver.url})
+            answer = client.post(
+                "/api/runs",
+                json={
+                    "kind": "echo",
+                    "input": {"text": queue},
+                    "queue": queue,
+                    "callback_url": receiver.url,
+                },
+            )
             assert answer.status_code == 202, answer.text
             ids[queue] = answer.json()["id"]
 
         def finished() -> bool:
-            statuses = {queue: client.get(f"/api/runs/{i}").json()["status"] for queue, i in ids.items()}
+            statuses = {
+                queue: client.get(f"/api/runs/{i}").json()["status"] for queue, i in ids.items()
+            }
             assert not set(statuses.values()) & {"failed", "cancelled"}, statuses
             return set(statuses.values()) == {"done"}
 
@@ -305,7 +394,9 @@ def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themse
         for queue, run_id in ids.items():
             assert client.get(f"/api/runs/{run_id}").json()["result"] == {"echo": queue}
         deliveries = receiver.wait_for(len(ids), timeout=60)  # sent by the webhooks process
-        assert sorted(json.loads(d.body)["data"]["run_id"] for d in deliveries) == sorted(ids.values())
+        assert sorted(json.loads(d.body)["data"]["run_id"] for d in deliveries) == sorted(
+            ids.values()
+        )
     finally:
         receiver.stop()
 
@@ -318,7 +409,9 @@ def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themse
         try:
             proc.wait(max(0.1, signalled + limit - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} did not stop within its unit's TimeoutStopSec ({limit:g} s):\n{output(name)}")
+            pytest.fail(
+                f"{name} did not stop within its unit's TimeoutStopSec ({limit:g} s):\n{output(name)}"
+            )
         assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{output(name)}"
         if name == "web":  # both of its processes stopped gracefully
             assert output(name).count("Finished server process") == 2, output(name)

@@ -27,33 +27,74 @@ PATH = re.compile(r"[A-Za-z_][\w.-]*(?:/[\w.-]+)*/?")
 # The modules a run visits, in the order the walk must name them (a sample that spans every part:
 # request, worker, reaper, delivery, streams).
 WALK = [
-    "config/asgi.py", "config/body_limit.py", "config/urls.py", "config/api.py", "runs/api/auth.py",
-    "runs/api/endpoints.py", "runs/kinds.py", "runs/services.py", "runs/events.py", "runs/notify.py",
-    "workers/management/commands/runworker.py", "workers/worker.py", "workers/listener.py",
-    "runs/engine/claim.py", "workers/executor.py", "workers/context.py", "workers/workflow.py",
-    "workers/recording.py", "workers/committer.py", "runs/engine/steps.py", "runs/engine/exit.py",
-    "workers/reaper.py", "runs/engine/reaping.py", "workers/webhooks.py", "runs/webhooks/deliveries.py",
-    "runs/webhooks/signing.py", "workers/webhook_http.py", "runs/webhooks/targets.py",
+    "config/asgi.py",
+    "config/body_limit.py",
+    "config/urls.py",
+    "config/api.py",
+    "runs/api/auth.py",
+    "runs/api/endpoints.py",
+    "runs/kinds.py",
+    "runs/services.py",
+    "runs/events.py",
+    "runs/notify.py",
+    "workers/management/commands/runworker.py",
+    "workers/worker.py",
+    "workers/listener.py",
+    "runs/engine/claim.py",
+    "workers/executor.py",
+    "workers/context.py",
+    "workers/workflow.py",
+    "workers/recording.py",
+    "workers/committer.py",
+    "runs/engine/steps.py",
+    "runs/engine/exit.py",
+    "workers/reaper.py",
+    "runs/engine/reaping.py",
+    "workers/webhooks.py",
+    "runs/webhooks/deliveries.py",
+    "runs/webhooks/signing.py",
+    "workers/webhook_http.py",
+    "runs/webhooks/targets.py",
     "runs/streams/hub.py",
 ]
 
 # The run state machine's transitions (source, target) that the diagram must draw.
 TRANSITIONS = {
     ("queued", "running"),
-    ("running", "done"), ("running", "failed"), ("running", "cancelled"),
+    ("running", "done"),
+    ("running", "failed"),
+    ("running", "cancelled"),
     ("running", "queued"),  # retryable error, lease expired, graceful release
-    ("running", "waiting_human"), ("running", "paused"), ("running", "waiting"),
-    ("waiting_human", "queued"), ("waiting_human", "failed"),
-    ("paused", "queued"), ("waiting", "queued"), ("queued", "paused"),
-    ("failed", "queued"), ("cancelled", "queued"),  # retry
+    ("running", "waiting_human"),
+    ("running", "paused"),
+    ("running", "waiting"),
+    ("waiting_human", "queued"),
+    ("waiting_human", "failed"),
+    ("paused", "queued"),
+    ("waiting", "queued"),
+    ("queued", "paused"),
+    ("failed", "queued"),
+    ("cancelled", "queued"),  # retry
     *((status, "cancelled") for status in ("queued", "waiting_human", "waiting", "paused")),
     *((status, "failed") for status in ("waiting_human", "waiting", "paused")),  # expires_at
 }
 
 # Where a design document outside the repository used to be cited: "DESIGN.md", "DESIGN §9".
 CITATION = re.compile(rb"DESIGN(?:\.md|\s*\xc2\xa7)|(?i:design\.md)")
-SCANNED = ["config", "runs", "workers", "examples", "templates", "static", "deploy", "docs", "tests",
-           "bench", "Makefile", "pyproject.toml"]
+SCANNED = [
+    "config",
+    "runs",
+    "workers",
+    "examples",
+    "templates",
+    "static",
+    "deploy",
+    "docs",
+    "tests",
+    "bench",
+    "Makefile",
+    "pyproject.toml",
+]
 
 
 def architecture() -> str:
@@ -108,7 +149,11 @@ def test_the_state_diagram_draws_every_status_and_transition():
     assert drawn == {status.value for status in RunStatus}, "the diagram's states are RunStatus's"
     assert not TRANSITIONS - edges, f"transitions not drawn: {sorted(TRANSITIONS - edges)}"
     assert ("[*]", "queued") in edges
-    assert {source for source, target in edges if target == "[*]"} == {"done", "failed", "cancelled"}
+    assert {source for source, target in edges if target == "[*]"} == {
+        "done",
+        "failed",
+        "cancelled",
+    }
 
 
 def scanned_files() -> list[Path]:
@@ -117,7 +162,11 @@ def scanned_files() -> list[Path]:
         top = ROOT / name
         candidates = [top] if top.is_file() else top.rglob("*")
         for path in candidates:
-            if path.is_file() and "__pycache__" not in path.parts and path != Path(__file__).resolve():
+            if (
+                path.is_file()
+                and "__pycache__" not in path.parts
+                and path != Path(__file__).resolve()
+            ):
                 files.append(path)
     return files
 
@@ -142,11 +191,14 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [
-    ("runs", {"workers", "examples"}),
-    ("config", {"workers", "examples"}),
-    ("workers", {"examples"}),
-])
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        ("runs", {"workers", "examples"}),
+        ("config", {"workers", "examples"}),
+        ("workers", {"examples"}),
+    ],
+)
 def test_the_rules_of_the_house_the_architecture_states(package, forbidden):
     breaking = sorted(
         f"{path.relative_to(ROOT)} imports {', '.join(sorted(imported_roots(path) & forbidden))}"

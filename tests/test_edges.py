@@ -29,14 +29,22 @@ FFFD = "\ufffd"
 
 
 def burst(**options) -> None:
-    options = {"burst": True, "heartbeat": 1, "lease": 10, "listen": False, "concurrency": 4} | options
+    options = {
+        "burst": True,
+        "heartbeat": 1,
+        "lease": 10,
+        "listen": False,
+        "concurrency": 4,
+    } | options
     Worker(WorkerOptions(**options)).run()
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:
     """The largest number of intervals that overlap at one instant."""
-    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
-                    key=lambda p: (p[0], p[1]))
+    points = sorted(
+        [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+        key=lambda p: (p[0], p[1]),
+    )
     live = peak = 0
     for _, delta in points:
         live += delta
@@ -45,23 +53,34 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_tenant_never_runs_more_than_max_running_with_two_workers_and_a_busy_reaper(processes, tmp_path):
+def test_a_tenant_never_runs_more_than_max_running_with_two_workers_and_a_busy_reaper(
+    processes, tmp_path
+):
     """Item 1: a slot given back by an exit is never also given back by the reaper's reconciliation."""
     tenant = TenantFactory(max_running=1)
     log = str(tmp_path / "spans.log")
-    runs = [submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.03}) for _ in range(80)]
+    runs = [
+        submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.03})
+        for _ in range(80)
+    ]
     for _ in range(2):
         processes.worker("--concurrency", "4", "--poll", "0.05")
     processes.manage("reap", "--interval", "0.005")
 
-    wait_for(lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status="done").count() == len(runs),
-             timeout=60, message="all runs done")
+    wait_for(
+        lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status="done").count() == len(runs),
+        timeout=60,
+        message="all runs done",
+    )
     spans = [(row["start"], row["end"]) for row in notes(log)]
     assert len(spans) == len(runs)
     assert max_overlap(spans) == 1
     # The last exits' slots come back with each worker's next claim (deferred returns), soon after.
-    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).running == 0, timeout=10,
-             message="the tenant's running counter back at 0")
+    wait_for(
+        lambda: Tenant.objects.get(pk=tenant.pk).running == 0,
+        timeout=10,
+        message="the tenant's running counter back at 0",
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -73,7 +92,9 @@ def test_text_a_database_refuses_is_stored_replaced_and_the_step_runs_once(tenan
 
     run = fresh(run)
     assert run.status == "done", (run.status, run.error)
-    assert len(notes(log, step="model")) == 1  # executed once: not retried because it could not be stored
+    assert (
+        len(notes(log, step="model")) == 1
+    )  # executed once: not retried because it could not be stored
     clean = HOSTILE.replace("\u0000", FFFD).replace("\ud800", FFFD)
     assert run.result == {"answer": clean, "echo": clean}
     step = Step.objects.get(run=run)
@@ -102,7 +123,9 @@ def test_the_same_run_claimed_again_by_the_same_worker_keeps_its_heartbeat(tenan
     """Item 5: the old thread of a released run must not drop the new claim out of the heartbeat."""
     block = tmp_path / "block"
     block.touch()
-    run = submit_run(tenant=tenant, kind="reclaimed", input={"block_file": str(block), "seconds": 4})
+    run = submit_run(
+        tenant=tenant, kind="reclaimed", input={"block_file": str(block), "seconds": 4}
+    )
     worker = Worker(WorkerOptions(concurrency=2, heartbeat=0.5, lease=1.5, poll=0.05, listen=False))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
@@ -111,12 +134,18 @@ def test_the_same_run_claimed_again_by_the_same_worker_keeps_its_heartbeat(tenan
         first_token = fresh(run).lease_token
         # The lease is taken from the worker while its step blocks (as if it
         # had missed heartbeats); the same worker claims the run again.
-        Run.objects.filter(pk=run.pk).update(locked_until=timezone.now() - timezone.timedelta(seconds=1))
+        Run.objects.filter(pk=run.pk).update(
+            locked_until=timezone.now() - timezone.timedelta(seconds=1)
+        )
         assert Reaper().reap_once().rescued == 1
-        wait_for(lambda: fresh(run).status == "running" and fresh(run).lease_token != first_token,
-                 message="the second claim, by the same worker")
+        wait_for(
+            lambda: fresh(run).status == "running" and fresh(run).lease_token != first_token,
+            message="the second claim, by the same worker",
+        )
         block.unlink()  # both executions go on; the old one finds its lease gone and ends
-        wait_for(lambda: fresh(run).current_step == "long", message="the long step of the second claim")
+        wait_for(
+            lambda: fresh(run).current_step == "long", message="the long step of the second claim"
+        )
         # Several leases later, the second claim must still be alive.
         time.sleep(3)
         assert Reaper().reap_once().rescued == 0
@@ -167,8 +196,9 @@ def test_a_run_whose_version_no_worker_can_resume_is_not_claimed(tenant):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_losing_the_database_connections_mid_step_does_not_fail_a_run_with_one_attempt(tenant, processes,
-                                                                                       tmp_path):
+def test_losing_the_database_connections_mid_step_does_not_fail_a_run_with_one_attempt(
+    tenant, processes, tmp_path
+):
     """Item 8: a failover breaks the checkpoint's connection; the run goes back, spending nothing."""
     log = str(tmp_path / "kills.log")
     run = submit_run(tenant=tenant, kind="failover", input={"log": log})
@@ -177,7 +207,10 @@ def test_losing_the_database_connections_mid_step_does_not_fail_a_run_with_one_a
     wait_for(lambda: fresh(run).status in ("done", "failed"), timeout=30, message="the run to end")
     run = fresh(run)
     assert notes(log, attempt=1) and notes(log, attempt=1)[0]["killed"] >= 1
-    assert (run.status, run.max_attempts, run.attempt) == ("done", 1, 2), (run.error, processes.output(worker))
+    assert (run.status, run.max_attempts, run.attempt) == ("done", 1, 2), (
+        run.error,
+        processes.output(worker),
+    )
     assert run.result == {"attempt": 2}
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
@@ -187,7 +220,9 @@ def test_losing_the_database_connections_mid_step_does_not_fail_a_run_with_one_a
 def test_a_step_reads_the_inbox_in_bounded_pages(tenant):
     """Item 11: a run with 150 unread messages hands its first messages step 100, the next one 50."""
     run = submit_run(tenant=tenant, kind="many_messages", input={})
-    Message.objects.bulk_create(Message(run=run, author_type="user", author_id="1", text=f"m{i}") for i in range(150))
+    Message.objects.bulk_create(
+        Message(run=run, author_type="user", author_id="1", text=f"m{i}") for i in range(150)
+    )
     burst()
 
     run = fresh(run)
@@ -210,7 +245,9 @@ def test_a_reaper_pass_does_not_count_every_queued_run(tenant):
 
     with CaptureQueriesContext(connection) as second:
         reaper.reap_once()
-    counted = [q["sql"] for q in second.captured_queries if "'queued'" in q["sql"] and "count(" in q["sql"]]
+    counted = [
+        q["sql"] for q in second.captured_queries if "'queued'" in q["sql"] and "count(" in q["sql"]
+    ]
     assert counted == []
 
 
@@ -262,7 +299,8 @@ def test_a_claim_does_not_read_the_queued_runs_of_a_paused_or_unregistered_kind(
 
     for kind in ("noop3", "echo"):
         Run.objects.bulk_create(
-            Run(tenant=tenant, kind=kind, queue="default", priority=0, input={}) for _ in range(1500)
+            Run(tenant=tenant, kind=kind, queue="default", priority=0, input={})
+            for _ in range(1500)
         )
     KindState.objects.create(name="noop3", paused=True)  # echo: not registered by this claim
     wanted = submit_run(tenant=tenant, kind="steps", input={"steps": 1}, priority=9)
@@ -276,8 +314,13 @@ def test_a_claim_does_not_read_the_queued_runs_of_a_paused_or_unregistered_kind(
 
     with transaction.atomic():
         with connection.execute_wrapper(capture):
-            [claimed] = claims.claim(worker_id=tenant.pk, queues=["default"], kinds={"steps": 1, "noop3": 1},
-                                     n=5, lease=60)
+            [claimed] = claims.claim(
+                worker_id=tenant.pk,
+                queues=["default"],
+                kinds={"steps": 1, "noop3": 1},
+                n=5,
+                lease=60,
+            )
         transaction.set_rollback(True)
     assert claimed.id == wanted.pk
     sql, params = statements[-1]
@@ -301,21 +344,31 @@ def test_a_slot_the_reaper_already_counted_is_not_given_back_again_by_the_next_c
     worker = Worker(WorkerOptions(burst=True, listen=False)).id
 
     def claim(returned=()):
-        return claims.claim(worker_id=worker, queues=["default"], kinds={"noop3": 1}, n=5, lease=60,
-                            returned=returned)
+        return claims.claim(
+            worker_id=worker,
+            queues=["default"],
+            kinds={"noop3": 1},
+            n=5,
+            lease=60,
+            returned=returned,
+        )
 
     def running() -> int:
         return Tenant.objects.get(pk=tenant.pk).running
 
     [a] = claim()
-    gone = leave_running(run_id=a.id, token=a.lease_token, target="done", reason="t", give_slot=False)
+    gone = leave_running(
+        run_id=a.id, token=a.lease_token, target="done", reason="t", give_slot=False
+    )
     assert gone.status == "done" and running() == 1  # the slot is still counted, for the next claim
     assert reconcile_tenants(queued=False) == 1 and running() == 0  # the reaper counted the truth
 
     [b] = claim(returned=[(tenant.pk, gone.at)])  # the slot a's exit kept: already given back
     assert running() == 1
     assert claim() == []  # at its limit: the third run waits
-    later = leave_running(run_id=b.id, token=b.lease_token, target="done", reason="t", give_slot=False)
+    later = leave_running(
+        run_id=b.id, token=b.lease_token, target="done", reason="t", give_slot=False
+    )
     [c] = claim(returned=[(tenant.pk, later.at)])  # left after the reconciliation: this one counts
     assert running() == 1
     assert {a.id, b.id, c.id} == {first.pk, second.pk, third.pk}

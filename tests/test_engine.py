@@ -30,14 +30,26 @@ def claim(n=1, **kw):
 
 
 def burst_worker(**options):
-    options = {"burst": True, "heartbeat": 1, "lease": 10, "listen": False, "concurrency": 2} | options
+    options = {
+        "burst": True,
+        "heartbeat": 1,
+        "lease": 10,
+        "listen": False,
+        "concurrency": 2,
+    } | options
     Worker(WorkerOptions(**options)).run()
 
 
 def step_record(claimed, seq, name="step1"):
     return checkpoint.StepRecord(
-        run_id=claimed.id, token=claimed.lease_token, generation=claimed.generation, seq=seq,
-        name=name, kind="custom", input=None, started_at=datetime.now(UTC),
+        run_id=claimed.id,
+        token=claimed.lease_token,
+        generation=claimed.generation,
+        seq=seq,
+        name=name,
+        kind="custom",
+        input=None,
+        started_at=datetime.now(UTC),
     )
 
 
@@ -59,7 +71,10 @@ class TestClaim:
         assert run.attempt == 1
         assert run.kind_version == 1
         assert Tenant.objects.get(pk=tenant.pk).running == 1
-        assert list(Event.objects.filter(run=run).values_list("seq", "type")) == [(1, "run.queued"), (2, "run.running")]
+        assert list(Event.objects.filter(run=run).values_list("seq", "type")) == [
+            (1, "run.queued"),
+            (2, "run.running"),
+        ]
 
     def test_every_claim_gets_a_new_token(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={})
@@ -72,9 +87,13 @@ class TestClaim:
     def test_claims_only_registered_kinds_and_own_queues(self, tenant):
         submit_run(tenant=tenant, kind="noop3", input={}, queue="long")
         submit_run(tenant=tenant, kind="echo", input={"text": "x"})
-        claimed = claims.claim(worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1}, n=5, lease=60)
+        claimed = claims.claim(
+            worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1}, n=5, lease=60
+        )
         assert claimed == []
-        claimed = claims.claim(worker_id=WORKER_ID, queues=["long"], kinds={"noop3": 1}, n=5, lease=60)
+        claimed = claims.claim(
+            worker_id=WORKER_ID, queues=["long"], kinds={"noop3": 1}, n=5, lease=60
+        )
         assert [c.kind for c in claimed] == ["noop3"]
 
     def test_tenant_limit_holds_and_other_tenants_still_claim(self, tenant):
@@ -110,7 +129,13 @@ class TestFencing:
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         with django_assert_num_queries(1):
-            answer = checkpoint.checkpoint(step_record(claimed, 1), output={'a': 1}, worker_id=WORKER_ID, lease=60, steps_total=3)
+            answer = checkpoint.checkpoint(
+                step_record(claimed, 1),
+                output={"a": 1},
+                worker_id=WORKER_ID,
+                lease=60,
+                steps_total=3,
+            )
         assert answer is not None
         run = Run.objects.get(pk=claimed.id)
         assert (run.steps_done, run.steps_total, run.current_step) == (1, 3, "step1")
@@ -126,22 +151,44 @@ class TestFencing:
         [new] = claim()
         assert new.lease_token != old.lease_token
 
-        answer = checkpoint.checkpoint(step_record(old, 1), output='stale', worker_id=WORKER_ID, lease=60, steps_total=None)
+        answer = checkpoint.checkpoint(
+            step_record(old, 1), output="stale", worker_id=WORKER_ID, lease=60, steps_total=None
+        )
         assert answer is None
         assert not Step.objects.filter(run=run).exists()
-        assert checkpoint.record_step_failure(step_record(old, 1), error="x", error_kind="fatal", worker_id=WORKER_ID) is None
-        assert leave_running(run_id=run.id, token=old.lease_token, target="done", reason="stale", result_json="1") is None
+        assert (
+            checkpoint.record_step_failure(
+                step_record(old, 1), error="x", error_kind="fatal", worker_id=WORKER_ID
+            )
+            is None
+        )
+        assert (
+            leave_running(
+                run_id=run.id, token=old.lease_token, target="done", reason="stale", result_json="1"
+            )
+            is None
+        )
         run = fresh(run)
         assert (run.status, run.lease_token, run.steps_done) == ("running", new.lease_token, 0)
         # The new owner writes normally.
-        assert checkpoint.checkpoint(step_record(new, 1), output='fresh', worker_id=WORKER_ID, lease=60, steps_total=None)
+        assert checkpoint.checkpoint(
+            step_record(new, 1), output="fresh", worker_id=WORKER_ID, lease=60, steps_total=None
+        )
         assert Step.objects.get(run=run).output == "fresh"
 
     def test_a_done_step_is_never_overwritten(self, tenant):
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
-        assert checkpoint.checkpoint(step_record(claimed, 1), output='first', worker_id=WORKER_ID, lease=60, steps_total=None)
-        checkpoint.checkpoint(step_record(claimed, 1), output='second', worker_id=WORKER_ID, lease=60, steps_total=None)
+        assert checkpoint.checkpoint(
+            step_record(claimed, 1), output="first", worker_id=WORKER_ID, lease=60, steps_total=None
+        )
+        checkpoint.checkpoint(
+            step_record(claimed, 1),
+            output="second",
+            worker_id=WORKER_ID,
+            lease=60,
+            steps_total=None,
+        )
         assert Step.objects.get(run_id=claimed.id).output == "first"
 
 
@@ -151,28 +198,52 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(claimed_at=timezone.now() - timedelta(seconds=5))
-        assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='{"ok": 1}')[:2] == ("done", "default")
+        assert leave_running(
+            run_id=run.id,
+            token=claimed.lease_token,
+            target="done",
+            reason="t",
+            result_json='{"ok": 1}',
+        )[:2] == ("done", "default")
         run = fresh(run)
-        assert (run.status, run.result, run.lease_token, run.locked_by, run.locked_until) == ("done", {"ok": 1}, None, None, None)
+        assert (run.status, run.result, run.lease_token, run.locked_by, run.locked_until) == (
+            "done",
+            {"ok": 1},
+            None,
+            None,
+            None,
+        )
         assert run.running_seconds >= 5
         assert run.finished_at is not None
         assert Tenant.objects.get(pk=tenant.pk).running == 0
         assert Event.objects.filter(run=run).last().type == "run.done"
 
-    @pytest.mark.parametrize(("flag", "expected"), [("cancel_requested_at", "cancelled"), ("pause_requested_at", "paused")])
+    @pytest.mark.parametrize(
+        ("flag", "expected"),
+        [("cancel_requested_at", "cancelled"), ("pause_requested_at", "paused")],
+    )
     def test_a_request_that_lands_while_parking_wins(self, tenant, flag, expected):
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(**{flag: timezone.now()})
-        status, *_ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="release")
+        status, *_ = leave_running(
+            run_id=run.id, token=claimed.lease_token, target="queued", reason="release"
+        )
         assert status == expected
         assert fresh(run).status == expected
 
     def test_retry_that_spends_the_last_attempt_fails_the_run(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, *_ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="retry",
-                                        error="503", error_kind="retryable", add_failure=True)
+        status, *_ = leave_running(
+            run_id=run.id,
+            token=claimed.lease_token,
+            target="queued",
+            reason="retry",
+            error="503",
+            error_kind="retryable",
+            add_failure=True,
+        )
         assert status == "failed"
         run = fresh(run)
         assert (run.error_kind, run.failures, run.error) == ("retryable", 1, "503")
@@ -180,7 +251,9 @@ class TestExit:
     def test_graceful_release_spends_no_attempt(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, *_ = leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown")
+        status, *_ = leave_running(
+            run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown"
+        )
         assert status == "queued"
         assert fresh(run).failures == 0
 
@@ -219,7 +292,9 @@ class TestReaper:
         reaper = Reaper()
         [stale] = reaper.find_expired()
         # The slow worker finishes between the reaper's read and its write.
-        assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='"r"')
+        assert leave_running(
+            run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='"r"'
+        )
         assert reaper.rescue(stale) is None
         run = fresh(run)
         assert (run.status, run.result, run.failures) == ("done", "r", 0)
@@ -242,7 +317,9 @@ class TestReaper:
         expire_lease(run.id)
         reaper = Reaper()
         [stale] = reaper.find_expired()
-        assert claims.heartbeat(worker_id=WORKER_ID, held={claimed.lease_token: run.id}, lease=60) == {claimed.lease_token: (False, False)}
+        assert claims.heartbeat(
+            worker_id=WORKER_ID, held={claimed.lease_token: run.id}, lease=60
+        ) == {claimed.lease_token: (False, False)}
         assert reaper.rescue(stale) is None
         assert fresh(run).status == "running"
 
@@ -263,7 +340,9 @@ def test_heartbeat_reports_flags_and_lost_leases(tenant):
     expire_lease(b.id)
     Reaper().reap_once()
     held = {c.lease_token: run_id for run_id, c in claimed.items()}
-    assert claims.heartbeat(worker_id=WORKER_ID, held=held, lease=60) == {claimed[a.id].lease_token: (True, False)}
+    assert claims.heartbeat(worker_id=WORKER_ID, held=held, lease=60) == {
+        claimed[a.id].lease_token: (True, False)
+    }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -273,8 +352,13 @@ class TestExecution:
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 5, "log": log})
         [claimed] = claim()
         for seq in (1, 2, 3):
-            checkpoint.checkpoint(step_record(claimed, seq, f"step{seq}"), output={"seq": seq, "name": f"step{seq}"},
-                             worker_id=WORKER_ID, lease=60, steps_total=5)
+            checkpoint.checkpoint(
+                step_record(claimed, seq, f"step{seq}"),
+                output={"seq": seq, "name": f"step{seq}"},
+                worker_id=WORKER_ID,
+                lease=60,
+                steps_total=5,
+            )
         leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
         burst_worker()
         run = fresh(run)
@@ -285,7 +369,13 @@ class TestExecution:
     def test_a_renamed_step_fails_the_run_as_nondeterministic(self, tenant, tmp_path):
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 3})
         [claimed] = claim()
-        checkpoint.checkpoint(step_record(claimed, 1, "old_name"), output=1, worker_id=WORKER_ID, lease=60, steps_total=None)
+        checkpoint.checkpoint(
+            step_record(claimed, 1, "old_name"),
+            output=1,
+            worker_id=WORKER_ID,
+            lease=60,
+            steps_total=None,
+        )
         leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
         burst_worker()
         run = fresh(run)
@@ -330,15 +420,29 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_stat_force_next_flush()")
             cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs_run'")
+            cursor.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs_run'"
+            )
             return cursor.fetchone()
 
     before = counters()
     for seq in range(1, 21):
-        assert claims.heartbeat(worker_id=WORKER_ID, held={claimed.lease_token: claimed.id}, lease=60)
-        assert checkpoint.checkpoint(step_record(claimed, seq, f"s{seq}"), output=None, worker_id=WORKER_ID, lease=60, steps_total=20)
+        assert claims.heartbeat(
+            worker_id=WORKER_ID, held={claimed.lease_token: claimed.id}, lease=60
+        )
+        assert checkpoint.checkpoint(
+            step_record(claimed, seq, f"s{seq}"),
+            output=None,
+            worker_id=WORKER_ID,
+            lease=60,
+            steps_total=20,
+        )
     # Statistics reach the shared counters asynchronously: read until all 40 arrived.
-    after = wait_for(lambda: (c := counters())[0] - before[0] >= 40 and c, timeout=10, message="the statistics flush")
+    after = wait_for(
+        lambda: (c := counters())[0] - before[0] >= 40 and c,
+        timeout=10,
+        message="the statistics flush",
+    )
     updates, hot = after[0] - before[0], after[1] - before[1]
     assert updates == 40
     # Writing an indexed column makes every such update non-HOT (hot would be

@@ -38,7 +38,10 @@ BASE, CAP = 0.1, 0.8
 
 def claim_times(run: Run) -> dict[int, object]:
     """When each attempt of the run was claimed."""
-    return {e.payload["attempt"]: e.created_at for e in Event.objects.filter(run=run, type="run.running")}
+    return {
+        e.payload["attempt"]: e.created_at
+        for e in Event.objects.filter(run=run, type="run.running")
+    }
 
 
 def attempt_until_done(runs, on_retry, *, timeout: float = 25) -> None:
@@ -54,9 +57,14 @@ def attempt_until_done(runs, on_retry, *, timeout: float = 25) -> None:
 
 
 class TestRetryable:
-    def test_backoff_grows_exponentially_with_full_jitter_and_the_run_succeeds_later(self, tenant, tmp_path):
+    def test_backoff_grows_exponentially_with_full_jitter_and_the_run_succeeds_later(
+        self, tenant, tmp_path
+    ):
         log = str(tmp_path / "calls.log")
-        runs = [submit_run(tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 6}) for _ in range(8)]
+        runs = [
+            submit_run(tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 6})
+            for _ in range(8)
+        ]
         delays = defaultdict(list)  # failure number → delays before the next attempt, over all runs
         run_after = defaultdict(dict)  # run → failure number → run_after it set
 
@@ -76,7 +84,12 @@ class TestRetryable:
 
         for run in runs:
             run = fresh(run)
-            assert (run.status, run.attempt, run.failures, run.result) == ("done", 7, 0, {"called": "quote"})
+            assert (run.status, run.attempt, run.failures, run.result) == (
+                "done",
+                7,
+                0,
+                {"called": "quote"},
+            )
             # No attempt started before the run_after its predecessor set.
             claimed_at = claim_times(run)
             for n, after in run_after[run.pk].items():
@@ -88,13 +101,21 @@ class TestRetryable:
             assert {a.error_kind for a in attempts} == {"retryable"}
             assert all("upstream answered 503" in a.error for a in attempts)
             # The completed step before the failing one was replayed, not executed again.
-            assert Counter(n["step"] for n in notes(log, run=str(run.pk))) == {"before": 1, "call": 7, "after": 1}
+            assert Counter(n["step"] for n in notes(log, run=str(run.pk))) == {
+                "before": 1,
+                "call": 7,
+                "after": 1,
+            }
 
     def test_backoff_starts_again_from_the_base_after_progress(self, tenant, tmp_path):
         """Step 1 fails three times, completes, then step 2 fails: a first failure again, and it waits like one."""
         log = str(tmp_path / "steps.log")
         runs = [
-            submit_run(tenant=tenant, kind="bumpy_backoff", input={"log": log, "steps": 3, "failing": [1, 1, 1, 2]})
+            submit_run(
+                tenant=tenant,
+                kind="bumpy_backoff",
+                input={"log": log, "steps": 3, "failing": [1, 1, 1, 2]},
+            )
             for _ in range(6)
         ]
         after_progress = []
@@ -117,10 +138,15 @@ class TestRetryable:
             ("http429", None, 0.5),  # a 429 whose retry-after-ms header says 500
         ],
     )
-    def test_retry_after_is_honoured_up_to_the_cap(self, tenant, tmp_path, error, retry_after, expected):
+    def test_retry_after_is_honoured_up_to_the_cap(
+        self, tenant, tmp_path, error, retry_after, expected
+    ):
         log = str(tmp_path / "calls.log")
-        run = submit_run(tenant=tenant, kind="flaky_call",
-                         input={"log": log, "fail_times": 1, "error": error, "retry_after": retry_after})
+        run = submit_run(
+            tenant=tenant,
+            kind="flaky_call",
+            input={"log": log, "fail_times": 1, "error": error, "retry_after": retry_after},
+        )
         stepper = Stepper()
         assert stepper.attempt(run) == "queued"
         # Jitter alone stays below the base (0.1 s); the wait is what the callee asked for.
@@ -133,9 +159,16 @@ class TestRetryable:
 
     def test_the_retry_budget_is_spent_by_consecutive_failures(self, tenant, tmp_path):
         log = str(tmp_path / "calls.log")
-        run = submit_run(tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 99}, max_attempts=3)
+        run = submit_run(
+            tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 99}, max_attempts=3
+        )
         [run] = drive([run])
-        assert (run.status, run.error_kind, run.attempt, run.failures) == ("failed", "retryable", 3, 3)
+        assert (run.status, run.error_kind, run.attempt, run.failures) == (
+            "failed",
+            "retryable",
+            3,
+            3,
+        )
         assert "step 2 (call)" in run.error and "upstream answered 503" in run.error
         assert Event.objects.filter(run=run).latest("seq").type == "run.failed"
         call = Step.objects.get(run=run, name="call")
@@ -151,7 +184,11 @@ class TestRetryable:
         [run] = drive([run])
         assert (run.status, run.attempt, run.failures) == ("done", 4, 0)
         assert run.result == {"done": [1, 2, 3, 4, 5, 6, 7]}
-        assert sorted(StepAttempt.objects.filter(run=run).values_list("step__seq", flat=True)) == [2, 4, 6]
+        assert sorted(StepAttempt.objects.filter(run=run).values_list("step__seq", flat=True)) == [
+            2,
+            4,
+            6,
+        ]
         assert Counter(n["seq"] for n in notes(log)) == {1: 1, 2: 2, 3: 1, 4: 2, 5: 1, 6: 2, 7: 1}
 
 
@@ -164,9 +201,13 @@ class TestFatal:
             ("unknown", "InventoryGlitch: inventory service returned a negative stock level", True),
         ],
     )
-    def test_fails_at_once_on_the_first_attempt(self, tenant, tmp_path, error, in_run_error, traceback):
+    def test_fails_at_once_on_the_first_attempt(
+        self, tenant, tmp_path, error, in_run_error, traceback
+    ):
         log = str(tmp_path / "calls.log")
-        run = submit_run(tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 1, "error": error})
+        run = submit_run(
+            tenant=tenant, kind="flaky_call", input={"log": log, "fail_times": 1, "error": error}
+        )
         burst_worker()
         run = fresh(run)
         assert (run.status, run.error_kind, run.attempt) == ("failed", "fatal", 1)
@@ -184,11 +225,19 @@ class TestFatal:
 class TestAmbiguous:
     def test_explicit_ambiguous_waits_for_a_person_holding_nothing(self, tenant, tmp_path):
         log = str(tmp_path / "send.log")
-        run = submit_run(tenant=tenant, kind="slow_call",
-                         input={"log": log, "side_effect": True, "explicit_ambiguous": True})
+        run = submit_run(
+            tenant=tenant,
+            kind="slow_call",
+            input={"log": log, "side_effect": True, "explicit_ambiguous": True},
+        )
         assert Stepper().attempt(run) == "waiting_human"
         run = fresh(run)
-        assert (run.status, run.error_kind, run.attempt, run.lease_token) == ("waiting_human", "ambiguous", 1, None)
+        assert (run.status, run.error_kind, run.attempt, run.lease_token) == (
+            "waiting_human",
+            "ambiguous",
+            1,
+            None,
+        )
         assert "closed the connection after accepting" in run.error
         assert run.expires_at > timezone.now()
         send = Step.objects.get(run=run, name="send")
@@ -203,20 +252,29 @@ class TestAmbiguous:
 
     def test_an_unkeyed_side_effect_that_times_out_waits_for_a_person(self, tenant, tmp_path):
         log = str(tmp_path / "send.log")
-        run = submit_run(tenant=tenant, kind="slow_call", input={"log": log, "side_effect": True, "timeout": 0.2})
+        run = submit_run(
+            tenant=tenant, kind="slow_call", input={"log": log, "side_effect": True, "timeout": 0.2}
+        )
         assert Stepper().attempt(run) == "waiting_human"
         run = fresh(run)
         assert (run.status, run.error_kind) == ("waiting_human", "ambiguous")
         send = Step.objects.get(run=run, name="send")
         assert (send.status, send.idempotency_key) == ("waiting", "")
-        assert "did not return within 0.2 s" in send.error  # the step's timeout, not the kind's 0.3 s
+        assert (
+            "did not return within 0.2 s" in send.error
+        )  # the step's timeout, not the kind's 0.3 s
         assert_left_alone(run)
         assert len(notes(log, step="send")) == 1
 
-    def test_a_keyed_side_effect_that_times_out_is_retried_with_the_same_key(self, tenant, tmp_path):
+    def test_a_keyed_side_effect_that_times_out_is_retried_with_the_same_key(
+        self, tenant, tmp_path
+    ):
         log = str(tmp_path / "send.log")
-        run = submit_run(tenant=tenant, kind="slow_call",
-                         input={"log": log, "side_effect": True, "keyed": True, "timeout": 0.2})
+        run = submit_run(
+            tenant=tenant,
+            kind="slow_call",
+            input={"log": log, "side_effect": True, "keyed": True, "timeout": 0.2},
+        )
         stepper = Stepper()
         assert stepper.attempt(run) == "queued"
         run = fresh(run)
@@ -234,7 +292,9 @@ class TestAmbiguous:
 
 def test_a_read_only_step_that_times_out_is_retried(tenant, tmp_path):
     log = str(tmp_path / "send.log")
-    run = submit_run(tenant=tenant, kind="slow_call", input={"log": log})  # the kind's step_timeout, 0.3 s
+    run = submit_run(
+        tenant=tenant, kind="slow_call", input={"log": log}
+    )  # the kind's step_timeout, 0.3 s
     stepper = Stepper()
     assert stepper.attempt(run) == "queued"
     run = fresh(run)
@@ -256,7 +316,11 @@ class TestKilledInsideASideEffect:
         log = str(tmp_path / "effects.log")
         block = tmp_path / "block"
         block.touch()
-        run = submit_run(tenant=tenant, kind="effect", input={"log": log, "keyed": keyed, "block_file": str(block)})
+        run = submit_run(
+            tenant=tenant,
+            kind="effect",
+            input={"log": log, "keyed": keyed, "block_file": str(block)},
+        )
         first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.1")
         wait_for(lambda: notes(log, step="charge"), message="the charge to begin")
         wait_for(lambda: ledger(run), timeout=5, message="the effect")
@@ -265,7 +329,11 @@ class TestKilledInsideASideEffect:
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         block.unlink()
-        wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+        wait_for(
+            lambda: fresh(run).locked_until < timezone.now(),
+            timeout=10,
+            message="the lease to expire",
+        )
         assert Reaper().reap_once().rescued == 1
         assert (fresh(run).status, fresh(run).failures) == ("queued", 1)
 
@@ -273,17 +341,26 @@ class TestKilledInsideASideEffect:
         assert second.wait(60) == 0, processes.output(second)
         return log, fresh(run), first.pid, second.pid
 
-    def test_keyed_the_step_runs_again_with_the_same_key_and_the_effect_happens_once(self, tenant, processes, tmp_path):
-        log, run, first, second = self.kill_inside_the_charge(tenant, processes, tmp_path, keyed=True)
+    def test_keyed_the_step_runs_again_with_the_same_key_and_the_effect_happens_once(
+        self, tenant, processes, tmp_path
+    ):
+        log, run, first, second = self.kill_inside_the_charge(
+            tenant, processes, tmp_path, keyed=True
+        )
         assert (run.status, run.attempt, run.result) == ("done", 2, {"charged": 42})
         key = f"{run.pk}:1:2"
-        assert [(n["key"], n["pid"]) for n in notes(log, step="charge")] == [(key, first), (key, second)]
+        assert [(n["key"], n["pid"]) for n in notes(log, step="charge")] == [
+            (key, first),
+            (key, second),
+        ]
         assert ledger(run) == [(key, first)]
         charge = Step.objects.get(run=run, name="charge")
         assert (charge.status, charge.executions, charge.idempotency_key) == ("done", 2, key)
         assert [n["pid"] for n in notes(log, step="finish")] == [second]
 
-    def test_unkeyed_the_run_waits_for_a_person_and_nobody_repeats_the_effect(self, tenant, processes, tmp_path):
+    def test_unkeyed_the_run_waits_for_a_person_and_nobody_repeats_the_effect(
+        self, tenant, processes, tmp_path
+    ):
         log, run, first, _ = self.kill_inside_the_charge(tenant, processes, tmp_path, keyed=False)
         assert (run.status, run.error_kind, run.attempt) == ("waiting_human", "ambiguous", 2)
         assert "no idempotency key" in run.error
@@ -298,17 +375,25 @@ class TestKilledInsideASideEffect:
         assert not notes(log, step="finish")
 
 
-def test_a_step_thread_that_never_returns_makes_the_worker_release_its_runs_and_exit_3(tenant, processes, tmp_path):
+def test_a_step_thread_that_never_returns_makes_the_worker_release_its_runs_and_exit_3(
+    tenant, processes, tmp_path
+):
     log = str(tmp_path / "exec.log")
     block = tmp_path / "block"
     block.touch()
     try:
-        stuck = submit_run(tenant=tenant, kind="hang", input={"block_file": str(block)}, max_attempts=1)
+        stuck = submit_run(
+            tenant=tenant, kind="hang", input={"block_file": str(block)}, max_attempts=1
+        )
         others = [
-            submit_run(tenant=tenant, kind="steps", input={"steps": 50, "log": log, "step_seconds": 0.1})
+            submit_run(
+                tenant=tenant, kind="steps", input={"steps": 50, "log": log, "step_seconds": 0.1}
+            )
             for _ in range(2)
         ]
-        worker = processes.worker("--concurrency", "3", "--poll", "0.1", RUNS_STEP_GRACE_SECONDS="1")
+        worker = processes.worker(
+            "--concurrency", "3", "--poll", "0.1", RUNS_STEP_GRACE_SECONDS="1"
+        )
         assert worker.wait(20) == 3, processes.output(worker)
     finally:
         block.unlink(missing_ok=True)  # let the orphan thread go, had the process survived
@@ -320,7 +405,12 @@ def test_a_step_thread_that_never_returns_makes_the_worker_release_its_runs_and_
     for run in others:
         run = fresh(run)
         # Released between two steps, spending nothing.
-        assert (run.status, run.failures, run.error_kind, run.lease_token) == ("queued", 0, "", None)
+        assert (run.status, run.failures, run.error_kind, run.lease_token) == (
+            "queued",
+            0,
+            "",
+            None,
+        )
         assert 0 < run.steps_done < 50
     assert Tenant.objects.get(pk=tenant.pk).running == 0
 

@@ -25,33 +25,55 @@ WORKER_ID = uuid4()
 def claim_runs(tenant, n):
     for _ in range(n):
         submit_run(tenant=tenant, kind="noop3", input={})
-    claimed = claims.claim(worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1}, n=n, lease=60)
+    claimed = claims.claim(
+        worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1}, n=n, lease=60
+    )
     assert len(claimed) == n
     return claimed
 
 
 def finished_step(claimed, *, seq=1, output=None, cost=Decimal(0), token=None):
     record = checkpoint.StepRecord(
-        run_id=claimed.id, token=claimed.lease_token if token is None else token, generation=claimed.generation,
-        seq=seq, name=f"s{seq}", kind="custom", input={"n": seq}, started_at=datetime.now(UTC), cost_cents=cost,
+        run_id=claimed.id,
+        token=claimed.lease_token if token is None else token,
+        generation=claimed.generation,
+        seq=seq,
+        name=f"s{seq}",
+        kind="custom",
+        input={"n": seq},
+        started_at=datetime.now(UTC),
+        cost_cents=cost,
     )
-    return checkpoint.Checkpoint(step=record, output={"seq": seq} if output is None else output, steps_total=3)
+    return checkpoint.Checkpoint(
+        step=record, output={"seq": seq} if output is None else output, steps_total=3
+    )
 
 
 @pytest.mark.django_db(transaction=True)
 def test_checkpoint_many_writes_each_run_s_step_and_nothing_for_a_lost_lease(tenant):
     a, b, c = claim_runs(tenant, 3)
     answers = checkpoint.checkpoint_many(
-        [finished_step(a, cost=Decimal("1.5")), finished_step(b, token=b.lease_token + 1000),
-         finished_step(c, output={"text": "nul\x00 and a lone \ud800"})],
-        worker_id=WORKER_ID, lease=60,
+        [
+            finished_step(a, cost=Decimal("1.5")),
+            finished_step(b, token=b.lease_token + 1000),
+            finished_step(c, output={"text": "nul\x00 and a lone \ud800"}),
+        ],
+        worker_id=WORKER_ID,
+        lease=60,
     )
     assert answers[1] is None  # b's lease is not that token's: nothing of b was written
-    assert answers[0][:3] == (False, False, Decimal("1.5")) and answers[2][:3] == (False, False, Decimal(0))
+    assert answers[0][:3] == (False, False, Decimal("1.5")) and answers[2][:3] == (
+        False,
+        False,
+        Decimal(0),
+    )
     assert answers[2][3] == '{"text":"nul\\ufffd and a lone \\ufffd"}'  # the output as stored
     for claimed, steps in ((a, 1), (b, 0), (c, 1)):
         run = fresh(Run.objects.get(pk=claimed.id))
-        assert (run.steps_done, Step.objects.filter(run=run, status="done").count()) == (steps, steps)
+        assert (run.steps_done, Step.objects.filter(run=run, status="done").count()) == (
+            steps,
+            steps,
+        )
         assert Event.objects.filter(run=run, type="step.done").count() == steps
     run_a = Run.objects.get(pk=a.id)
     assert (run_a.steps_total, run_a.current_step, run_a.cost_cents) == (3, "s1", Decimal("1.5"))
@@ -65,26 +87,64 @@ def test_checkpoint_many_writes_each_run_s_step_and_nothing_for_a_lost_lease(ten
 def test_leave_many_ends_each_run_as_its_own_exit_says(tenant):
     a, b, c = claim_runs(tenant, 3)
     before = timezone.now()
-    answers = leave_many([
-        exit_row(run_id=a.id, token=a.lease_token, target="done", reason="finished", result_json='{"ok":1}',
-                 give_slot=False, outcome="succeeded", summary="did\nit"),
-        exit_row(run_id=b.id, token=b.lease_token, target="queued", reason="retry", error="boom",
-                 error_kind="retryable", add_failure=True, delay_seconds=30, give_slot=False),
-        exit_row(run_id=c.id, token=c.lease_token + 1000, target="done", reason="finished", result_json="{}"),
-    ])
+    answers = leave_many(
+        [
+            exit_row(
+                run_id=a.id,
+                token=a.lease_token,
+                target="done",
+                reason="finished",
+                result_json='{"ok":1}',
+                give_slot=False,
+                outcome="succeeded",
+                summary="did\nit",
+            ),
+            exit_row(
+                run_id=b.id,
+                token=b.lease_token,
+                target="queued",
+                reason="retry",
+                error="boom",
+                error_kind="retryable",
+                add_failure=True,
+                delay_seconds=30,
+                give_slot=False,
+            ),
+            exit_row(
+                run_id=c.id,
+                token=c.lease_token + 1000,
+                target="done",
+                reason="finished",
+                result_json="{}",
+            ),
+        ]
+    )
     assert [x.status if x else None for x in answers] == ["done", "queued", None]
     run_a, run_b, run_c = (Run.objects.get(pk=x.id) for x in (a, b, c))
-    assert (run_a.result, run_a.outcome, run_a.summary, run_a.lease_token) == ({"ok": 1}, "succeeded", "did it", None)
+    assert (run_a.result, run_a.outcome, run_a.summary, run_a.lease_token) == (
+        {"ok": 1},
+        "succeeded",
+        "did it",
+        None,
+    )
     assert run_a.finished_at is not None
     assert (run_b.failures, run_b.error, run_b.error_kind) == (1, "boom", "retryable")
     assert run_b.run_after > before + timedelta(seconds=25)
-    assert run_c.status == "running" and run_c.lease_token == c.lease_token  # its guard did not match
-    assert Event.objects.get(run=run_b, type="run.queued", seq=run_b.last_event_seq).payload["reason"] == "retry"
+    assert (
+        run_c.status == "running" and run_c.lease_token == c.lease_token
+    )  # its guard did not match
+    assert (
+        Event.objects.get(run=run_b, type="run.queued", seq=run_b.last_event_seq).payload["reason"]
+        == "retry"
+    )
     assert Event.objects.get(run=run_a, type="run.done").payload["result"] == {"ok": 1}
     # The retried run is counted back into the tenant's queue, once; no slot given back (give_slot=False).
     # (The submits' own counts are debounced, runs.notify: they may land a moment later.)
-    wait_for(lambda: Tenant.objects.filter(pk=tenant.pk, running=3, queued=1).exists(), timeout=5,
-             message="the tenant counters to read running=3, queued=1")
+    wait_for(
+        lambda: Tenant.objects.filter(pk=tenant.pk, running=3, queued=1).exists(),
+        timeout=5,
+        message="the tenant counters to read running=3, queued=1",
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -110,7 +170,9 @@ def test_the_committer_raises_a_failing_write_to_its_run_only(tenant):
         thread.join(30)
     committer.stop()
     assert isinstance(answers[3], DatabaseError)
-    assert all(answers[i] is not None and not isinstance(answers[i], Exception) for i in range(8) if i != 3)
+    assert all(
+        answers[i] is not None and not isinstance(answers[i], Exception) for i in range(8) if i != 3
+    )
     done = set(Step.objects.filter(status="done").values_list("run_id", flat=True))
     assert done == {claimed.id for i, claimed in enumerate(runs) if i != 3}
     assert Run.objects.get(pk=runs[3].id).steps_done == 0
@@ -122,12 +184,18 @@ def test_engine_statements_are_planned_once_per_connection_without_jit(tenant):
 
     runs = claim_runs(tenant, 4)
     for claimed in runs:  # one checkpoint at a time, as a lone run's
-        assert checkpoint.checkpoint_many([finished_step(claimed)], worker_id=WORKER_ID, lease=60)[0] is not None
+        assert (
+            checkpoint.checkpoint_many([finished_step(claimed)], worker_id=WORKER_ID, lease=60)[0]
+            is not None
+        )
     with engine_cursor() as cursor:
         cursor.execute("SHOW jit")
         assert cursor.fetchone()[0] == "off"
-        cursor.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                       " WHERE statement LIKE %s", ["%json_to_recordset%INSERT INTO runs_step%"])
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            ["%json_to_recordset%INSERT INTO runs_step%"],
+        )
         plans = cursor.fetchall()
     # Prepared after RUNS_DB_PREPARE_THRESHOLD executions, then never planned again.
     assert plans and all(custom == 0 and generic >= 1 for generic, custom in plans), plans

@@ -306,7 +306,11 @@ def test_max_queued_refuses_submits_until_a_worker_drains_and_the_reaper_reconci
     Tenant.objects.filter(pk=tenant.pk).update(max_queued=3)
     assert [post_run(api, ECHO).status_code for _ in range(3)] == [202, 202, 202]
     # The counter is raised after commit, debounced: the last increments may still be on their way.
-    wait_for(lambda: counters(tenant) == (0, 3), timeout=5, message="the queued counter to count all three")
+    wait_for(
+        lambda: counters(tenant) == (0, 3),
+        timeout=5,
+        message="the queued counter to count all three",
+    )
 
     refused = post_run(api, ECHO)
     detail = assert_error(refused, 429)["detail"]

@@ -36,7 +36,9 @@ def run_dump(tenant, fake_llm, size):
     return run
 
 
-def test_an_oversized_tool_output_becomes_an_artifact_and_the_model_gets_an_excerpt(tenant, fake_llm):
+def test_an_oversized_tool_output_becomes_an_artifact_and_the_model_gets_an_excerpt(
+    tenant, fake_llm
+):
     run = run_dump(tenant, fake_llm, 50_000)
     artifact = Artifact.objects.get(run=run)
     with artifact.file.open("rb") as fh:
@@ -44,7 +46,10 @@ def test_an_oversized_tool_output_becomes_an_artifact_and_the_model_gets_an_exce
     assert len(data) == artifact.size == 50_000 and data.endswith(MARKER.encode())
     assert artifact.sha256 == hashlib.sha256(data).hexdigest()
     lines = data.count(b"\n") + 1
-    assert artifact.summary == f"{lines} lines, 50000 bytes; begins: 0123456789 the quick brown fox jumps over the lazy dog"
+    assert (
+        artifact.summary
+        == f"{lines} lines, 50000 bytes; begins: 0123456789 the quick brown fox jumps over the lazy dog"
+    )
 
     # The next request carries only the excerpt and the artifact id (checked on the wire).
     second = fake_llm.bodies()[1]
@@ -78,9 +83,14 @@ def test_the_api_lists_and_serves_a_runs_artifacts(tenant, api, fake_llm):
     assert listing.status_code == 200
     [item] = listing.json()
     assert item | {"created_at": None} == {
-        "id": artifact.pk, "name": artifact.name, "content_type": "text/plain", "size": 20_000,
-        "sha256": artifact.sha256, "summary": artifact.summary,
-        "step": Step.objects.get(run=run, name="Calling dump").seq, "created_at": None,
+        "id": artifact.pk,
+        "name": artifact.name,
+        "content_type": "text/plain",
+        "size": 20_000,
+        "sha256": artifact.sha256,
+        "summary": artifact.summary,
+        "step": Step.objects.get(run=run, name="Calling dump").seq,
+        "created_at": None,
         "download_url": f"/api/runs/{run.pk}/artifacts/{artifact.pk}",
     }
     download = api.get(item["download_url"])
@@ -98,7 +108,9 @@ def test_artifacts_of_another_tenants_run_are_not_found(tenant, api, fake_llm):
     artifact = Artifact.objects.get(run=run)
     assert api.get(f"/api/runs/{run.pk}/artifacts").status_code == 404
     assert api.get(f"/api/runs/{run.pk}/artifacts/{artifact.pk}").status_code == 404
-    owner = Client(headers={"Authorization": f"Bearer {create_api_key(tenant=other, name='o').secret}"})
+    owner = Client(
+        headers={"Authorization": f"Bearer {create_api_key(tenant=other, name='o').secret}"}
+    )
     assert owner.get(f"/api/runs/{run.pk}/artifacts/{artifact.pk + 1000}").status_code == 404
     assert owner.get(f"/api/runs/{run.pk}/artifacts").json()[0]["id"] == artifact.pk
     assert Client().get(f"/api/runs/{run.pk}/artifacts").status_code == 401

@@ -28,7 +28,9 @@ def tool_messages(body):
 
 
 def test_each_model_and_tool_call_is_a_readable_step_and_the_run_finishes(tenant, fake_llm):
-    fake_llm.enqueue(say("Let me count.", ("tick", {"i": 1}), ("tick", {"i": 2})), say("Two ticks."))
+    fake_llm.enqueue(
+        say("Let me count.", ("tick", {"i": 1}), ("tick", {"i": 2})), say("Two ticks.")
+    )
     run = submit_run(tenant=tenant, kind="llm_agent", input={"prompt": "count twice"})
     [run] = drive(run)
     assert run.status == "done", run.error
@@ -62,7 +64,9 @@ def test_a_model_step_stores_only_the_message_it_added(tenant, fake_llm):
     assert [len(b["messages"]) for b in fake_llm.bodies()] == [2, 4, 6]
 
 
-def test_token_and_cost_totals_equal_the_sum_of_steps_and_what_the_server_reported(tenant, fake_llm):
+def test_token_and_cost_totals_equal_the_sum_of_steps_and_what_the_server_reported(
+    tenant, fake_llm
+):
     fake_llm.enqueue(
         say(None, ("tick", {"i": 1}), usage=(1234, 56)),
         fail(500),  # no usage: costs nothing
@@ -72,11 +76,15 @@ def test_token_and_cost_totals_equal_the_sum_of_steps_and_what_the_server_report
     run = submit_run(tenant=tenant, kind="llm_agent", input={})
     [run] = drive(run)
     assert run.status == "done", run.error
-    steps = Step.objects.filter(run=run).aggregate(i=Sum("tokens_in"), o=Sum("tokens_out"), c=Sum("cost_cents"))
+    steps = Step.objects.filter(run=run).aggregate(
+        i=Sum("tokens_in"), o=Sum("tokens_out"), c=Sum("cost_cents")
+    )
     assert (steps["i"], steps["o"]) == (1234 + 2345 + 3456, 56 + 78 + 90)
     assert fake_llm.usage == [(1234, 56), (2345, 78), (3456, 90)]
     # $2 / $8 per million tokens = 0.0002 / 0.0008 cents per token.
-    expected = sum(Decimal(i) * Decimal("0.0002") + Decimal(o) * Decimal("0.0008") for i, o in fake_llm.usage)
+    expected = sum(
+        Decimal(i) * Decimal("0.0002") + Decimal(o) * Decimal("0.0008") for i, o in fake_llm.usage
+    )
     assert run.cost_cents == steps["c"] == expected
     assert [s.cost_cents for s in llm_steps(run)] == [
         pricing.cost_cents(MODEL, i, o) for i, o in fake_llm.usage
@@ -120,7 +128,10 @@ def test_500_is_retryable_with_one_request_per_attempt(tenant, fake_llm, setting
     assert run.attempt == 3 and fake_llm.count == 3
     step = llm_steps(run).get()
     assert step.executions == 3
-    assert [a.error_kind for a in StepAttempt.objects.filter(step=step).order_by("id")] == ["retryable", "retryable"]
+    assert [a.error_kind for a in StepAttempt.objects.filter(step=step).order_by("id")] == [
+        "retryable",
+        "retryable",
+    ]
 
 
 def test_a_hung_model_call_times_out_as_a_retryable_model_step(tenant, fake_llm, settings):
@@ -141,8 +152,13 @@ def test_a_hung_model_call_times_out_as_a_retryable_model_step(tenant, fake_llm,
 
 def test_malformed_tool_calls_are_answered_to_the_model_as_tool_errors(tenant, fake_llm):
     fake_llm.enqueue(
-        say("Trying.", ("tick", '{"i": 1'), ("teleport", {"to": "mars"}), ("tick", {"i": "one"}),
-            ("broken", {"reason": "disk full"})),
+        say(
+            "Trying.",
+            ("tick", '{"i": 1'),
+            ("teleport", {"to": "mars"}),
+            ("tick", {"i": "one"}),
+            ("broken", {"reason": "disk full"}),
+        ),
         say("I give up gracefully."),
     )
     run = submit_run(tenant=tenant, kind="llm_agent", input={})
@@ -157,7 +173,10 @@ def test_malformed_tool_calls_are_answered_to_the_model_as_tool_errors(tenant, f
     assert raised == "Error: disk full"
     assert all(call["error"] for call in run.result["tool_calls"])
     assert list(Step.objects.filter(run=run, kind="tool").values_list("name", flat=True)) == [
-        "Rejecting a call to tick", "Rejecting a call to teleport", "Rejecting a call to tick", "Calling broken",
+        "Rejecting a call to tick",
+        "Rejecting a call to teleport",
+        "Rejecting a call to tick",
+        "Calling broken",
     ]
 
 
@@ -199,7 +218,10 @@ def test_messages_from_people_join_the_conversation_between_iterations(tenant, f
     assert run.status == "done", run.error
     first, second = fake_llm.bodies()
     assert "weather" not in json.dumps(first)
-    assert second["messages"][-1] == {"role": "user", "content": "[Message from user:7] Please also mention the weather."}
+    assert second["messages"][-1] == {
+        "role": "user",
+        "content": "[Message from user:7] Please also mention the weather.",
+    }
 
 
 def test_the_model_and_system_prompt_are_fixed_at_the_start_of_the_run(tenant, fake_llm, settings):
@@ -225,7 +247,9 @@ def test_a_refusal_fails_the_run_and_keeps_its_cost(tenant, fake_llm):
     assert run.cost_cents == pricing.cost_cents(MODEL, 100, 10) > 0
 
 
-def test_a_call_to_a_tool_with_an_absurd_name_is_answered_and_the_step_name_stays_short(tenant, fake_llm):
+def test_a_call_to_a_tool_with_an_absurd_name_is_answered_and_the_step_name_stays_short(
+    tenant, fake_llm
+):
     fake_llm.enqueue(say(None, ("x" * 500, {})), say("ok"))
     run = submit_run(tenant=tenant, kind="llm_agent", input={})
     [run] = drive(run)
@@ -254,4 +278,6 @@ def test_model_and_tool_text_a_database_refuses_is_kept_as_replacement_character
     tool = Step.objects.get(run=run, kind="tool")
     assert "disk \ufffd full \ufffd" in json.dumps(tool.output, ensure_ascii=False)
     # The model saw the stored text on its second call, as a replay would.
-    assert "disk \ufffd full \ufffd" in json.dumps(tool_messages(fake_llm.bodies()[1]), ensure_ascii=False)
+    assert "disk \ufffd full \ufffd" in json.dumps(
+        tool_messages(fake_llm.bodies()[1]), ensure_ascii=False
+    )

@@ -38,14 +38,19 @@ def test_a_run_killed_after_its_5th_model_call_resumes_with_exactly_the_remainin
     fake_llm.brain = brain
     run = submit_run(tenant=tenant, kind="llm_agent", input={"prompt": "count"})
     first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2", **fake_llm.env)
-    wait_for(lambda: fresh(run).current_step == "Calling hold", message="the tool call after the 5th model call")
+    wait_for(
+        lambda: fresh(run).current_step == "Calling hold",
+        message="the tool call after the 5th model call",
+    )
     assert fake_llm.count == HOLD_AT
     assert Step.objects.filter(run=run, kind="llm", status="done").count() == HOLD_AT
 
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     hold_file.unlink()
-    wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+    wait_for(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    )
     reaped = processes.run("reap", "--once")
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
     assert fake_llm.count == HOLD_AT
@@ -66,8 +71,12 @@ def test_a_run_killed_after_its_5th_model_call_resumes_with_exactly_the_remainin
     assert sixth["messages"][-1]["content"] == "released"
 
     # The money of both processes adds up to what the provider reported.
-    totals = Step.objects.filter(run=run).aggregate(i=Sum("tokens_in"), o=Sum("tokens_out"), c=Sum("cost_cents"))
+    totals = Step.objects.filter(run=run).aggregate(
+        i=Sum("tokens_in"), o=Sum("tokens_out"), c=Sum("cost_cents")
+    )
     assert totals["i"] == sum(i for i, _ in fake_llm.usage)
     assert totals["o"] == sum(o for _, o in fake_llm.usage)
-    expected = sum(Decimal(i) * Decimal("0.0002") + Decimal(o) * Decimal("0.0008") for i, o in fake_llm.usage)
+    expected = sum(
+        Decimal(i) * Decimal("0.0002") + Decimal(o) * Decimal("0.0008") for i, o in fake_llm.usage
+    )
     assert run.cost_cents == totals["c"] == expected

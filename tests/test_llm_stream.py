@@ -17,7 +17,10 @@ from workers.llm.loop import LiveText
 
 pytest_plugins = ["tests.fake_openai"]  # the fake_llm and offline fixtures
 
-CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about foxes."}]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Tell me about foxes."},
+]
 ANSWER = "The quick brown fox jumps over the lazy dog, and then it naps in the afternoon sun."
 
 
@@ -38,17 +41,29 @@ def test_streamed_text_arrives_in_pieces_that_make_the_final_content(fake_llm):
 
 
 def test_streamed_tool_calls_usage_and_cost_are_those_of_the_same_answer_in_one_piece(fake_llm):
-    calls = [("tick", {"i": 1, "note": "a longer argument, cut into many pieces"}), ("broken", '{"reason": "x"}')]
-    fake_llm.enqueue(say("Counting.", *calls, usage=(1234, 56)), say("Counting.", *calls, usage=(1234, 56)))
+    calls = [
+        ("tick", {"i": 1, "note": "a longer argument, cut into many pieces"}),
+        ("broken", '{"reason": "x"}'),
+    ]
+    fake_llm.enqueue(
+        say("Counting.", *calls, usage=(1234, 56)), say("Counting.", *calls, usage=(1234, 56))
+    )
     pieces: list[str] = []
     streamed = complete(on_text=pieces.append)
     whole = complete()
     assert [b.get("stream", False) for b in fake_llm.bodies()] == [True, False]
     assert streamed == whole
     assert streamed.message["tool_calls"] == [
-        {"id": "call_1_1", "type": "function",
-         "function": {"name": "tick", "arguments": json.dumps(calls[0][1])}},
-        {"id": "call_1_2", "type": "function", "function": {"name": "broken", "arguments": '{"reason": "x"}'}},
+        {
+            "id": "call_1_1",
+            "type": "function",
+            "function": {"name": "tick", "arguments": json.dumps(calls[0][1])},
+        },
+        {
+            "id": "call_1_2",
+            "type": "function",
+            "function": {"name": "broken", "arguments": '{"reason": "x"}'},
+        },
     ]
     assert streamed.finish_reason == "tool_calls"
     assert "".join(pieces) == "Counting."
@@ -57,7 +72,9 @@ def test_streamed_tool_calls_usage_and_cost_are_those_of_the_same_answer_in_one_
 
 
 def test_a_streamed_answer_with_only_tool_calls_has_no_content_and_no_text(fake_llm):
-    fake_llm.enqueue(say(None, ("tick", {"i": 1}), usage=(10, 5)), say(None, ("tick", {"i": 1}), usage=(10, 5)))
+    fake_llm.enqueue(
+        say(None, ("tick", {"i": 1}), usage=(10, 5)), say(None, ("tick", {"i": 1}), usage=(10, 5))
+    )
     pieces: list[str] = []
     streamed = complete(on_text=pieces.append)
     assert streamed == complete()
@@ -84,9 +101,16 @@ def test_an_error_status_on_a_streamed_request_raises_as_without_streaming(fake_
 
 def test_the_scripted_model_passes_its_text_on_in_words_and_answers_the_same(settings):
     settings.RUNS_DEMO_DELAY_SCALE = 0
-    model = ScriptedModel(lambda messages, tools: {"content": ANSWER, "tool_calls": [{"name": "tick", "arguments": {}}]})
+    model = ScriptedModel(
+        lambda messages, tools: {
+            "content": ANSWER,
+            "tool_calls": [{"name": "tick", "arguments": {}}],
+        }
+    )
     pieces: list[str] = []
-    streamed = model.complete(CONVERSATION, tools=[], max_tokens=None, timeout=None, on_text=pieces.append)
+    streamed = model.complete(
+        CONVERSATION, tools=[], max_tokens=None, timeout=None, on_text=pieces.append
+    )
     assert 1 < len(pieces) <= 4
     assert "".join(pieces) == ANSWER
     assert all(piece.strip() for piece in pieces)  # cut between words
@@ -109,7 +133,14 @@ class Recorder:
 def test_live_text_is_shown_at_most_every_quarter_second_and_once_more_when_done():
     ctx = Recorder()
     live = LiveText(ctx, iteration=3, clock=lambda: ctx.now)
-    for at, piece in [(0.0, "One "), (0.1, "two "), (0.2, "three "), (0.3, "four "), (0.5, "five "), (0.54, "six")]:
+    for at, piece in [
+        (0.0, "One "),
+        (0.1, "two "),
+        (0.2, "three "),
+        (0.3, "four "),
+        (0.5, "five "),
+        (0.54, "six"),
+    ]:
         ctx.now = at
         live(piece)
     live.close()
@@ -134,7 +165,10 @@ def test_live_text_sends_the_end_of_a_long_text_small_enough_for_an_event():
     live.close()
     [(_, shown), (_, done)] = wide.events
     assert shown["text"] and text.endswith(shown["text"]) and len(shown["text"]) <= 2000
-    assert len(json.dumps(shown).encode()) <= 7000 and len(json.dumps(done, ensure_ascii=False).encode()) <= 7000
+    assert (
+        len(json.dumps(shown).encode()) <= 7000
+        and len(json.dumps(done, ensure_ascii=False).encode()) <= 7000
+    )
 
 
 def test_no_text_no_event_and_a_failing_emit_is_not_the_calls_problem():
@@ -172,7 +206,9 @@ def shown(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_loop_shows_each_model_calls_text_and_a_replay_shows_nothing(tenant, fake_llm, settings, shown):
+def test_the_loop_shows_each_model_calls_text_and_a_replay_shows_nothing(
+    tenant, fake_llm, settings, shown
+):
     settings.RUNS_BACKOFF_BASE_SECONDS = 0.01
     fake_llm.enqueue(say("Let me count the ticks.", ("tick", {"i": 1})), fail(500), say(ANSWER))
     run = submit_run(tenant=tenant, kind="llm_agent", input={"prompt": "count"})
@@ -181,8 +217,13 @@ def test_the_loop_shows_each_model_calls_text_and_a_replay_shows_nothing(tenant,
     assert {type for type, _ in shown} == {"model.text"}
     # The second attempt replayed iteration 1 without calling the model, so it showed nothing again.
     finals = [data for _, data in shown if data["done"]]
-    assert [(d["iteration"], d["text"]) for d in finals] == [(1, "Let me count the ticks."), (2, ANSWER)]
-    outputs = Step.objects.filter(run=run, kind="llm").order_by("seq").values_list("output", flat=True)
+    assert [(d["iteration"], d["text"]) for d in finals] == [
+        (1, "Let me count the ticks."),
+        (2, ANSWER),
+    ]
+    outputs = (
+        Step.objects.filter(run=run, kind="llm").order_by("seq").values_list("output", flat=True)
+    )
     assert [o["content"] for o in outputs] == [d["text"] for d in finals]
     for _, data in shown:
         final = next(d for d in finals if d["iteration"] == data["iteration"])

@@ -45,8 +45,13 @@ def claim(tenants, per_tenant, *, cents=Decimal(0)):
         for tenant in tenants:
             for _ in range(per_tenant):
                 submit_run(tenant=tenant, kind="noop3", input={})
-    claimed = claims.claim(worker_id=WORKER_ID, queues=["default"], kinds={"noop3": 1},
-                           n=len(tenants) * per_tenant, lease=60)
+    claimed = claims.claim(
+        worker_id=WORKER_ID,
+        queues=["default"],
+        kinds={"noop3": 1},
+        n=len(tenants) * per_tenant,
+        lease=60,
+    )
     assert len(claimed) == len(tenants) * per_tenant
     return sorted(claimed, key=lambda c: c.id)
 
@@ -82,6 +87,7 @@ def heartbeats(claimed, rounds, *, lost: list | None = None):
             alive = claims.heartbeat(worker_id=WORKER_ID, held=held, lease=60)
             if lost is not None:
                 lost.extend(set(held) - set(alive))
+
     return beat
 
 
@@ -97,20 +103,30 @@ def test_heartbeat_and_batched_checkpoints_in_opposite_orders_never_deadlock():
         for seq in range(1, ROUNDS + 1):
             items = [finished_step(c, seq=seq, cost=Decimal("0.01")) for c in reversed(claimed)]
             answers = checkpoint.checkpoint_many(items, worker_id=WORKER_ID, lease=60)
-            assert all(answer is not None for answer in answers), "a checkpoint found its lease lost"
+            assert all(answer is not None for answer in answers), (
+                "a checkpoint found its lease lost"
+            )
 
     def checkpoints_in_halves():
         # Another worker's committer on the same tenants' spend, its runs in yet another order.
         others = claim(tenants, 3)
         for seq in range(1, ROUNDS + 1):
-            items = [finished_step(c, seq=seq, cost=Decimal("0.01")) for c in others[1::2] + others[::2]]
+            items = [
+                finished_step(c, seq=seq, cost=Decimal("0.01")) for c in others[1::2] + others[::2]
+            ]
             checkpoint.checkpoint_many(items, worker_id=WORKER_ID, lease=60)
 
     lost: list[int] = []
-    errors = concurrently(heartbeats(claimed, ROUNDS, lost=lost), checkpoints,
-                          heartbeats(list(reversed(claimed)), ROUNDS, lost=lost), checkpoints_in_halves)
+    errors = concurrently(
+        heartbeats(claimed, ROUNDS, lost=lost),
+        checkpoints,
+        heartbeats(list(reversed(claimed)), ROUNDS, lost=lost),
+        checkpoints_in_halves,
+    )
     assert errors == [], errors
-    assert lost == []  # a run the worker holds, missing from a heartbeat's answer, would be abandoned
+    assert (
+        lost == []
+    )  # a run the worker holds, missing from a heartbeat's answer, would be abandoned
     assert deadlocks() == before
 
 
@@ -121,11 +137,23 @@ def test_heartbeat_and_batched_exits_in_opposite_orders_never_deadlock():
     errors = []
     for _ in range(12):
         claimed = claim(tenants, 5)
-        exits = [exit_row(run_id=c.id, token=c.lease_token, target="queued" if i % 3 else "done", reason="finished",
-                          result_json="{}") for i, c in enumerate(reversed(claimed))]
+        exits = [
+            exit_row(
+                run_id=c.id,
+                token=c.lease_token,
+                target="queued" if i % 3 else "done",
+                reason="finished",
+                result_json="{}",
+            )
+            for i, c in enumerate(reversed(claimed))
+        ]
         # The exits give slots back and requeue runs of every tenant: each tenant row is written too.
-        errors += concurrently(heartbeats(claimed, 1), functools.partial(leave_many, exits[::2]),
-                               heartbeats(list(reversed(claimed)), 1), functools.partial(leave_many, exits[1::2]))
+        errors += concurrently(
+            heartbeats(claimed, 1),
+            functools.partial(leave_many, exits[::2]),
+            heartbeats(list(reversed(claimed)), 1),
+            functools.partial(leave_many, exits[1::2]),
+        )
     assert errors == [], errors
     assert deadlocks() == before
     assert not Run.objects.filter(status="running").exists()
@@ -144,11 +172,25 @@ def test_heartbeat_and_the_committer_s_checkpoints_and_exits_in_one_transaction_
         # statement, the transaction would take the later ones first.
         leaving, stepping = claimed[:8], claimed[8:]
         batch = [_Request(finished_step(c), is_exit=False) for c in reversed(stepping)]
-        batch += [_Request(exit_row(run_id=c.id, token=c.lease_token, target="done", reason="finished",
-                                    result_json="{}"), is_exit=True) for c in reversed(leaving)]
+        batch += [
+            _Request(
+                exit_row(
+                    run_id=c.id,
+                    token=c.lease_token,
+                    target="done",
+                    reason="finished",
+                    result_json="{}",
+                ),
+                is_exit=True,
+            )
+            for c in reversed(leaving)
+        ]
         # What the committer's thread does with a batch (Committer._write): one transaction.
-        errors += concurrently(heartbeats(claimed, 3), functools.partial(committer._write, batch),
-                               heartbeats(claimed[1::2] + claimed[::2], 3))
+        errors += concurrently(
+            heartbeats(claimed, 3),
+            functools.partial(committer._write, batch),
+            heartbeats(claimed[1::2] + claimed[::2], 3),
+        )
     assert errors == [], errors
     assert deadlocks() == before
 
@@ -159,14 +201,26 @@ def test_busy_workers_with_a_short_heartbeat_never_deadlock(processes):
     tenants = [TenantFactory(max_running=500, max_queued=1000) for _ in range(6)]
     with transaction.atomic():
         # Half of them spend money: their checkpoints write their tenants' spend of the day too.
-        runs = [submit_run(tenant=tenants[i % len(tenants)], kind="steps" if i % 2 else "spender",
-                           input={"steps": 8} if i % 2 else {"steps": 8, "cents": 0.01})
-                for i in range(1500)]
+        runs = [
+            submit_run(
+                tenant=tenants[i % len(tenants)],
+                kind="steps" if i % 2 else "spender",
+                input={"steps": 8} if i % 2 else {"steps": 8, "cents": 0.01},
+            )
+            for i in range(1500)
+        ]
     before = deadlocks()
-    workers = [processes.worker("--concurrency", "30", "--heartbeat", "0.2", "--lease", "2", "--poll", "0.1")
-               for _ in range(2)]
-    wait_for(lambda: Run.objects.filter(status="done").count() == len(runs), timeout=600,
-             message="every run done")
+    workers = [
+        processes.worker(
+            "--concurrency", "30", "--heartbeat", "0.2", "--lease", "2", "--poll", "0.1"
+        )
+        for _ in range(2)
+    ]
+    wait_for(
+        lambda: Run.objects.filter(status="done").count() == len(runs),
+        timeout=600,
+        message="every run done",
+    )
     for worker in workers:
         worker.send_signal(signal.SIGTERM)
     for worker in workers:
@@ -175,10 +229,15 @@ def test_busy_workers_with_a_short_heartbeat_never_deadlock(processes):
     def workers_gone():
         # Their backends flush their statistics (the deadlocks counted there) as they end.
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                           " AND application_name = 'agentruns runworker'")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'agentruns runworker'"
+            )
             return cursor.fetchone()[0] == 0
+
     wait_for(workers_gone, timeout=30, message="the workers' connections to close")
     logs = "".join(processes.output(worker) for worker in workers)
-    assert "heartbeat failed" not in logs  # a lost heartbeat: its runs abandoned until their leases expire
+    assert (
+        "heartbeat failed" not in logs
+    )  # a lost heartbeat: its runs abandoned until their leases expire
     assert deadlocks() == before

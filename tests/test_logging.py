@@ -34,7 +34,9 @@ def the_line(lines: list[dict], event: str) -> dict:
     return found[0]
 
 
-def test_json_lines_of_a_worker_carry_the_run_the_step_the_attempt_and_the_worker(tenant, processes):
+def test_json_lines_of_a_worker_carry_the_run_the_step_the_attempt_and_the_worker(
+    tenant, processes
+):
     # Two runs, one after the other on the one pool thread: each line carries its own run, and the
     # step's fields only while the step runs.
     ada = submit_run(tenant=tenant, kind="logs_in_step", input={"name": "Ada"})
@@ -47,14 +49,23 @@ def test_json_lines_of_a_worker_carry_the_run_the_step_the_attempt_and_the_worke
     lines = json_lines(processes.output(proc))
 
     for run, name in ((ada, "Ada"), (bob, "Bob")):
-        inside = the_line(lines, f"greeting {name} from inside the step")  # logged on the step's thread
+        inside = the_line(
+            lines, f"greeting {name} from inside the step"
+        )  # logged on the step's thread
         assert {key: inside.get(key) for key in (*RUN_FIELDS, "step", "seq")} == {
-            "run_id": str(run.id), "tenant": str(tenant.id), "kind": "logs_in_step", "attempt": 1,
-            "worker": worker_id, "step": "greet", "seq": 1,
+            "run_id": str(run.id),
+            "tenant": str(tenant.id),
+            "kind": "logs_in_step",
+            "attempt": 1,
+            "worker": worker_id,
+            "step": "greet",
+            "seq": 1,
         }
         assert (inside["logger"], inside["level"]) == ("tests.agents", "info")
         assert inside["timestamp"].endswith("Z")
-        between = the_line(lines, f"greeted {name}, between steps")  # the run's thread, after the step
+        between = the_line(
+            lines, f"greeted {name}, between steps"
+        )  # the run's thread, after the step
         assert between["run_id"] == str(run.id) and between["worker"] == worker_id
         assert "step" not in between and "seq" not in between, between
     assert Run.objects.get(pk=bob.pk).attempt == 1

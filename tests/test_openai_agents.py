@@ -60,7 +60,10 @@ def last_tool_message(body: dict) -> dict:
 
 # Model calls and tool calls are steps.
 
-def test_every_model_call_and_tool_call_is_a_step_and_the_run_costs_their_sum(tenant, processes, fake_llm, tmp_path):
+
+def test_every_model_call_and_tool_call_is_a_step_and_the_run_costs_their_sum(
+    tenant, processes, fake_llm, tmp_path
+):
     log = str(tmp_path / "tools.log")
 
     def brain(body):
@@ -75,8 +78,10 @@ def test_every_model_call_and_tool_call_is_a_step_and_the_run_costs_their_sum(te
     assert run.status == "done", run.error
     assert run.result == {"final_output": "finished after 3 model calls", "last_agent": "Counter"}
     assert steps_of(run) == [
-        ("Thinking (iteration 1)", "llm", "done"), ("Calling tick", "tool", "done"),
-        ("Thinking (iteration 2)", "llm", "done"), ("Calling tick", "tool", "done"),
+        ("Thinking (iteration 1)", "llm", "done"),
+        ("Calling tick", "tool", "done"),
+        ("Thinking (iteration 2)", "llm", "done"),
+        ("Calling tick", "tool", "done"),
         ("Thinking (iteration 3)", "llm", "done"),
     ]
     assert executions(log) == ["tick 1", "tick 2"]
@@ -118,15 +123,18 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
         if n == HELD and not held.is_set():
             held.set()
             release.wait(30)
-            return fail(503, "the worker that asked is gone")  # answered to nobody, and charged nothing
+            return fail(
+                503, "the worker that asked is gone"
+            )  # answered to nobody, and charged nothing
         if n == MODEL_CALLS:
             return say(f"finished after {n} model calls")
         return say(None, ("tick", {"i": n}))
 
     fake_llm.brain = brain
     run = submit_run(tenant=tenant, kind="sdk_tools", input={"prompt": "count", "log": log})
-    first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES,
-                             **fake_llm.env)
+    first = processes.worker(
+        "--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES, **fake_llm.env
+    )
     wait_for(held.is_set, message="the 4th model call")
     assert Step.objects.filter(run=run, kind="llm", status="done").count() == 3
     assert executions(log) == ["tick 1", "tick 2", "tick 3"]
@@ -134,7 +142,9 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     release.set()
-    wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+    wait_for(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    )
     reaped = processes.run("reap", "--once", AGENT_MODULES=MODULES)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
 
@@ -154,9 +164,13 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
     assert run.cost_cents == cost_of(fake_llm.usage)  # the lost call was not charged
 
 
-def test_a_failed_model_call_is_retried_by_the_engine_and_a_refused_request_fails_the_run(tenant, fake_llm, tmp_path):
+def test_a_failed_model_call_is_retried_by_the_engine_and_a_refused_request_fails_the_run(
+    tenant, fake_llm, tmp_path
+):
     fake_llm.enqueue(fail(503, "overloaded"), say("second time lucky"))
-    run = submit_run(tenant=tenant, kind="sdk_tools", input={"prompt": "hi", "log": str(tmp_path / "tools.log")})
+    run = submit_run(
+        tenant=tenant, kind="sdk_tools", input={"prompt": "hi", "log": str(tmp_path / "tools.log")}
+    )
     [run] = drive(run)
     assert (run.status, run.attempt) == ("done", 2), run.error
     assert run.result["final_output"] == "second time lucky"
@@ -166,7 +180,9 @@ def test_a_failed_model_call_is_retried_by_the_engine_and_a_refused_request_fail
     assert (step.kind, step.executions) == ("llm", 2)
 
     fake_llm.enqueue(fail(400, "bad request"))
-    run = submit_run(tenant=tenant, kind="sdk_tools", input={"prompt": "hi", "log": str(tmp_path / "tools.log")})
+    run = submit_run(
+        tenant=tenant, kind="sdk_tools", input={"prompt": "hi", "log": str(tmp_path / "tools.log")}
+    )
     [run] = drive(run)
     assert (run.status, run.error_kind, run.attempt) == ("failed", "fatal", 1)
     assert "bad request" in run.error
@@ -174,18 +190,24 @@ def test_a_failed_model_call_is_retried_by_the_engine_and_a_refused_request_fail
 
 def test_a_model_call_that_hangs_times_out_and_is_made_again(tenant, fake_llm, tmp_path):
     fake_llm.enqueue(hang(30), say("answered in time"))
-    run = submit_run(tenant=tenant, kind="sdk_tools_short_timeout",
-                     input={"prompt": "hi", "log": str(tmp_path / "tools.log")})
+    run = submit_run(
+        tenant=tenant,
+        kind="sdk_tools_short_timeout",
+        input={"prompt": "hi", "log": str(tmp_path / "tools.log")},
+    )
     started = time.monotonic()
     [run] = drive(run)
     assert (run.status, run.attempt) == ("done", 2), run.error
     assert run.result["final_output"] == "answered in time"
-    assert time.monotonic() - started < 15  # the hung call was given up after its timeout, not waited out
+    assert (
+        time.monotonic() - started < 15
+    )  # the hung call was given up after its timeout, not waited out
     [step] = Step.objects.filter(run=run)
     assert (step.kind, step.executions) == ("llm", 2)
 
 
 # needs_approval tools wait for a person.
+
 
 def approval_brain(body):
     if turn(body["messages"]) == 1:
@@ -199,16 +221,24 @@ def until_approval(tenant, processes, fake_llm, log):
     worker(processes, fake_llm)
     run = fresh(run)
     assert run.status == "waiting_human", run.error
-    assert steps_of(run) == [("Thinking (iteration 1)", "llm", "done"), ("Approve refund", "approval", "waiting")]
+    assert steps_of(run) == [
+        ("Thinking (iteration 1)", "llm", "done"),
+        ("Approve refund", "approval", "waiting"),
+    ]
     proposal = Step.objects.get(run=run, kind="approval").input["proposal"]
     assert proposal["summary"] == "Call refund"
     assert proposal["arguments"] == {"order_id": "A-7", "amount_cents": 500}
-    assert proposal["changes"] == [{"field": "order_id", "after": "A-7"}, {"field": "amount_cents", "after": 500}]
+    assert proposal["changes"] == [
+        {"field": "order_id", "after": "A-7"},
+        {"field": "amount_cents", "after": 500},
+    ]
     assert executions(log) == [] and fake_llm.count == 1
     return run
 
 
-def test_an_approved_tool_call_runs_once_and_the_run_continues(tenant, processes, fake_llm, tmp_path):
+def test_an_approved_tool_call_runs_once_and_the_run_continues(
+    tenant, processes, fake_llm, tmp_path
+):
     log = str(tmp_path / "tools.log")
     run = until_approval(tenant, processes, fake_llm, log)
 
@@ -219,14 +249,18 @@ def test_an_approved_tool_call_runs_once_and_the_run_continues(tenant, processes
     assert executions(log) == ["refund A-7 500"]
     assert run.result["final_output"] == 'told: {"refunded": 500, "order_id": "A-7"}'
     assert steps_of(run) == [
-        ("Thinking (iteration 1)", "llm", "done"), ("Approve refund", "approval", "done"),
-        ("Calling refund", "tool", "done"), ("Thinking (iteration 2)", "llm", "done"),
+        ("Thinking (iteration 1)", "llm", "done"),
+        ("Approve refund", "approval", "done"),
+        ("Calling refund", "tool", "done"),
+        ("Thinking (iteration 2)", "llm", "done"),
     ]
     # The replay after the decision made no model call again.
     assert fake_llm.count == 2
 
 
-def test_a_rejected_tool_call_never_runs_and_the_model_is_told(tenant, processes, fake_llm, tmp_path):
+def test_a_rejected_tool_call_never_runs_and_the_model_is_told(
+    tenant, processes, fake_llm, tmp_path
+):
     log = str(tmp_path / "tools.log")
     run = until_approval(tenant, processes, fake_llm, log)
 
@@ -239,28 +273,43 @@ def test_a_rejected_tool_call_never_runs_and_the_model_is_told(tenant, processes
     assert "rejected this call: too much for a scratch" in told
     assert run.result["final_output"] == f"told: {told}"
     assert steps_of(run) == [
-        ("Thinking (iteration 1)", "llm", "done"), ("Approve refund", "approval", "done"),
+        ("Thinking (iteration 1)", "llm", "done"),
+        ("Approve refund", "approval", "done"),
         ("Thinking (iteration 2)", "llm", "done"),
     ]
 
 
 # The SDK's own test model, in process.
 
+
 def scripted(name: str, **models: ScriptedModel) -> str:
     SCRIPTS[name] = models
     return name
 
 
-def test_a_failed_tool_call_is_retried_without_calling_the_model_or_the_earlier_tools_again(tenant, tmp_path):
+def test_a_failed_tool_call_is_retried_without_calling_the_model_or_the_earlier_tools_again(
+    tenant, tmp_path
+):
     log = str(tmp_path / "tools.log")
-    model = ScriptedModel([
-        [function_call("tick", {"i": 1}, call_id="c1"), function_call("flaky", {}, call_id="c2"),
-         function_call("tick", {"i": 2}, call_id="c3")],
-        [assistant_message("all three done")],
-    ])
-    run = submit_run(tenant=tenant, kind="sdk_scripted", input={
-        "script": scripted("retry", model=model), "log": log, "flaky_marker": str(tmp_path / "failed-once"),
-    })
+    model = ScriptedModel(
+        [
+            [
+                function_call("tick", {"i": 1}, call_id="c1"),
+                function_call("flaky", {}, call_id="c2"),
+                function_call("tick", {"i": 2}, call_id="c3"),
+            ],
+            [assistant_message("all three done")],
+        ]
+    )
+    run = submit_run(
+        tenant=tenant,
+        kind="sdk_scripted",
+        input={
+            "script": scripted("retry", model=model),
+            "log": log,
+            "flaky_marker": str(tmp_path / "failed-once"),
+        },
+    )
     [run] = drive(run)
     assert (run.status, run.attempt) == ("done", 2), run.error
     assert run.result["final_output"] == "all three done"
@@ -269,20 +318,33 @@ def test_a_failed_tool_call_is_retried_without_calling_the_model_or_the_earlier_
     # The calls of one turn ran one after another, in the model's order; only the failed one again.
     assert executions(log) == ["tick 1", "flaky", "flaky", "tick 2"]
     assert [(name, kind) for name, kind, _ in steps_of(run)] == [
-        ("Thinking (iteration 1)", "llm"), ("Calling tick", "tool"), ("Calling flaky", "tool"),
-        ("Calling tick", "tool"), ("Thinking (iteration 2)", "llm"),
+        ("Thinking (iteration 1)", "llm"),
+        ("Calling tick", "tool"),
+        ("Calling flaky", "tool"),
+        ("Calling tick", "tool"),
+        ("Thinking (iteration 2)", "llm"),
     ]
     assert Step.objects.get(run=run, seq=3).executions == 2
 
 
-def test_a_turn_with_an_ordinary_call_and_one_awaiting_approval_runs_each_tool_once(tenant, tmp_path):
+def test_a_turn_with_an_ordinary_call_and_one_awaiting_approval_runs_each_tool_once(
+    tenant, tmp_path
+):
     log = str(tmp_path / "tools.log")
-    model = ScriptedModel([
-        [function_call("tick", {"i": 1}, call_id="c1"),
-         function_call("refund", {"order_id": "A-9", "amount_cents": 900}, call_id="c2")],
-        [assistant_message("ticked and refunded")],
-    ])
-    run = submit_run(tenant=tenant, kind="sdk_scripted", input={"script": scripted("mixed", model=model), "log": log})
+    model = ScriptedModel(
+        [
+            [
+                function_call("tick", {"i": 1}, call_id="c1"),
+                function_call("refund", {"order_id": "A-9", "amount_cents": 900}, call_id="c2"),
+            ],
+            [assistant_message("ticked and refunded")],
+        ]
+    )
+    run = submit_run(
+        tenant=tenant,
+        kind="sdk_scripted",
+        input={"script": scripted("mixed", model=model), "log": log},
+    )
     [run] = drive(run)
     assert run.status == "waiting_human", run.error
     assert executions(log) == ["tick 1"]
@@ -294,16 +356,25 @@ def test_a_turn_with_an_ordinary_call_and_one_awaiting_approval_runs_each_tool_o
     assert executions(log) == ["tick 1", "refund A-9 900"]
     assert len(model.calls) == 2
     assert [(name, kind) for name, kind, _ in steps_of(run)] == [
-        ("Thinking (iteration 1)", "llm"), ("Calling tick", "tool"), ("Approve refund", "approval"),
-        ("Calling refund", "tool"), ("Thinking (iteration 2)", "llm"),
+        ("Thinking (iteration 1)", "llm"),
+        ("Calling tick", "tool"),
+        ("Approve refund", "approval"),
+        ("Calling refund", "tool"),
+        ("Thinking (iteration 2)", "llm"),
     ]
 
 
 def test_running_out_of_turns_fails_the_run_as_a_step_limit(tenant, tmp_path):
     model = ScriptedModel([[function_call("tick", {"i": n}, call_id=f"c{n}")] for n in range(1, 4)])
-    run = submit_run(tenant=tenant, kind="sdk_scripted", input={
-        "script": scripted("turns", model=model), "log": str(tmp_path / "tools.log"), "max_turns": 2,
-    })
+    run = submit_run(
+        tenant=tenant,
+        kind="sdk_scripted",
+        input={
+            "script": scripted("turns", model=model),
+            "log": str(tmp_path / "tools.log"),
+            "max_turns": 2,
+        },
+    )
     [run] = drive(run)
     assert (run.status, run.error_kind) == ("failed", "step_limit")
     assert "max_turns" in run.error
@@ -311,20 +382,30 @@ def test_running_out_of_turns_fails_the_run_as_a_step_limit(tenant, tmp_path):
 
 def test_the_agents_handed_off_to_make_their_model_calls_as_steps_too(tenant, tmp_path):
     triage = ScriptedModel([[function_call("transfer_to_specialist", {}, call_id="h1")]])
-    specialist = ScriptedModel([[function_call("tick", {"i": 1}, call_id="c1")], [assistant_message("counted")]])
-    run = submit_run(tenant=tenant, kind="sdk_handoff", input={
-        "script": scripted("handoff", triage=triage, specialist=specialist), "log": str(tmp_path / "tools.log"),
-    })
+    specialist = ScriptedModel(
+        [[function_call("tick", {"i": 1}, call_id="c1")], [assistant_message("counted")]]
+    )
+    run = submit_run(
+        tenant=tenant,
+        kind="sdk_handoff",
+        input={
+            "script": scripted("handoff", triage=triage, specialist=specialist),
+            "log": str(tmp_path / "tools.log"),
+        },
+    )
     [run] = drive(run)
     assert run.status == "done", run.error
     assert run.result == {"final_output": "counted", "last_agent": "Specialist"}
     assert [(name, kind) for name, kind, _ in steps_of(run)] == [
-        ("Thinking (iteration 1)", "llm"), ("Thinking (iteration 2)", "llm"), ("Calling tick", "tool"),
+        ("Thinking (iteration 1)", "llm"),
+        ("Thinking (iteration 2)", "llm"),
+        ("Calling tick", "tool"),
         ("Thinking (iteration 3)", "llm"),
     ]
 
 
 # The built-in example kind.
+
 
 def test_the_example_kind_runs_offline_through_its_approval_to_done(tenant, offline):
     run = submit_run(tenant=tenant, kind="openai_agents_demo", input={})
@@ -351,10 +432,17 @@ def test_the_example_kind_runs_offline_through_its_approval_to_done(tenant, offl
 
 
 def test_the_example_kind_runs_offline_in_a_worker_process(tenant, processes):
-    run = submit_run(tenant=tenant, kind="openai_agents_demo", input={"order_id": "A-1002",
-                                                                     "message": "The lamp flickers."})
-    env = {"AGENT_MODULES": MODULES + ",examples.frameworks.openai_agents_example", "LLM_BASE_URL": "",
-           "LLM_PROVIDER": "", "RUNS_DEMO_DELAY_SCALE": "0"}
+    run = submit_run(
+        tenant=tenant,
+        kind="openai_agents_demo",
+        input={"order_id": "A-1002", "message": "The lamp flickers."},
+    )
+    env = {
+        "AGENT_MODULES": MODULES + ",examples.frameworks.openai_agents_example",
+        "LLM_BASE_URL": "",
+        "LLM_PROVIDER": "",
+        "RUNS_DEMO_DELAY_SCALE": "0",
+    }
     proc = processes.worker("--burst", **env)
     assert proc.wait(60) == 0, processes.output(proc)
     assert fresh(run).status == "waiting_human", fresh(run).error
@@ -366,7 +454,10 @@ def test_the_example_kind_runs_offline_in_a_worker_process(tenant, processes):
     assert run.result["refund"] is None
     assert "not for a flicker" in run.result["answer"]
     assert run.summary == "Nothing was refunded on order A-1002"
-    assert json.loads(Step.objects.get(run=run, name="Calling lookup_order").output["content"])["item"] == "Desk lamp"
+    assert (
+        json.loads(Step.objects.get(run=run, name="Calling lookup_order").output["content"])["item"]
+        == "Desk lamp"
+    )
 
 
 def test_the_example_kind_uses_the_configured_server_when_there_is_one(tenant, fake_llm):
@@ -375,7 +466,10 @@ def test_the_example_kind_uses_the_configured_server_when_there_is_one(tenant, f
         if n == 1:
             return say(None, ("lookup_order", {"order_id": "A-1001"}))
         if n == 2:
-            return say(None, ("issue_refund", {"order_id": "A-1001", "amount_cents": 3499, "reason": "broken"}))
+            return say(
+                None,
+                ("issue_refund", {"order_id": "A-1001", "amount_cents": 3499, "reason": "broken"}),
+            )
         return say("Refunded your kettle.")
 
     fake_llm.brain = brain
@@ -387,6 +481,8 @@ def test_the_example_kind_uses_the_configured_server_when_there_is_one(tenant, f
     assert run.status == "done", run.error
     assert (run.result["answer"], run.result["model"]) == ("Refunded your kettle.", "fake-model")
     assert run.result["refund"]["amount_cents"] == 3499
-    assert json.loads(last_tool_message(fake_llm.bodies()[1])["content"])["item"] == "Electric kettle"
+    assert (
+        json.loads(last_tool_message(fake_llm.bodies()[1])["content"])["item"] == "Electric kettle"
+    )
     assert fake_llm.count == 3
     assert run.cost_cents == cost_of(fake_llm.usage)

@@ -35,7 +35,9 @@ def done_event(run):
 
 
 def test_a_report_is_stored_with_the_run_and_told_in_its_last_event(tenant):
-    run = submit_run(tenant=tenant, kind="reporter", input={"summary": "Sent 3 invoices", "outcome": "succeeded"})
+    run = submit_run(
+        tenant=tenant, kind="reporter", input={"summary": "Sent 3 invoices", "outcome": "succeeded"}
+    )
     [run] = drive(run)
     assert (run.status, run.outcome, run.summary) == ("done", "succeeded", "Sent 3 invoices")
     assert run.get_outcome_display() == "Succeeded"
@@ -51,10 +53,17 @@ def test_a_run_that_reports_nothing_keeps_a_blank_outcome(tenant):
 
 
 def test_the_outcome_may_be_given_by_its_value_and_the_last_report_wins(tenant):
-    run = submit_run(tenant=tenant, kind="reporter",
-                     input={"summary": "Nothing to do today", "outcome": "unchanged", "report_twice": True})
+    run = submit_run(
+        tenant=tenant,
+        kind="reporter",
+        input={"summary": "Nothing to do today", "outcome": "unchanged", "report_twice": True},
+    )
     [run] = drive(run)
-    assert (run.status, run.outcome, run.summary) == ("done", RunOutcome.UNCHANGED, "Nothing to do today")
+    assert (run.status, run.outcome, run.summary) == (
+        "done",
+        RunOutcome.UNCHANGED,
+        "Nothing to do today",
+    )
 
 
 def test_the_summary_is_made_one_bounded_line(tenant):
@@ -62,9 +71,18 @@ def test_the_summary_is_made_one_bounded_line(tenant):
     run = submit_run(tenant=tenant, kind="reporter", input={"summary": "placeholder"})
     # A lone surrogate cannot even be submitted; the agent's own text can carry one.
     Run.objects.filter(pk=run.pk).update(input={"summary": "placeholder"})
-    [claimed] = claims.claim(worker_id=uuid4(), queues=["default"], kinds={"reporter": 1}, n=1, lease=60)
-    assert leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="finished",
-                         result_json="{}", outcome="partial", summary=hostile)
+    [claimed] = claims.claim(
+        worker_id=uuid4(), queues=["default"], kinds={"reporter": 1}, n=1, lease=60
+    )
+    assert leave_running(
+        run_id=run.id,
+        token=claimed.lease_token,
+        target="done",
+        reason="finished",
+        result_json="{}",
+        outcome="partial",
+        summary=hostile,
+    )
     run = fresh(run)
     assert run.summary.startswith("Moved the lead to won evil x")
     assert len(run.summary) == 300 and run.summary.endswith("…")
@@ -80,8 +98,11 @@ def test_an_unknown_outcome_fails_the_run_with_a_readable_error(tenant):
 
 
 def test_a_run_that_fails_after_reporting_keeps_what_it_reported(tenant):
-    run = submit_run(tenant=tenant, kind="reporter",
-                     input={"summary": "Imported 40 of 50 rows", "outcome": "partial", "fail": True})
+    run = submit_run(
+        tenant=tenant,
+        kind="reporter",
+        input={"summary": "Imported 40 of 50 rows", "outcome": "partial", "fail": True},
+    )
     [run] = drive(run)
     assert (run.status, run.outcome, run.summary) == ("failed", "partial", "Imported 40 of 50 rows")
 
@@ -95,26 +116,49 @@ def test_a_run_whose_work_was_rolled_back_keeps_no_report(tenant):
 
 def test_the_report_costs_no_statement_of_its_own(tenant, django_assert_num_queries):
     run = submit_run(tenant=tenant, kind="silent", input={})
-    [claimed] = claims.claim(worker_id=uuid4(), queues=["default"], kinds={"silent": 1}, n=1, lease=60)
+    [claimed] = claims.claim(
+        worker_id=uuid4(), queues=["default"], kinds={"silent": 1}, n=1, lease=60
+    )
     with django_assert_num_queries(1):
-        leave_running(run_id=run.id, token=claimed.lease_token, target="done", reason="finished",
-                      result_json="{}", outcome="succeeded", summary="All good")
+        leave_running(
+            run_id=run.id,
+            token=claimed.lease_token,
+            target="done",
+            reason="finished",
+            result_json="{}",
+            outcome="succeeded",
+            summary="All good",
+        )
     assert fresh(run).summary == "All good"
 
 
 def test_a_parked_run_stores_no_report_until_it_ends(tenant):
     run = submit_run(tenant=tenant, kind="silent", input={})
-    [claimed] = claims.claim(worker_id=uuid4(), queues=["default"], kinds={"silent": 1}, n=1, lease=60)
-    leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="retry",
-                  outcome="succeeded", summary="too early")
+    [claimed] = claims.claim(
+        worker_id=uuid4(), queues=["default"], kinds={"silent": 1}, n=1, lease=60
+    )
+    leave_running(
+        run_id=run.id,
+        token=claimed.lease_token,
+        target="queued",
+        reason="retry",
+        outcome="succeeded",
+        summary="too early",
+    )
     assert (fresh(run).status, fresh(run).outcome, fresh(run).summary) == ("queued", "", "")
 
 
 def test_a_replayed_run_reports_again_without_running_its_steps_again(tenant, tmp_path):
     log = str(tmp_path / "exec.log")
-    run = submit_run(tenant=tenant, kind="reporter", input={
-        "summary": "Synced the calendar", "log": log, "flaky_marker": str(tmp_path / "failed-once"),
-    })
+    run = submit_run(
+        tenant=tenant,
+        kind="reporter",
+        input={
+            "summary": "Synced the calendar",
+            "log": log,
+            "flaky_marker": str(tmp_path / "failed-once"),
+        },
+    )
     [run] = drive(run)
     assert (run.status, run.attempt) == ("done", 2)  # the step after the report failed once
     assert (run.outcome, run.summary) == ("succeeded", "Synced the calendar")
@@ -125,17 +169,30 @@ def test_a_report_survives_a_killed_worker(tenant, processes, tmp_path):
     log = str(tmp_path / "exec.log")
     block = tmp_path / "block"
     block.touch()
-    run = submit_run(tenant=tenant, kind="reporter", input={
-        "summary": "Renewed the certificate", "log": log, "block_file": str(block),
-    })
-    first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES)
+    run = submit_run(
+        tenant=tenant,
+        kind="reporter",
+        input={
+            "summary": "Renewed the certificate",
+            "log": log,
+            "block_file": str(block),
+        },
+    )
+    first = processes.worker(
+        "--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES
+    )
     # It reported (in memory) and is blocked in the step after: kill it there.
-    wait_for(lambda: any(name == "after" for _, _, name, _ in executions(log)), message="the step after the report")
+    wait_for(
+        lambda: any(name == "after" for _, _, name, _ in executions(log)),
+        message="the step after the report",
+    )
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     block.unlink()
     assert (fresh(run).outcome, fresh(run).summary) == ("", "")
-    wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+    wait_for(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    )
     reaped = processes.run("reap", "--once", AGENT_MODULES=MODULES)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
 
@@ -148,13 +205,22 @@ def test_a_report_survives_a_killed_worker(tenant, processes, tmp_path):
 
 
 def test_the_api_shows_title_outcome_and_summary(tenant, api):
-    run = submit_run(tenant=tenant, kind="reporter", input={"summary": "Closed 2 tickets", "outcome": "partial"})
+    run = submit_run(
+        tenant=tenant, kind="reporter", input={"summary": "Closed 2 tickets", "outcome": "partial"}
+    )
     [run] = drive(run)
     body = api.get(f"/api/runs/{run.id}").json()
-    assert (body["title"], body["outcome"], body["summary"]) == ("Closed 2 tickets", "partial", "Closed 2 tickets")
+    assert (body["title"], body["outcome"], body["summary"]) == (
+        "Closed 2 tickets",
+        "partial",
+        "Closed 2 tickets",
+    )
     [listed] = api.get("/api/runs").json()["items"]
-    assert (listed["title"], listed["outcome"], listed["summary"]) == ("Closed 2 tickets", "partial",
-                                                                       "Closed 2 tickets")
+    assert (listed["title"], listed["outcome"], listed["summary"]) == (
+        "Closed 2 tickets",
+        "partial",
+        "Closed 2 tickets",
+    )
     queued = submit_run(tenant=tenant, kind="silent", input={})
     body = api.get(f"/api/runs/{queued.id}").json()
     assert (body["title"], body["outcome"], body["summary"]) == ("", "", "")
@@ -162,9 +228,13 @@ def test_the_api_shows_title_outcome_and_summary(tenant, api):
 
 # The built-in kinds.
 
+
 def crm_until_approval(tenant, lead):
-    run = submit_run(tenant=tenant, kind="crm_update",
-                     input={"lead_id": lead.pk, "instruction": "They signed the contract today"})
+    run = submit_run(
+        tenant=tenant,
+        kind="crm_update",
+        input={"lead_id": lead.pk, "instruction": "They signed the contract today"},
+    )
     [run] = drive(run)
     assert run.status == "waiting_human", run.error
     assert (run.outcome, run.summary) == ("", "")
@@ -188,31 +258,52 @@ def test_a_rejected_crm_update_is_done_but_changed_nothing(tenant, offline):
     [run] = drive(run)
     assert (run.status, run.outcome) == ("done", "unchanged")
     assert run.get_outcome_display() == "Nothing changed"
-    assert run.summary == "The update of Kim Lee (Acme) was rejected by a person: nothing was written"
+    assert (
+        run.summary == "The update of Kim Lee (Acme) was rejected by a person: nothing was written"
+    )
     assert not LeadUpdate.objects.exists()
 
 
 def test_a_crm_update_of_a_missing_lead_changed_nothing(tenant, offline):
-    run = submit_run(tenant=tenant, kind="crm_update", input={"lead_id": 999999, "instruction": "They called back"})
+    run = submit_run(
+        tenant=tenant,
+        kind="crm_update",
+        input={"lead_id": 999999, "instruction": "They called back"},
+    )
     [run] = drive(run)
     assert (run.status, run.outcome) == ("done", "unchanged")
     assert run.summary == "Lead 999999 was not found: nothing was written"
 
 
 def test_the_other_built_in_kinds_report_what_they_did(tenant, offline):
-    brief = submit_run(tenant=tenant, kind="research_brief", input={"topic": "Acme Robotics", "depth": 2})
-    deploy = submit_run(tenant=tenant, kind="deploy_app", input={"app": "shop", "region": "eu-west"})
-    research = submit_run(tenant=tenant, kind="research",
-                          input={"question": "How does a worker avoid running a step twice after a crash?"})
+    brief = submit_run(
+        tenant=tenant, kind="research_brief", input={"topic": "Acme Robotics", "depth": 2}
+    )
+    deploy = submit_run(
+        tenant=tenant, kind="deploy_app", input={"app": "shop", "region": "eu-west"}
+    )
+    research = submit_run(
+        tenant=tenant,
+        kind="research",
+        input={"question": "How does a worker avoid running a step twice after a crash?"},
+    )
     brief, deploy, research = drive(brief, deploy, research)
     assert brief.outcome == "succeeded"
-    assert brief.summary.startswith("Wrote a brief on Acme Robotics:") and "from 2 sources" in brief.summary
+    assert (
+        brief.summary.startswith("Wrote a brief on Acme Robotics:")
+        and "from 2 sources" in brief.summary
+    )
     assert (deploy.title, deploy.outcome) == ("Deploy shop to eu-west", "succeeded")
-    assert deploy.summary == "Deployed shop to eu-west at https://shop.eu-west.example.test (4 resources)"
+    assert (
+        deploy.summary
+        == "Deployed shop to eu-west at https://shop.eu-west.example.test (4 resources)"
+    )
     assert research.outcome == "succeeded" and research.summary.startswith("Answered from ")
 
 
 def test_a_failed_deploy_that_rolled_back_reports_nothing(tenant, offline):
-    run = submit_run(tenant=tenant, kind="deploy_app", input={"app": "shop", "fail_at": "container"})
+    run = submit_run(
+        tenant=tenant, kind="deploy_app", input={"app": "shop", "fail_at": "container"}
+    )
     [run] = drive(run)
     assert (run.status, run.compensation, run.outcome, run.summary) == ("failed", "done", "", "")

@@ -53,10 +53,18 @@ def pgbouncer(request, transactional_db, tmp_path):
     executable = require_pgbouncer()
     version = pgbouncer_version(executable)
     if request.param and version < (1, 21):
-        pytest.skip(f"PgBouncer {'.'.join(map(str, version))} is installed; prepared statements in "
-                    "transaction mode need max_prepared_statements (1.21+): run with RUNS_DB_PREPARE=0")
-    bouncer = PgBouncer(executable, tmp_path, upstream=database_url(), aliases=ALIASES,
-                        pool_size=POOL_SIZE, max_prepared_statements=request.param).start()
+        pytest.skip(
+            f"PgBouncer {'.'.join(map(str, version))} is installed; prepared statements in "
+            "transaction mode need max_prepared_statements (1.21+): run with RUNS_DB_PREPARE=0"
+        )
+    bouncer = PgBouncer(
+        executable,
+        tmp_path,
+        upstream=database_url(),
+        aliases=ALIASES,
+        pool_size=POOL_SIZE,
+        max_prepared_statements=request.param,
+    ).start()
     yield bouncer
     bouncer.stop()
 
@@ -73,21 +81,33 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("GET", self.url, headers=bearer(self.api_key), timeout=30) as response:
+            with httpx.stream(
+                "GET", self.url, headers=bearer(self.api_key), timeout=30
+            ) as response:
                 self.status = response.status_code
                 read_events(response, seen=self.seen)
         except BaseException as exc:  # reported by the test
             self.error = exc
 
 
-def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(tenant, api_key, pgbouncer, processes, tmp_path):
+def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(
+    tenant, api_key, pgbouncer, processes, tmp_path
+):
     log = str(tmp_path / "exec.log")
-    pooled = pgbouncer.client_env  # RUNS_LISTEN=0, RUNS_DB_PREPARE=0 (or 1 with max_prepared_statements)
-    web = Web(processes, DATABASE_URL=pgbouncer.url("web"), RUNS_STREAM_POLL_SECONDS="0.2", **pooled).start()
+    pooled = (
+        pgbouncer.client_env
+    )  # RUNS_LISTEN=0, RUNS_DB_PREPARE=0 (or 1 with max_prepared_statements)
+    web = Web(
+        processes, DATABASE_URL=pgbouncer.url("web"), RUNS_STREAM_POLL_SECONDS="0.2", **pooled
+    ).start()
 
     def submit(kind: str, data: dict) -> str:
-        response = httpx.post(f"{web.base}/api/runs", json={"kind": kind, "input": data}, headers=bearer(api_key),
-                              timeout=10)
+        response = httpx.post(
+            f"{web.base}/api/runs",
+            json={"kind": kind, "input": data},
+            headers=bearer(api_key),
+            timeout=10,
+        )
         assert response.status_code == 202, response.text
         return response.json()["id"]
 
@@ -102,23 +122,37 @@ def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(tenant, ap
     wait_for(lambda: stream.seen or stream.error, message="the stream to start")
     assert stream.error is None, stream.error
     workers = [
-        processes.worker(*WORKER_ARGS, DATABASE_URL=pgbouncer.url("workers"), RUNS_DB_POOL_MIN="4", **pooled)
+        processes.worker(
+            *WORKER_ARGS, DATABASE_URL=pgbouncer.url("workers"), RUNS_DB_POOL_MIN="4", **pooled
+        )
         for _ in range(2)
     ]
-    wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2, message="both workers to register")
+    wait_for(
+        lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2,
+        message="both workers to register",
+    )
 
     # Multi-step runs, claimed and checkpointed by both workers.
     batch = [submit("steps", {"steps": 4, "log": log, "step_seconds": 0.01}) for _ in range(20)]
-    wait_for(lambda: Run.objects.filter(pk__in=batch, status="done").count() == len(batch), timeout=60,
-             message="the multi-step runs to finish")
-    wait_for(lambda: status(approval) == "waiting_human", message="the run to wait for its approval")
+    wait_for(
+        lambda: Run.objects.filter(pk__in=batch, status="done").count() == len(batch),
+        timeout=60,
+        message="the multi-step runs to finish",
+    )
+    wait_for(
+        lambda: status(approval) == "waiting_human", message="the run to wait for its approval"
+    )
     # Every worker connection is a PgBouncer client; fewer server connections serve them all.
     clients = [c for c in pgbouncer.admin("SHOW CLIENTS") if c["database"] == "workers"]
     assert len(clients) > POOL_SIZE, clients
     assert {c["application_name"] for c in clients} == {"agentruns runworker"}
 
-    answer = httpx.post(f"{web.base}/api/runs/{approval}/approve", json={"comment": "go"}, headers=bearer(api_key),
-                        timeout=10)
+    answer = httpx.post(
+        f"{web.base}/api/runs/{approval}/approve",
+        json={"comment": "go"},
+        headers=bearer(api_key),
+        timeout=10,
+    )
     assert answer.status_code == 200, answer.text
     wait_for(lambda: status(approval) == "done", message="the approved run to finish")
     stream.join(20)
@@ -131,18 +165,27 @@ def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(tenant, ap
     block = tmp_path / "block"
     block.touch()
     doomed = submit("steps", {"steps": 3, "log": log, "block_at": 2, "block_file": str(block)})
-    started = wait_for(lambda: [pid for r, seq, _, pid in executions(log) if r == doomed and seq == 2],
-                       message="step 2 to start")
+    started = wait_for(
+        lambda: [pid for r, seq, _, pid in executions(log) if r == doomed and seq == 2],
+        message="step 2 to start",
+    )
     holder = next(proc for proc in workers if proc.pid == started[0])
     survivor = next(proc for proc in workers if proc is not holder)
     holder.send_signal(signal.SIGKILL)
     holder.wait(10)
     block.unlink()
-    wait_for(lambda: Run.objects.get(pk=doomed).locked_until < timezone.now(), timeout=10,
-             message="the dead worker's lease to expire")
+    wait_for(
+        lambda: Run.objects.get(pk=doomed).locked_until < timezone.now(),
+        timeout=10,
+        message="the dead worker's lease to expire",
+    )
     reaped = processes.run("reap", "--once", DATABASE_URL=pgbouncer.url("reaper"), **pooled)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
-    wait_for(lambda: status(doomed) == "done", timeout=20, message="the other worker to finish the rescued run")
+    wait_for(
+        lambda: status(doomed) == "done",
+        timeout=20,
+        message="the other worker to finish the rescued run",
+    )
 
     survivor.send_signal(signal.SIGTERM)
     assert survivor.wait(30) == 0, processes.output(survivor)
@@ -177,7 +220,9 @@ def test_connections_of_their_own_prepare_statements_only_when_django_does(pgbou
     options = connections["default"].settings_dict["OPTIONS"]
     # What RUNS_LISTEN=0 leaves in the settings: no startup options (PgBouncer refuses them) ...
     monkeypatch.delitem(options, "options", raising=False)
-    if not pgbouncer.max_prepared_statements:  # ... and, with RUNS_DB_PREPARE=0, no prepare threshold
+    if (
+        not pgbouncer.max_prepared_statements
+    ):  # ... and, with RUNS_DB_PREPARE=0, no prepare threshold
         monkeypatch.delitem(options, "prepare_threshold", raising=False)
     through_pgbouncer = {"host": "127.0.0.1", "port": pgbouncer.port, "dbname": "web"}
     # Open transactions side by side, so that PgBouncer has several server connections to rotate through.
@@ -191,7 +236,9 @@ def test_connections_of_their_own_prepare_statements_only_when_django_does(pgbou
         servers = [s for s in pgbouncer.admin("SHOW SERVERS") if s["database"] == "web"]
         assert len(servers) == POOL_SIZE, servers
         reader = others[0]
-        for n in range(4 * POOL_SIZE + 6):  # past psycopg's default threshold on every server connection
+        for n in range(
+            4 * POOL_SIZE + 6
+        ):  # past psycopg's default threshold on every server connection
             assert reader.execute("SELECT %s::int + 1", [n]).fetchone() == (n + 1,)
     finally:
         for other in others:

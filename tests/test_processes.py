@@ -24,10 +24,22 @@ def step_started(log, run, seq):
 def test_two_workers_never_execute_the_same_step(tenant, processes, tmp_path):
     log = str(tmp_path / "exec.log")
     workers = [processes.worker("--concurrency", "4", "--poll", "0.2") for _ in range(2)]
-    wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2, message="both workers to register")
-    runs = [submit_run(tenant=tenant, kind="steps", input={"steps": 5, "log": log, "step_seconds": 0.01}) for _ in range(60)]
+    wait_for(
+        lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2,
+        message="both workers to register",
+    )
+    runs = [
+        submit_run(
+            tenant=tenant, kind="steps", input={"steps": 5, "log": log, "step_seconds": 0.01}
+        )
+        for _ in range(60)
+    ]
 
-    wait_for(lambda: Run.objects.filter(status="done").count() == len(runs), timeout=90, message="all runs done")
+    wait_for(
+        lambda: Run.objects.filter(status="done").count() == len(runs),
+        timeout=90,
+        message="all runs done",
+    )
     for proc in workers:
         proc.send_signal(signal.SIGTERM)
     for proc in workers:
@@ -43,11 +55,17 @@ def test_two_workers_never_execute_the_same_step(tenant, processes, tmp_path):
     assert Tenant.objects.get(pk=tenant.pk).running == 0
 
 
-def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6(tenant, processes, tmp_path):
+def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6(
+    tenant, processes, tmp_path
+):
     log = str(tmp_path / "exec.log")
     block = tmp_path / "block"
     block.touch()
-    run = submit_run(tenant=tenant, kind="steps", input={"steps": 9, "log": log, "block_at": 7, "block_file": str(block)})
+    run = submit_run(
+        tenant=tenant,
+        kind="steps",
+        input={"steps": 9, "log": log, "block_at": 7, "block_file": str(block)},
+    )
     first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2")
     wait_for(lambda: step_started(log, run, 7), message="step 7 to start")
     assert fresh(run).steps_done == 6
@@ -57,7 +75,9 @@ def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6
     block.unlink()  # the next execution of step 7 does not block
     # Nobody heartbeats now; until the lease expires the run stays with the dead worker.
     assert fresh(run).status == "running"
-    wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+    wait_for(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    )
     reaped = processes.run("reap", "--once")
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
     run = fresh(run)
@@ -73,12 +93,16 @@ def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6
     assert pids[1] == {first.pid} and pids[8] == {second.pid}
 
 
-def test_sigterm_releases_without_spending_an_attempt_and_the_next_worker_finishes(tenant, processes, tmp_path):
+def test_sigterm_releases_without_spending_an_attempt_and_the_next_worker_finishes(
+    tenant, processes, tmp_path
+):
     log = str(tmp_path / "exec.log")
     block = tmp_path / "block"
     block.touch()
     run = submit_run(
-        tenant=tenant, kind="steps", max_attempts=1,
+        tenant=tenant,
+        kind="steps",
+        max_attempts=1,
         input={"steps": 4, "log": log, "block_at": 2, "block_file": str(block)},
     )
     first = processes.worker("--poll", "0.2")
@@ -108,7 +132,11 @@ def test_runs_waiting_on_slow_steps_hold_no_database_connection(tenant, processe
     block = tmp_path / "block"
     block.touch()
     runs = [
-        submit_run(tenant=tenant, kind="steps", input={"steps": 2, "log": log, "block_at": 1, "block_file": str(block)})
+        submit_run(
+            tenant=tenant,
+            kind="steps",
+            input={"steps": 2, "log": log, "block_at": 1, "block_file": str(block)},
+        )
         for _ in range(40)
     ]
     worker = processes.worker("--concurrency", "40", RUNS_DB_POOL_MAX="6")
@@ -122,10 +150,16 @@ def test_runs_waiting_on_slow_steps_hold_no_database_connection(tenant, processe
             return cursor.fetchone()[0]
 
     # Every run enters its first step, which waits (like a slow model call) until the file goes.
-    wait_for(lambda: len(executions(log)) == 40, timeout=60, message="40 runs inside their first step")
+    wait_for(
+        lambda: len(executions(log)) == 40, timeout=60, message="40 runs inside their first step"
+    )
     # The pool (6) and the dedicated LISTEN connection, and at least the listener.
     assert 1 <= connections_in_use() <= 7
     block.unlink()
-    wait_for(lambda: Run.objects.filter(status="done").count() == len(runs), timeout=60, message="all runs done")
+    wait_for(
+        lambda: Run.objects.filter(status="done").count() == len(runs),
+        timeout=60,
+        message="all runs done",
+    )
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0, processes.output(worker)

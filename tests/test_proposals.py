@@ -37,7 +37,9 @@ class MailIn(BaseModel):
 @agent("proposals_mail", input_schema=MailIn)
 def proposals_mail(ctx: RunContext, data: MailIn) -> dict:
     """An LLM loop with one tool that needs approval and does not describe its calls."""
-    return run_agent_loop(ctx, system="You send emails.", user=data.prompt, tools=[send_email]).to_dict()
+    return run_agent_loop(
+        ctx, system="You send emails.", user=data.prompt, tools=[send_email]
+    ).to_dict()
 
 
 class RefundIn(BaseModel):
@@ -47,11 +49,19 @@ class RefundIn(BaseModel):
 @agent("proposals_refund", input_schema=RefundIn)
 def proposals_refund(ctx: RunContext, data: RefundIn) -> dict:
     """Asks for approval with a Proposal, then acts."""
-    decision = ctx.approval("Refund the order", proposal=Proposal(
-        f"Refund order {data.order}", target=f"Order {data.order} (ana@example.com)",
-        changes=[Change("status", "paid", "refunded"), Change("balance", 120, 0), Change("reason", UNKNOWN, "damaged")],
-        details={"ticket": "T-7"},
-    ))
+    decision = ctx.approval(
+        "Refund the order",
+        proposal=Proposal(
+            f"Refund order {data.order}",
+            target=f"Order {data.order} (ana@example.com)",
+            changes=[
+                Change("status", "paid", "refunded"),
+                Change("balance", 120, 0),
+                Change("reason", UNKNOWN, "damaged"),
+            ],
+            details={"ticket": "T-7"},
+        ),
+    )
     return {"refunded": decision.approved, "by": decision.by}
 
 
@@ -63,25 +73,40 @@ def pending_proposal(api, run):
 
 # The shape itself.
 
+
 def test_a_proposal_is_plain_json_and_comes_back_from_it():
-    proposal = Proposal("Update lead Ana Lopez (Acme)", target="Lead 1", changes=[
-        Change("stage", "new", "qualified"), Change("owner", UNKNOWN, "kim"), Change("notes", None, "call back"),
-    ], details={"source": "crm"})
+    proposal = Proposal(
+        "Update lead Ana Lopez (Acme)",
+        target="Lead 1",
+        changes=[
+            Change("stage", "new", "qualified"),
+            Change("owner", UNKNOWN, "kim"),
+            Change("notes", None, "call back"),
+        ],
+        details={"source": "crm"},
+    )
     data = proposal.to_json()
     assert data == {
-        "summary": "Update lead Ana Lopez (Acme)", "target": "Lead 1",
-        "changes": [{"field": "stage", "before": "new", "after": "qualified"}, {"field": "owner", "after": "kim"},
-                    {"field": "notes", "before": None, "after": "call back"}],
+        "summary": "Update lead Ana Lopez (Acme)",
+        "target": "Lead 1",
+        "changes": [
+            {"field": "stage", "before": "new", "after": "qualified"},
+            {"field": "owner", "after": "kim"},
+            {"field": "notes", "before": None, "after": "call back"},
+        ],
         "source": "crm",
     }
     assert Proposal.from_json(data) == proposal
 
 
-@pytest.mark.parametrize("make", [
-    lambda: Proposal(""),
-    lambda: Proposal("Do it", details={"changes": []}),
-    lambda: Proposal("Do it", changes=[("stage", "a", "b")]),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Proposal(""),
+        lambda: Proposal("Do it", details={"changes": []}),
+        lambda: Proposal("Do it", changes=[("stage", "a", "b")]),
+    ],
+)
 def test_a_proposal_without_a_summary_or_with_clashing_details_is_refused(make):
     with pytest.raises((ValueError, TypeError)):
         make()
@@ -94,22 +119,33 @@ def test_propose_needs_an_approval_to_describe():
 
 # ctx.approval
 
+
 @pytest.mark.django_db(transaction=True)
 def test_ctx_approval_stores_a_proposal_as_json_and_the_api_returns_it_as_stored(tenant, api):
     run = submit_run(tenant=tenant, kind="proposals_refund", input={})
     [run] = drive(run)
     stored = pending_proposal(api, run)
     assert stored == {
-        "summary": "Refund order 1042", "target": "Order 1042 (ana@example.com)",
-        "changes": [{"field": "status", "before": "paid", "after": "refunded"},
-                    {"field": "balance", "before": 120, "after": 0}, {"field": "reason", "after": "damaged"}],
+        "summary": "Refund order 1042",
+        "target": "Order 1042 (ana@example.com)",
+        "changes": [
+            {"field": "status", "before": "paid", "after": "refunded"},
+            {"field": "balance", "before": 120, "after": 0},
+            {"field": "reason", "after": "damaged"},
+        ],
         "ticket": "T-7",
     }
     assert Step.objects.get(run=run, kind="approval").input == {"proposal": stored}
     view = proposal_view(stored)
-    assert (view.summary, view.target, view.has_before) == ("Refund order 1042", "Order 1042 (ana@example.com)", True)
+    assert (view.summary, view.target, view.has_before) == (
+        "Refund order 1042",
+        "Order 1042 (ana@example.com)",
+        True,
+    )
     assert [(r.field, r.before_known and r.before, r.after) for r in view.rows] == [
-        ("Status", "paid", "refunded"), ("Balance", "120", "0"), ("Reason", False, "damaged"),
+        ("Status", "paid", "refunded"),
+        ("Balance", "120", "0"),
+        ("Reason", False, "damaged"),
     ]
     approve_run(run=run, actor=PERSON)
     [run] = drive(run)
@@ -118,17 +154,26 @@ def test_ctx_approval_stores_a_proposal_as_json_and_the_api_returns_it_as_stored
 
 # The LLM loop
 
+
 @pytest.mark.django_db(transaction=True)
 def test_the_loop_proposes_a_call_from_its_arguments_and_the_models_note(tenant, api, fake_llm):
-    fake_llm.enqueue(say("I will tell Ana.", ("send_email", {"to": "ana@example.com", "subject": "Shipped"})),
-                     say("Sent."))
+    fake_llm.enqueue(
+        say("I will tell Ana.", ("send_email", {"to": "ana@example.com", "subject": "Shipped"})),
+        say("Sent."),
+    )
     run = submit_run(tenant=tenant, kind="proposals_mail", input={})
     [run] = drive(run)
     proposal = pending_proposal(api, run)
     assert proposal == {
-        "summary": "Call send_email", "target": "",
-        "changes": [{"field": "to", "after": "ana@example.com"}, {"field": "subject", "after": "Shipped"}],
-        "tool": "send_email", "arguments": {"to": "ana@example.com", "subject": "Shipped"}, "note": "I will tell Ana.",
+        "summary": "Call send_email",
+        "target": "",
+        "changes": [
+            {"field": "to", "after": "ana@example.com"},
+            {"field": "subject", "after": "Shipped"},
+        ],
+        "tool": "send_email",
+        "arguments": {"to": "ana@example.com", "subject": "Shipped"},
+        "note": "I will tell Ana.",
     }
     view = proposal_view(proposal)
     assert view.summary == "Call send_email" and view.note == "I will tell Ana."
@@ -139,8 +184,13 @@ def test_the_loop_proposes_a_call_from_its_arguments_and_the_models_note(tenant,
 
 
 def make_lead(tenant, **fields):
-    return Lead.objects.create(tenant=tenant, **({"name": "Ana Lopez", "company": "Acme", "email": "ana@acme.test",
-                                   "stage": "new"} | fields))
+    return Lead.objects.create(
+        tenant=tenant,
+        **(
+            {"name": "Ana Lopez", "company": "Acme", "email": "ana@acme.test", "stage": "new"}
+            | fields
+        ),
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -151,8 +201,11 @@ def test_the_crm_write_proposes_the_leads_current_stage_as_before(tenant, api, p
     else:
         request.getfixturevalue("offline")
     lead = make_lead(tenant)
-    run = submit_run(tenant=tenant, kind="crm_update",
-                     input={"lead_id": lead.pk, "instruction": "Budget confirmed, they qualify"})
+    run = submit_run(
+        tenant=tenant,
+        kind="crm_update",
+        input={"lead_id": lead.pk, "instruction": "Budget confirmed, they qualify"},
+    )
     [run] = drive(run)
     proposal = pending_proposal(api, run)
     assert proposal["summary"] == "Update lead Ana Lopez (Acme)"
@@ -162,8 +215,14 @@ def test_the_crm_write_proposes_the_leads_current_stage_as_before(tenant, api, p
         {"field": "note", "before": None, "after": "Budget confirmed, they qualify"},
     ]
     # What the model asked for stays where API clients read it.
-    assert proposal["arguments"] == {"lead_id": lead.pk, "stage": "qualified", "note": "Budget confirmed, they qualify"}
-    assert proposal["tool"] == "update_lead" and proposal["note"].startswith("I propose to move it from new")
+    assert proposal["arguments"] == {
+        "lead_id": lead.pk,
+        "stage": "qualified",
+        "note": "Budget confirmed, they qualify",
+    }
+    assert proposal["tool"] == "update_lead" and proposal["note"].startswith(
+        "I propose to move it from new"
+    )
     [row, _] = proposal_view(proposal).rows
     assert (row.field, row.before, row.after) == ("Stage", "new", "qualified")
 
@@ -174,25 +233,35 @@ def test_the_crm_write_proposes_the_leads_current_stage_as_before(tenant, api, p
     assert run.status == "done", run.error
     described = Step.objects.get(run=run, name="Proposing update_lead")
     assert (described.kind, described.executions, described.output["proposal"]["summary"]) == (
-        "custom", 1, "Update lead Ana Lopez (Acme)")
+        "custom",
+        1,
+        "Update lead Ana Lopez (Acme)",
+    )
     assert Lead.objects.get(pk=lead.pk).stage == "qualified"
     assert LeadUpdate.objects.get(lead=lead).previous["stage"] == "contacted"
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_crm_write_that_would_change_nothing_is_answered_to_the_model_without_asking_anyone(tenant, fake_llm):
+def test_a_crm_write_that_would_change_nothing_is_answered_to_the_model_without_asking_anyone(
+    tenant, fake_llm
+):
     lead = make_lead(tenant, stage="qualified")
     fake_llm.enqueue(
         say("Reading.", ("get_lead", {"lead_id": lead.pk})),
         say("Moving it.", ("update_lead", {"lead_id": lead.pk, "stage": "qualified"})),
         say("It was already qualified."),
     )
-    run = submit_run(tenant=tenant, kind="crm_update", input={"lead_id": lead.pk, "instruction": "They qualify"})
+    run = submit_run(
+        tenant=tenant, kind="crm_update", input={"lead_id": lead.pk, "instruction": "They qualify"}
+    )
     [run] = drive(run)
     assert run.status == "done", run.error
     assert not Step.objects.filter(run=run, kind="approval").exists()
     told = [m for m in fake_llm.bodies()[2]["messages"] if m["role"] == "tool"][-1]["content"]
-    assert told == f"Error: nothing to update: lead {lead.pk} is already at stage qualified and no note was given"
+    assert (
+        told
+        == f"Error: nothing to update: lead {lead.pk} is already at stage qualified and no note was given"
+    )
     assert not LeadUpdate.objects.exists()
 
 

@@ -50,7 +50,9 @@ def run_in_worker(processes, fake_llm, run):
     return fresh(run)
 
 
-def test_every_model_request_and_tool_call_is_a_step_with_its_tokens_and_cost(tenant, processes, fake_llm):
+def test_every_model_request_and_tool_call_is_a_step_with_its_tokens_and_cost(
+    tenant, processes, fake_llm
+):
     def brain(body):
         n = turn(body["messages"])
         return say(None, ("tick", {"i": n})) if n < 3 else say("ticked twice")
@@ -62,13 +64,18 @@ def test_every_model_request_and_tool_call_is_a_step_with_its_tokens_and_cost(te
     assert run.status == "done", run.error
     assert run.result["output"] == "ticked twice"
     assert steps(run) == [
-        ("llm", "Thinking (iteration 1)"), ("tool", "Calling tick"),
-        ("llm", "Thinking (iteration 2)"), ("tool", "Calling tick"),
+        ("llm", "Thinking (iteration 1)"),
+        ("tool", "Calling tick"),
+        ("llm", "Thinking (iteration 2)"),
+        ("tool", "Calling tick"),
         ("llm", "Thinking (iteration 3)"),
     ]
     assert fake_llm.count == 3
     # What the model was told came from the tool steps.
-    assert [json.loads(c) for c in tool_messages(fake_llm.bodies()[2])] == [{"tick": 1}, {"tick": 2}]
+    assert [json.loads(c) for c in tool_messages(fake_llm.bodies()[2])] == [
+        {"tick": 1},
+        {"tick": 2},
+    ]
     assert Step.objects.get(run=run, seq=2).input == {"kwargs": {"arguments": {"i": 1}}}
     model_steps = Step.objects.filter(run=run, kind="llm").order_by("seq")
     assert [(s.tokens_in, s.tokens_out) for s in model_steps] == fake_llm.usage
@@ -98,15 +105,23 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
 
     fake_llm.brain = brain
     run = submit_run(tenant=tenant, kind="pai_openai", input={"prompt": "count"})
-    first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES,
-                             **fake_llm.env)
-    wait_for(lambda: fake_llm.count == HOLD_AT and fresh(run).current_step == f"Thinking (iteration {HOLD_AT})",
-             message="the 4th model request, held by the server")
+    first = processes.worker(
+        "--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES, **fake_llm.env
+    )
+    wait_for(
+        lambda: (
+            fake_llm.count == HOLD_AT
+            and fresh(run).current_step == f"Thinking (iteration {HOLD_AT})"
+        ),
+        message="the 4th model request, held by the server",
+    )
     assert Step.objects.filter(run=run, kind="llm", status="done").count() == HOLD_AT - 1
 
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    wait_for(lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire")
+    wait_for(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    )
     reaped = processes.run("reap", "--once", AGENT_MODULES=MODULES)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
 
@@ -117,15 +132,24 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
     assert model_steps.count() == MODEL_CALLS
     # Every model call made once, and the one interrupted made again: nothing recorded was asked twice.
     assert fake_llm.count == MODEL_CALLS + 1
-    assert [s.executions for s in model_steps[:HOLD_AT - 1]] == [1] * (HOLD_AT - 1)
-    assert set(Step.objects.filter(run=run, kind="tool").values_list("executions", flat=True)) == {1}
+    assert [s.executions for s in model_steps[: HOLD_AT - 1]] == [1] * (HOLD_AT - 1)
+    assert set(Step.objects.filter(run=run, kind="tool").values_list("executions", flat=True)) == {
+        1
+    }
     # The resumed worker sent the held request again, rebuilt from the step log alone.
     bodies = fake_llm.bodies()
     assert bodies[HOLD_AT] == bodies[HOLD_AT - 1]
-    assert [json.loads(c) for c in tool_messages(bodies[HOLD_AT])] == [{"tick": i} for i in range(1, HOLD_AT)]
+    assert [json.loads(c) for c in tool_messages(bodies[HOLD_AT])] == [
+        {"tick": i} for i in range(1, HOLD_AT)
+    ]
 
-    totals = Step.objects.filter(run=run).aggregate(i=Sum("tokens_in"), o=Sum("tokens_out"), c=Sum("cost_cents"))
-    assert (totals["i"], totals["o"]) == (sum(i for i, _ in fake_llm.usage), sum(o for _, o in fake_llm.usage))
+    totals = Step.objects.filter(run=run).aggregate(
+        i=Sum("tokens_in"), o=Sum("tokens_out"), c=Sum("cost_cents")
+    )
+    assert (totals["i"], totals["o"]) == (
+        sum(i for i, _ in fake_llm.usage),
+        sum(o for _, o in fake_llm.usage),
+    )
     assert run.cost_cents == totals["c"] == sum(cents(i, o) for i, o in fake_llm.usage)
 
 
@@ -161,13 +185,19 @@ def test_a_tool_that_requires_approval_waits_for_a_person_and_runs_once_approved
     assert run.status == "done", run.error
     assert kinds.written_lines(path) == ["hello"]
     assert run.result["output"] == "done: recorded hello"
-    assert steps(run) == [("llm", "Thinking (iteration 1)"), ("approval", "Approve record"),
-                          ("tool", "Calling record"), ("llm", "Thinking (iteration 2)")]
+    assert steps(run) == [
+        ("llm", "Thinking (iteration 1)"),
+        ("approval", "Approve record"),
+        ("tool", "Calling record"),
+        ("llm", "Thinking (iteration 2)"),
+    ]
     assert Step.objects.get(run=run, name="Calling record").executions == 1
     assert fake_llm.count == 2  # the first model call was replayed, not made again
 
 
-def test_a_rejected_tool_call_is_told_to_the_model_and_never_runs(tenant, processes, fake_llm, tmp_path):
+def test_a_rejected_tool_call_is_told_to_the_model_and_never_runs(
+    tenant, processes, fake_llm, tmp_path
+):
     path = tmp_path / "notes.txt"
     fake_llm.brain = approval_brain(path)
     run = submit_run(tenant=tenant, kind="pai_openai", input={"prompt": "note it"})
@@ -190,9 +220,15 @@ def test_pydantic_ais_test_model_drives_the_tools_as_steps(tenant):
 
     assert run.status == "done", run.error
     assert json.loads(run.result["output"]) == {"add": 0, "shout": "A"}
-    assert steps(run) == [("llm", "Thinking (iteration 1)"), ("tool", "Calling add"), ("tool", "Calling shout"),
-                          ("llm", "Thinking (iteration 2)")]
-    assert all(s.tokens_in > 0 and s.tokens_out > 0 for s in Step.objects.filter(run=run, kind="llm"))
+    assert steps(run) == [
+        ("llm", "Thinking (iteration 1)"),
+        ("tool", "Calling add"),
+        ("tool", "Calling shout"),
+        ("llm", "Thinking (iteration 2)"),
+    ]
+    assert all(
+        s.tokens_in > 0 and s.tokens_out > 0 for s in Step.objects.filter(run=run, kind="llm")
+    )
 
 
 def test_a_second_agent_run_continues_the_conversation_of_the_first(tenant):
@@ -202,10 +238,15 @@ def test_a_second_agent_run_continues_the_conversation_of_the_first(tenant):
     assert run.status == "done", run.error
     first, second = run.result["run_ids"]
     assert (first, second) == (f"{run.id}:1", f"{run.id}:2")  # replay-stable, one per agent run
-    assert run.result["new"] < run.result["all"]  # the second run's new messages exclude the first's
+    assert (
+        run.result["new"] < run.result["all"]
+    )  # the second run's new messages exclude the first's
     # Iterations are counted per run_agent(); TestModel answers the second prompt without tools.
     assert [name for kind, name in steps(run) if kind == "llm"] == [
-        "Thinking (iteration 1)", "Thinking (iteration 2)", "Thinking (iteration 1)"]
+        "Thinking (iteration 1)",
+        "Thinking (iteration 2)",
+        "Thinking (iteration 1)",
+    ]
 
 
 def test_one_worker_runs_several_agents_at_once_on_its_event_loop(tenant, processes, fake_llm):
@@ -215,8 +256,12 @@ def test_one_worker_runs_several_agents_at_once_on_its_event_loop(tenant, proces
         return say(None, ("tick", {"i": n})) if n < 3 else say(f"{prompt}: done")
 
     fake_llm.brain = brain
-    runs = [submit_run(tenant=tenant, kind="pai_openai", input={"prompt": f"run {i}"}) for i in range(4)]
-    worker = processes.worker("--burst", "--concurrency", "4", AGENT_MODULES=MODULES, **fake_llm.env)
+    runs = [
+        submit_run(tenant=tenant, kind="pai_openai", input={"prompt": f"run {i}"}) for i in range(4)
+    ]
+    worker = processes.worker(
+        "--burst", "--concurrency", "4", AGENT_MODULES=MODULES, **fake_llm.env
+    )
     assert worker.wait(60) == 0, processes.output(worker)
 
     for i, run in enumerate(runs):
@@ -238,10 +283,19 @@ def test_a_retried_run_replays_the_function_models_recorded_answer(tenant):
     assert (run.status, run.attempt) == ("done", 2), run.error
     assert run.result["output"] == "the answer is 42"
     assert len(kinds.TOOL_CALLS) == 2  # failed once, then succeeded
-    assert len(kinds.MODEL_CALLS) == 2  # the first answer was replayed on the retry, not asked again
+    assert (
+        len(kinds.MODEL_CALLS) == 2
+    )  # the first answer was replayed on the retry, not asked again
     first, fetch, second = Step.objects.filter(run=run).order_by("seq")
-    assert (first.name, first.executions, fetch.executions, second.executions) == ("Thinking (iteration 1)", 1, 2, 1)
-    assert run.cost_cents == first.cost_cents + second.cost_cents > 0  # the offline model is priced as "scripted"
+    assert (first.name, first.executions, fetch.executions, second.executions) == (
+        "Thinking (iteration 1)",
+        1,
+        2,
+        1,
+    )
+    assert (
+        run.cost_cents == first.cost_cents + second.cost_cents > 0
+    )  # the offline model is priced as "scripted"
 
 
 @pytest.mark.parametrize("how", ["run_sync", "run"])
@@ -292,7 +346,9 @@ def test_a_429_from_the_model_is_retried_by_the_engine_after_the_delay_asked(ten
     assert step.attempts.get().error_kind == "retryable"
 
 
-def test_a_hung_model_request_times_out_as_a_retryable_step_and_is_made_again(tenant, fake_llm, settings):
+def test_a_hung_model_request_times_out_as_a_retryable_step_and_is_made_again(
+    tenant, fake_llm, settings
+):
     settings.RUNS_BACKOFF_BASE_SECONDS = 0.01
     fake_llm.enqueue(hang(30))
     fake_llm.brain = lambda body: say("answered")
@@ -317,7 +373,11 @@ def test_a_400_from_the_model_fails_the_run_at_once(tenant, fake_llm):
 
 
 def test_the_built_in_example_runs_offline_to_done_once_the_refund_is_approved(tenant, offline):
-    run = submit_run(tenant=tenant, kind="pydantic_ai_demo", input={"order_id": 7, "request": "It arrived broken"})
+    run = submit_run(
+        tenant=tenant,
+        kind="pydantic_ai_demo",
+        input={"order_id": 7, "request": "It arrived broken"},
+    )
     [run] = drive(run)
     assert run.status == "waiting_human", run.error
     approval = Step.objects.get(run=run, kind="approval", status="waiting")
@@ -331,12 +391,24 @@ def test_the_built_in_example_runs_offline_to_done_once_the_refund_is_approved(t
     assert run.result["refunded"] is True and run.result["model"] == "scripted"
     assert run.result["answer"].startswith("I refunded")
     assert (run.outcome, run.summary) == ("succeeded", "Refunded order 7")
-    assert [kind for kind, _ in steps(run)] == ["custom", "llm", "tool", "llm", "approval", "tool", "llm"]
+    assert [kind for kind, _ in steps(run)] == [
+        "custom",
+        "llm",
+        "tool",
+        "llm",
+        "approval",
+        "tool",
+        "llm",
+    ]
     assert run.cost_cents > 0
 
 
 def test_the_example_tells_the_customer_when_the_refund_is_rejected(tenant, offline):
-    run = submit_run(tenant=tenant, kind="pydantic_ai_demo", input={"order_id": 7, "request": "I changed my mind"})
+    run = submit_run(
+        tenant=tenant,
+        kind="pydantic_ai_demo",
+        input={"order_id": 7, "request": "I changed my mind"},
+    )
     [run] = drive(run)
     reject_run(run=run, actor=PERSON, comment="outside the return window")
     [run] = drive(run)
@@ -346,4 +418,3 @@ def test_the_example_tells_the_customer_when_the_refund_is_rejected(tenant, offl
     assert "outside the return window" in run.result["answer"]
     assert run.outcome == "unchanged"
     assert not Step.objects.filter(run=run, name="Calling refund_order").exists()
-

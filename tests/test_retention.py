@@ -36,17 +36,31 @@ from workers.reaper import Reaper
 MONTH = timedelta(days=30)
 
 
-def make_run(tenant, status: str = RunStatus.DONE, *, finished_days_ago: float | None = None,
-             created_days_ago: float | None = None, **fields) -> Run:
+def make_run(
+    tenant,
+    status: str = RunStatus.DONE,
+    *,
+    finished_days_ago: float | None = None,
+    created_days_ago: float | None = None,
+    **fields,
+) -> Run:
     """A run written straight to the table: finished that many days ago (terminal ones), created before."""
     now = timezone.now()
-    created = now - timedelta(days=created_days_ago if created_days_ago is not None else (finished_days_ago or 0) + 1)
+    created = now - timedelta(
+        days=created_days_ago if created_days_ago is not None else (finished_days_ago or 0) + 1
+    )
     if finished_days_ago is not None:
         fields.setdefault("finished_at", now - timedelta(days=finished_days_ago))
     if status == RunStatus.RUNNING:
-        fields.update(lease_token=1, locked_by=uuid.uuid4(), locked_until=now + timedelta(minutes=5), started_at=now)
-    return Run.objects.create(tenant=tenant, kind="echo", status=status, created_at=created, updated_at=created,
-                              **fields)
+        fields.update(
+            lease_token=1,
+            locked_by=uuid.uuid4(),
+            locked_until=now + timedelta(minutes=5),
+            started_at=now,
+        )
+    return Run.objects.create(
+        tenant=tenant, kind="echo", status=status, created_at=created, updated_at=created, **fields
+    )
 
 
 def old(tenant, status: str = RunStatus.DONE, **fields) -> Run:
@@ -98,9 +112,17 @@ def test_an_old_finished_run_is_deleted_with_everything_it_owns_and_its_files(te
     endpoint = WebhookEndpoint.objects.create(tenant=tenant, url="https://hooks.example.com/runs")
     done = Event.objects.get(run=run, seq=2)
     for status in ("delivered", "dead"):
-        WebhookDelivery.objects.create(event=done, run=run, tenant=tenant, endpoint=endpoint, url=endpoint.url,
-                                       event_type=done.type, webhook_id=f"msg_{status}", status=status,
-                                       created_at=timezone.now() - timedelta(days=40))
+        WebhookDelivery.objects.create(
+            event=done,
+            run=run,
+            tenant=tenant,
+            endpoint=endpoint,
+            url=endpoint.url,
+            event_type=done.type,
+            webhook_id=f"msg_{status}",
+            status=status,
+            created_at=timezone.now() - timedelta(days=40),
+        )
     StreamWatch.objects.create(run_id=run.pk, server=uuid.uuid4())
     # A neighbour finished yesterday, with records of its own: none of them goes.
     young = make_run(tenant, finished_days_ago=1)
@@ -110,8 +132,16 @@ def test_an_old_finished_run_is_deleted_with_everything_it_owns_and_its_files(te
 
     pruned = prune_finished(older_than=MONTH, batch=500)
 
-    assert (pruned.runs, pruned.steps, pruned.attempts, pruned.events, pruned.messages, pruned.artifacts,
-            pruned.deliveries, pruned.watches) == (1, 1, 1, 2, 1, 1, 2, 1)
+    assert (
+        pruned.runs,
+        pruned.steps,
+        pruned.attempts,
+        pruned.events,
+        pruned.messages,
+        pruned.artifacts,
+        pruned.deliveries,
+        pruned.watches,
+    ) == (1, 1, 1, 2, 1, 1, 2, 1)
     assert pruned.files == [artifact.file.name]
     assert left(run.pk) == dict.fromkeys(before, 0)
     assert not path.exists()
@@ -135,7 +165,10 @@ def test_live_runs_of_every_live_status_and_young_finished_runs_stay(tenant):
     live = [make_run(tenant, status, created_days_ago=90) for status in sorted(LIVE_STATUSES)]
     # A queued run that kept an old finished_at (as if retried without clearing it): the status decides.
     live.append(make_run(tenant, RunStatus.QUEUED, finished_days_ago=90))
-    young = [make_run(tenant, status, finished_days_ago=29, created_days_ago=90) for status in sorted(TERMINAL_STATUSES)]
+    young = [
+        make_run(tenant, status, finished_days_ago=29, created_days_ago=90)
+        for status in sorted(TERMINAL_STATUSES)
+    ]
     for run in live + young:
         with_records(run)
     gone = [old(tenant, status) for status in sorted(TERMINAL_STATUSES)]
@@ -145,8 +178,16 @@ def test_live_runs_of_every_live_status_and_young_finished_runs_stay(tenant):
     assert {r.status for r in live} == set(LIVE_STATUSES)
     assert not any(exists(run) for run in gone)
     for run in live + young:
-        assert left(run.pk) == {"runs": 1, "steps": 1, "attempts": 1, "events": 2, "messages": 1, "artifacts": 0,
-                                "deliveries": 0, "watches": 0}, run.status
+        assert left(run.pk) == {
+            "runs": 1,
+            "steps": 1,
+            "attempts": 1,
+            "events": 2,
+            "messages": 1,
+            "artifacts": 0,
+            "deliveries": 0,
+            "watches": 0,
+        }, run.status
 
 
 @pytest.mark.django_db(transaction=True)
@@ -159,7 +200,12 @@ def test_a_family_goes_leaf_first_one_run_per_batch(tenant):
     grandchild = old(tenant, parent=first, finished_at=timezone.now() - timedelta(days=50))
     for run in (parent, first, second, grandchild):
         with_records(run)
-    family = {parent.pk: "parent", first.pk: "first", second.pk: "second", grandchild.pk: "grandchild"}
+    family = {
+        parent.pk: "parent",
+        first.pk: "first",
+        second.pk: "second",
+        grandchild.pk: "grandchild",
+    }
 
     order = []
     for _ in range(4):
@@ -199,7 +245,9 @@ def test_forks_of_a_deleted_run_survive_without_their_origin(tenant):
     young_fork = make_run(tenant, finished_days_ago=3, origin=origin, origin_step=1)
     old_fork = old(tenant, origin=origin, origin_step=1)  # goes in the same batch as its origin
 
-    pruned = prune_finished(older_than=MONTH, batch=500)  # commits: the deferred foreign keys are checked
+    pruned = prune_finished(
+        older_than=MONTH, batch=500
+    )  # commits: the deferred foreign keys are checked
 
     assert (pruned.runs, pruned.forks_detached) == (2, 2)
     assert not exists(origin) and not exists(old_fork)
@@ -219,7 +267,9 @@ def test_batches_are_bounded_oldest_first_and_repeated_calls_finish_the_job(tena
         remaining = set(Run.objects.values_list("pk", flat=True))
         counts.append(prune_finished(older_than=MONTH, batch=3).runs)
         if len(counts) == 1:
-            assert remaining - set(Run.objects.values_list("pk", flat=True)) == {r.pk for r in runs[-3:]}
+            assert remaining - set(Run.objects.values_list("pk", flat=True)) == {
+                r.pk for r in runs[-3:]
+            }
 
     assert counts == [3, 3, 1, 0]
     assert not Run.objects.exists() and not Step.objects.exists() and not Event.objects.exists()
@@ -230,8 +280,15 @@ def test_a_run_with_a_webhook_still_being_retried_waits_for_it(tenant):
     run = old(tenant)
     with_records(run)
     event = Event.objects.get(run=run, seq=2)
-    delivery = WebhookDelivery.objects.create(event=event, run=run, tenant=tenant, url="https://hooks.example.com/",
-                                              event_type=event.type, webhook_id="msg_1", status="pending")
+    delivery = WebhookDelivery.objects.create(
+        event=event,
+        run=run,
+        tenant=tenant,
+        url="https://hooks.example.com/",
+        event_type=event.type,
+        webhook_id="msg_1",
+        status="pending",
+    )
 
     assert prune_finished(older_than=MONTH, batch=500).runs == 0
 

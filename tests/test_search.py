@@ -32,6 +32,7 @@ def ids(runs) -> list:
 
 # --- Titles ------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 class TestTitles:
     def test_by_default_the_first_string_field_names_the_run(self, tenant):
@@ -40,7 +41,10 @@ class TestTitles:
         assert submit(tenant, count=3).title == ""
 
     def test_a_kind_names_its_runs_with_a_function_or_a_field(self, tenant):
-        assert submit(tenant, "titled_by_function", order=7, customer="Acme").title == "Order 7 for Acme"
+        assert (
+            submit(tenant, "titled_by_function", order=7, customer="Acme").title
+            == "Order 7 for Acme"
+        )
         assert submit(tenant, "titled_by_field", note="first", customer="Globex").title == "Globex"
         # A blank or missing field: the default title.
         assert submit(tenant, "titled_by_field", note="first", customer=" ").title == "first"
@@ -85,7 +89,6 @@ class TestTitles:
             agent("bad_title", title=3)
 
 
-
 @pytest.mark.django_db(transaction=True)
 def test_children_get_titles_through_the_same_submit(tenant):
     parent = submit(tenant, "spawns_titled", order=12)
@@ -95,6 +98,7 @@ def test_children_get_titles_through_the_same_submit(tenant):
 
 
 # --- Search ------------------------------------------------------------------------
+
 
 @pytest.fixture(params=[selectors.SEARCH_WINDOW, 2], ids=["newest-window", "past-the-window"])
 def window(request, monkeypatch):
@@ -108,11 +112,17 @@ def window(request, monkeypatch):
 class TestSearch:
     def test_matches_the_title_and_the_inputs_text_case_insensitively(self, tenant):
         titled = submit(tenant, "titled_by_function", order=1, customer="Wayne Enterprises")
-        nested = submit(tenant, customer="Stark", notes={"history": ["met at the expo", "Renewal CONTRACT signed"]})
+        nested = submit(
+            tenant,
+            customer="Stark",
+            notes={"history": ["met at the expo", "Renewal CONTRACT signed"]},
+        )
         other = submit(tenant, customer="Oscorp", notes={"history": ["nothing yet"]})
         assert ids(found(tenant, "order 1 for")) == [titled.id]  # words of the title
         assert ids(found(tenant, "wayne")) == [titled.id]
-        assert ids(found(tenant, "contract renewal")) == [nested.id]  # every word, in any order, at any depth
+        assert ids(found(tenant, "contract renewal")) == [
+            nested.id
+        ]  # every word, in any order, at any depth
         assert ids(found(tenant, "Contract oscorp")) == []
         assert ids(found(tenant, "ORP")) == [other.id]  # part of a word
         assert set(ids(found(tenant, "  "))) == {titled.id, nested.id, other.id}  # blank: no search
@@ -137,22 +147,35 @@ class TestSearch:
             submit(tenant, "titled_by_field", customer="Pied Piper other kind")
         seen, cursor = [], None
         while True:
-            page = selectors.list_runs(tenant=tenant, search="piper", kind="silent", limit=3, cursor=cursor)
+            page = selectors.list_runs(
+                tenant=tenant, search="piper", kind="silent", limit=3, cursor=cursor
+            )
             seen += ids(page.items)
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
         assert seen == ids(reversed(matching))
 
-    @pytest.mark.parametrize(("text", "expected"), [
-        ("100%", ["Discount 100% off"]),
-        ("row_id", ["key row_id"]),
-        ("C:\\temp", ["path C:\\temp\\x"]),
-        ('say "hi"', ['they say "hi" twice']),
-    ])
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [
+            ("100%", ["Discount 100% off"]),
+            ("row_id", ["key row_id"]),
+            ("C:\\temp", ["path C:\\temp\\x"]),
+            ('say "hi"', ['they say "hi" twice']),
+        ],
+    )
     def test_like_characters_quotes_and_backslashes_match_literally(self, tenant, text, expected):
-        for customer in ["Discount 100% off", "Discount 1000 off", "key row_id", "key rowxid", "path C:\\temp\\x",
-                         "path C:temp", 'they say "hi" twice', "they say hi twice"]:
+        for customer in [
+            "Discount 100% off",
+            "Discount 1000 off",
+            "key row_id",
+            "key rowxid",
+            "path C:\\temp\\x",
+            "path C:temp",
+            'they say "hi" twice',
+            "they say hi twice",
+        ]:
             submit(tenant, customer=customer)
             submit(tenant, "titled_by_function", order=0, customer=customer)  # in the title too
         runs = found(tenant, text)
@@ -163,13 +186,16 @@ class TestSearch:
         run = submit(tenant, customer="Vandelay Industries")
         assert ids(found(tenant, "vandelay\x00industries\n")) == [run.id]
 
-    @pytest.mark.parametrize(("text", "detail"), [
-        ("ab", "at least 3 letters or digits"),
-        ("%%%", "at least 3 letters or digits"),
-        ("a b c d", "at least 3 letters or digits"),
-        ("x" * 10_000, "at most 200 characters"),
-        ("one two three four five six seven eight nine", "at most 8 words"),
-    ])
+    @pytest.mark.parametrize(
+        ("text", "detail"),
+        [
+            ("ab", "at least 3 letters or digits"),
+            ("%%%", "at least 3 letters or digits"),
+            ("a b c d", "at least 3 letters or digits"),
+            ("x" * 10_000, "at most 200 characters"),
+            ("one two three four five six seven eight nine", "at most 8 words"),
+        ],
+    )
     def test_a_search_no_index_can_serve_is_refused_readably(self, tenant, text, detail):
         with pytest.raises(InvalidRunInput, match=detail):
             found(tenant, text)
@@ -195,6 +221,7 @@ class TestSearch:
 
 # --- The API -----------------------------------------------------------------------
 
+
 def assert_error(response, status: int, detail: str) -> None:
     assert response.status_code == status, response.content
     assert response["Content-Type"].startswith("application/json")
@@ -210,27 +237,35 @@ class TestApiSearch:
         assert [item["id"] for item in body["items"]] == [str(runs[2].id), str(runs[1].id)]
         assert body["items"][0]["title"] == "Soylent order 2"
         rest = api.get(f"/api/runs?q=SOYLENT&limit=2&cursor={body['next_cursor']}").json()
-        assert [item["id"] for item in rest["items"]] == [str(runs[0].id)] and rest["next_cursor"] is None
+        assert [item["id"] for item in rest["items"]] == [str(runs[0].id)] and rest[
+            "next_cursor"
+        ] is None
 
     def test_another_tenants_runs_are_not_found(self, api, tenant):
         submit(TenantFactory(), customer="Cyberdyne")
         assert api.get("/api/runs?q=cyberdyne").json()["items"] == []
 
-    @pytest.mark.parametrize(("raw", "status", "detail"), [
-        ("%00abc", 422, "NUL"),
-        ("ab", 422, "at least 3 letters or digits"),
-        ("%25%25", 422, "at least 3 letters or digits"),
-        ("x" * 10_000, 422, "at most 200 characters"),
-    ])
+    @pytest.mark.parametrize(
+        ("raw", "status", "detail"),
+        [
+            ("%00abc", 422, "NUL"),
+            ("ab", 422, "at least 3 letters or digits"),
+            ("%25%25", 422, "at least 3 letters or digits"),
+            ("x" * 10_000, 422, "at most 200 characters"),
+        ],
+    )
     def test_hostile_search_text_is_a_clear_4xx(self, api, tenant, raw, status, detail):
         assert_error(api.get(f"/api/runs?q={raw}"), status, detail)
 
-    @pytest.mark.parametrize("raw", [
-        "%ED%A0%80abc",  # a lone surrogate, UTF-8 encoded: not UTF-8, decoded as replacement characters
-        "abc%FF%FE",  # not UTF-8 either
-        "100%25_%5C",  # LIKE's characters and its escape, literally
-        quote("dynamic \udc80", errors="surrogatepass"),
-    ])
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            "%ED%A0%80abc",  # a lone surrogate, UTF-8 encoded: not UTF-8, decoded as replacement characters
+            "abc%FF%FE",  # not UTF-8 either
+            "100%25_%5C",  # LIKE's characters and its escape, literally
+            quote("dynamic \udc80", errors="surrogatepass"),
+        ],
+    )
     def test_odd_search_text_matches_literally_and_never_fails(self, api, tenant, raw):
         submit(tenant, customer="Massive Dynamic 1000")
         response = api.get(f"/api/runs?q={raw}")

@@ -20,30 +20,59 @@ from tests.conftest import ROOT
 from tests.conftest import test_database_url as database_url
 
 # What the test session sets for itself; a production process has none of it.
-SESSION_ONLY = ("DEBUG", "SECRET_KEY", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE",
-                "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
-                "SECURE_PROXY_SSL_HEADER", "RUNS_API_DOCS", "RUNS_EXAMPLES")
+SESSION_ONLY = (
+    "DEBUG",
+    "SECRET_KEY",
+    "SECURE_SSL_REDIRECT",
+    "SESSION_COOKIE_SECURE",
+    "CSRF_COOKIE_SECURE",
+    "SECURE_HSTS_SECONDS",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    "SECURE_HSTS_PRELOAD",
+    "SECURE_PROXY_SSL_HEADER",
+    "RUNS_API_DOCS",
+    "RUNS_EXAMPLES",
+)
 
 
 @pytest.fixture
 def production(db) -> dict[str, str]:
     """The production environment of README.md's deploy section."""
     env = {name: value for name, value in os.environ.items() if name not in SESSION_ONLY}
-    env.update(DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50), ALLOWED_HOSTS="runs.example.com",
-               DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
+    env.update(
+        DEBUG="0",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        ALLOWED_HOSTS="runs.example.com",
+        DATABASE_URL=database_url(),
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
 def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def python(env: dict[str, str], code: str) -> subprocess.CompletedProcess:
     """``code`` after django.setup(), in a process of its own with ``env``."""
     setup = "import django, os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings')\ndjango.setup()\n"
-    return subprocess.run([sys.executable, "-c", setup + textwrap.dedent(code)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", setup + textwrap.dedent(code)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_check_deploy_has_nothing_to_say_about_the_documented_production_environment(production):
@@ -55,7 +84,9 @@ def test_check_deploy_has_nothing_to_say_about_the_documented_production_environ
 
 
 @pytest.mark.parametrize("key", [None, "", DEVELOPMENT_SECRET_KEY])
-def test_with_debug_off_the_project_refuses_to_start_without_a_secret_key_of_its_own(production, key):
+def test_with_debug_off_the_project_refuses_to_start_without_a_secret_key_of_its_own(
+    production, key
+):
     env = {k: v for k, v in production.items() if k != "SECRET_KEY"}
     if key is not None:
         env["SECRET_KEY"] = key
@@ -86,7 +117,9 @@ def test_manage_py_up_turns_debug_on_so_make_run_needs_no_key(production):
 
 
 def test_production_serves_https_only_but_lets_the_health_check_through(production):
-    result = python(production, """
+    result = python(
+        production,
+        """
         from django.test import Client
         client = Client(HTTP_HOST="runs.example.com")
         plain = client.get("/api/runs")
@@ -95,7 +128,8 @@ def test_production_serves_https_only_but_lets_the_health_check_through(producti
         login = client.get("/accounts/login/", secure=True)
         print(login["Strict-Transport-Security"])
         print(login.cookies["csrftoken"]["secure"])
-    """)
+    """,
+    )
 
     assert result.returncode == 0, result.stderr
     redirect, health, hsts, csrf_secure = result.stdout.splitlines()

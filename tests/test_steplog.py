@@ -19,10 +19,15 @@ def test_positions_are_taken_one_after_another_from_one():
 
 
 def test_replay_finds_the_finished_step_at_its_position_and_nothing_past_the_log():
-    log = StepLog({1: recorded(1, "fetch", output={"n": 1}), 2: recorded(2, "pay", status="running")})
+    log = StepLog(
+        {1: recorded(1, "fetch", output={"n": 1}), 2: recorded(2, "pay", status="running")}
+    )
     first, second, third = log.take("fetch"), log.take("pay"), log.take("mail")
     assert (first.done, first.recorded.output) == (True, {"n": 1})
-    assert (second.done, second.recorded.status) == (False, "running")  # written ahead, not finished
+    assert (second.done, second.recorded.status) == (
+        False,
+        "running",
+    )  # written ahead, not finished
     assert (third.done, third.recorded) == (False, None)
 
 
@@ -31,7 +36,9 @@ def test_a_different_name_at_a_recorded_position_is_nondeterministic_naming_both
     with pytest.raises(NonDeterministic) as caught:
         log.take("new_name")
     error = caught.value
-    assert isinstance(error, StopRun) and error.error_kind == "nondeterministic"  # the run fails nondeterministic
+    assert (
+        isinstance(error, StopRun) and error.error_kind == "nondeterministic"
+    )  # the run fails nondeterministic
     assert (error.seq, error.recorded, error.requested) == (1, "old_name", "new_name")
     assert "'old_name'" in str(error) and "'new_name'" in str(error) and "step 1" in str(error)
 
@@ -139,21 +146,35 @@ def _recorded_then_resumed(tenant, kind, input, names):
     run = submit_run(tenant=tenant, kind=kind, input=input)
     [claimed] = claims.claim(worker_id=uuid4(), queues=["default"], kinds={kind: 1}, n=1, lease=60)
     for seq, name in enumerate(names, start=1):
-        record = checkpoint.StepRecord(run_id=claimed.id, token=claimed.lease_token, generation=claimed.generation,
-                                       seq=seq, name=name, kind="custom", input=None, started_at=datetime.now(UTC))
-        checkpoint.checkpoint(record, output={"n": seq}, worker_id=uuid4(), lease=60, steps_total=None)
+        record = checkpoint.StepRecord(
+            run_id=claimed.id,
+            token=claimed.lease_token,
+            generation=claimed.generation,
+            seq=seq,
+            name=name,
+            kind="custom",
+            input=None,
+            started_at=datetime.now(UTC),
+        )
+        checkpoint.checkpoint(
+            record, output={"n": seq}, worker_id=uuid4(), lease=60, steps_total=None
+        )
     leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
     Worker(WorkerOptions(burst=True, heartbeat=1, lease=10, listen=False, concurrency=1)).run()
     return fresh(run)
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("kind", "input", "names", "asked"), [
-    ("wf_sleep", {"log": None, "seconds": 0}, ["before", "renamed"], "sleep 'sleep'"),
-    ("approve_then_act", {}, ["draft", "renamed"], "approval 'update_crm'"),
-])
+@pytest.mark.parametrize(
+    ("kind", "input", "names", "asked"),
+    [
+        ("wf_sleep", {"log": None, "seconds": 0}, ["before", "renamed"], "sleep 'sleep'"),
+        ("approve_then_act", {}, ["draft", "renamed"], "approval 'update_crm'"),
+    ],
+)
 def test_a_durable_operation_meeting_another_recorded_name_fails_the_run_nondeterministic(
-        tenant, kind, input, names, asked):
+    tenant, kind, input, names, asked
+):
     run = _recorded_then_resumed(tenant, kind, input, names)
     assert (run.status, run.error_kind) == ("failed", "nondeterministic")
     assert "step 2 was recorded as 'renamed'" in run.error and asked in run.error

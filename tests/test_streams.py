@@ -71,8 +71,13 @@ def web(processes):
     return Web(processes, RUNS_STREAM_KEEPALIVE_SECONDS="0.5").start()
 
 
-def read_events(response: httpx.Response, *, until=None, seen: list[SSE] | None = None,
-                comments: list[str] | None = None) -> list[SSE]:
+def read_events(
+    response: httpx.Response,
+    *,
+    until=None,
+    seen: list[SSE] | None = None,
+    comments: list[str] | None = None,
+) -> list[SSE]:
     """Parse SSE from a streaming response until it ends or ``until(event)`` is true.
 
     One line iterator per response: abandoning one would close the connection.
@@ -89,8 +94,11 @@ def read_events(response: httpx.Response, *, until=None, seen: list[SSE] | None 
             continue
         if line == "":
             if "data" in fields:
-                event = SSE(int(fields["id"]) if "id" in fields else None, fields.get("event", "message"),
-                            json.loads(fields["data"]))
+                event = SSE(
+                    int(fields["id"]) if "id" in fields else None,
+                    fields.get("event", "message"),
+                    json.loads(fields["data"]),
+                )
                 seen.append(event)
                 if until is not None and until(event):
                     return seen
@@ -124,7 +132,9 @@ def test_a_client_resumes_after_a_server_restart_and_sees_every_event_once_in_or
     web.stop(signal.SIGKILL)  # no goodbye: the client is cut off mid-stream
     web.start()
     last = max(e.id for e in seen if e.id is not None)
-    with httpx.stream("GET", url, headers=bearer(api_key) | {"Last-Event-ID": str(last)}, timeout=60) as response:
+    with httpx.stream(
+        "GET", url, headers=bearer(api_key) | {"Last-Event-ID": str(last)}, timeout=60
+    ) as response:
         read_events(response, seen=seen)  # to the end: the stream closes after the terminal event
 
     stored = [(e.id, e.event) for e in seen if e.id is not None]
@@ -135,9 +145,25 @@ def test_a_client_resumes_after_a_server_restart_and_sees_every_event_once_in_or
     assert done["data"]["result"] == {"ticks": 6} and done["data"]["steps_done"] == 6
     # A timeline and a progress bar can be drawn from them.
     types = {e.event for e in seen}
-    assert {"run.queued", "run.running", "step.started", "step.done", "progress", "run.done"} <= types
+    assert {
+        "run.queued",
+        "run.running",
+        "step.started",
+        "step.done",
+        "progress",
+        "run.done",
+    } <= types
     step_done = next(e for e in seen if e.event == "step.done").data["data"]
-    assert {"seq", "name", "kind", "tokens_in", "tokens_out", "cost_cents", "steps_done", "steps_total"} <= set(step_done)
+    assert {
+        "seq",
+        "name",
+        "kind",
+        "tokens_in",
+        "tokens_out",
+        "cost_cents",
+        "steps_done",
+        "steps_total",
+    } <= set(step_done)
     assert step_done["steps_total"] == 6
     progress = next(e for e in seen if e.event == "progress").data["data"]
     assert progress["message"].endswith("of 6 done")
@@ -161,22 +187,32 @@ def test_the_stream_of_a_finished_run_replays_its_events_and_closes(tenant, api_
     again = httpx.get(url, headers=bearer(api_key) | {"Last-Event-ID": str(last)}, timeout=10)
     assert again.status_code == 204
     middle = httpx.get(url + "?last_event_id=2", headers=bearer(api_key), timeout=10)
-    assert [int(line[4:]) for line in middle.text.splitlines() if line.startswith("id: ")] == list(range(3, last + 1))
+    assert [int(line[4:]) for line in middle.text.splitlines() if line.startswith("id: ")] == list(
+        range(3, last + 1)
+    )
 
 
-def test_an_idle_stream_gets_keepalive_comments_and_ends_when_the_run_is_cancelled(tenant, api_key, web):
+def test_an_idle_stream_gets_keepalive_comments_and_ends_when_the_run_is_cancelled(
+    tenant, api_key, web
+):
     run = submit_run(tenant=tenant, kind="echo", input={"text": "no worker runs it"})
     comments: list[str] = []
     url = f"{web.base}/api/runs/{run.pk}/events"
     with httpx.stream("GET", url, headers=bearer(api_key), timeout=10) as response:
         seen = read_events(response, comments=comments, until=lambda e: e.event == "run.queued")
-        wait_for(lambda: StreamWatch.objects.filter(run_id=run.pk).exists(), message="the run to be watched")
+        wait_for(
+            lambda: StreamWatch.objects.filter(run_id=run.pk).exists(),
+            message="the run to be watched",
+        )
         time.sleep(1.3)
         control.cancel_run(run=run, actor=Actor(type="user", id="1"))
         read_events(response, seen=seen, comments=comments)
     assert [e.event for e in seen] == ["run.queued", "run.cancelled"]
     assert sum(c.startswith(": keepalive") for c in comments) >= 2
-    wait_for(lambda: not StreamWatch.objects.filter(run_id=run.pk).exists(), message="the watch to be dropped")
+    wait_for(
+        lambda: not StreamWatch.objects.filter(run_id=run.pk).exists(),
+        message="the watch to be dropped",
+    )
 
 
 def test_stream_credentials(tenant, api_key, web):
@@ -189,7 +225,9 @@ def test_stream_credentials(tenant, api_key, web):
         return _first(events.format(run.pk) + params, headers)
 
     # A stream token opens run A's stream, and only run A's.
-    token = httpx.post(f"{web.base}/api/runs/{run_a.pk}/stream-token", headers=bearer(api_key), timeout=5).json()
+    token = httpx.post(
+        f"{web.base}/api/runs/{run_a.pk}/stream-token", headers=bearer(api_key), timeout=5
+    ).json()
     assert token["url"].endswith(f"?token={token['token']}")
     assert get(run_a, f"?token={token['token']}")[0] == 200
     status, body = get(run_b, f"?token={token['token']}")
@@ -205,7 +243,10 @@ def test_stream_credentials(tenant, api_key, web):
     assert get(run_a, headers=bearer(write_only))[0] == 403
     assert get(run_a, headers=bearer(api_key) | {"Last-Event-ID": "-3"})[0] == 422
     # The dashboard's session: a member of the run's tenant, whatever the role; nobody else.
-    assert get(run_a, headers=session_of(MembershipFactory(tenant=tenant, role="viewer").user))[0] == 200
+    assert (
+        get(run_a, headers=session_of(MembershipFactory(tenant=tenant, role="viewer").user))[0]
+        == 200
+    )
     outsider = MembershipFactory(role="approver").user  # of another tenant
     outsider.is_superuser = True
     outsider.save()
@@ -221,7 +262,9 @@ def session_of(user) -> dict:
 def test_a_stream_token_expires(tenant, api_key, processes):
     web = Web(processes, RUNS_STREAM_TOKEN_SECONDS="1").start()
     run = submit_run(tenant=tenant, kind="echo", input={"text": "a"})
-    token = httpx.post(f"{web.base}/api/runs/{run.pk}/stream-token", headers=bearer(api_key), timeout=5).json()
+    token = httpx.post(
+        f"{web.base}/api/runs/{run.pk}/stream-token", headers=bearer(api_key), timeout=5
+    ).json()
     time.sleep(2.2)
     status, body = _first(f"{web.base}/api/runs/{run.pk}/events?token={token['token']}")
     assert status == 401 and "expired" in body["detail"]
@@ -241,15 +284,21 @@ def test_many_streams_share_a_bounded_number_of_connections(tenant, api_key, web
     clients = []
     try:
         for run in runs:
-            stream = httpx.stream("GET", f"{web.base}/api/runs/{run.pk}/events", headers=bearer(api_key), timeout=10)
+            stream = httpx.stream(
+                "GET", f"{web.base}/api/runs/{run.pk}/events", headers=bearer(api_key), timeout=10
+            )
             response = stream.__enter__()
             assert response.status_code == 200
             clients.append((stream, response))
-        wait_for(lambda: StreamWatch.objects.filter(run_id__in=[r.pk for r in runs]).count() == 40,
-                 message="every run watched")
+        wait_for(
+            lambda: StreamWatch.objects.filter(run_id__in=[r.pk for r in runs]).count() == 40,
+            message="every run watched",
+        )
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                           " AND application_name = 'agentruns serve'")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'agentruns serve'"
+            )
             held = cursor.fetchone()[0]
         # One LISTEN connection, the hub's pool (4), and Django's own for the last requests.
         assert held <= 1 + 4 + 2, held
@@ -262,7 +311,9 @@ def test_without_listen_streams_still_follow_the_run(tenant, api_key, processes)
     web = Web(processes, RUNS_LISTEN="0", RUNS_STREAM_POLL_SECONDS="0.2").start()
     run = submit_run(tenant=tenant, kind="chatty", input={"steps": 2, "pause": 0.2})
     processes.worker("--heartbeat", "1", "--poll", "0.2")
-    with httpx.stream("GET", f"{web.base}/api/runs/{run.pk}/events", headers=bearer(api_key), timeout=30) as response:
+    with httpx.stream(
+        "GET", f"{web.base}/api/runs/{run.pk}/events", headers=bearer(api_key), timeout=30
+    ) as response:
         seen = read_events(response)
     assert [(e.id, e.event) for e in seen if e.id is not None] == stored_events(run)
     assert seen[-1].event == "run.done"

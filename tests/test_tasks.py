@@ -30,7 +30,11 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MODULES = os.environ.get("AGENT_MODULES", "tests.agents") + ",tests.django_tasks"
-FAST = {"AGENT_MODULES": MODULES, "RUNS_BACKOFF_BASE_SECONDS": "0.05", "RUNS_BACKOFF_CAP_SECONDS": "0.2"}
+FAST = {
+    "AGENT_MODULES": MODULES,
+    "RUNS_BACKOFF_BASE_SECONDS": "0.05",
+    "RUNS_BACKOFF_CAP_SECONDS": "0.2",
+}
 
 
 def drain(processes, *args: str, **env) -> str:
@@ -57,13 +61,19 @@ def signals(path: Path) -> list[dict]:
 def test_the_backend_says_what_it_supports():
     backend = task_backends["default"]
     assert type(backend).__name__ == "DurableTaskBackend"
-    assert (backend.supports_defer, backend.supports_priority, backend.supports_get_result,
-            backend.supports_async_task) == (True, True, True, True)
+    assert (
+        backend.supports_defer,
+        backend.supports_priority,
+        backend.supports_get_result,
+        backend.supports_async_task,
+    ) == (True, True, True, True)
 
 
 def test_an_enqueued_task_runs_on_a_worker_and_its_result_reads_back(processes):
     enqueued = []
-    task_enqueued.connect(receiver := lambda sender, task_result, **kw: enqueued.append(task_result), weak=False)
+    task_enqueued.connect(
+        receiver := lambda sender, task_result, **kw: enqueued.append(task_result), weak=False
+    )
     try:
         result = tasks.add.enqueue(2, b=40)
     finally:
@@ -76,7 +86,11 @@ def test_an_enqueued_task_runs_on_a_worker_and_its_result_reads_back(processes):
 
     ready = tasks.add.get_result(result.id)
     assert (ready.status, ready.enqueued_at, ready.started_at, ready.worker_ids) == (
-        TaskResultStatus.READY, result.enqueued_at, None, [])
+        TaskResultStatus.READY,
+        result.enqueued_at,
+        None,
+        [],
+    )
 
     drain(processes)
     result.refresh()
@@ -87,7 +101,12 @@ def test_an_enqueued_task_runs_on_a_worker_and_its_result_reads_back(processes):
     assert result.errors == []
     # A run like any other: its kind is the function's dotted path, one step named after it.
     run = Run.objects.get(pk=result.id)
-    assert (run.kind, run.status, run.result, run.title) == ("tests.django_tasks.add", "done", 42, 'add(2, b=40)')
+    assert (run.kind, run.status, run.result, run.title) == (
+        "tests.django_tasks.add",
+        "done",
+        42,
+        "add(2, b=40)",
+    )
     assert [(s.name, s.status, s.executions) for s in run.steps.all()] == [("add", "done", 1)]
 
 
@@ -117,7 +136,9 @@ def test_higher_django_priority_runs_first(processes, tmp_path):
     drain(processes, "--concurrency", "1")
     assert order.read_text().split() == ["100", "10", "0", "-10", "-100"]
     # Read back by band (runs.tasks.results): 100 stays 100, 10 comes back as 20.
-    priorities = sorted(r.task.priority for r in (tasks.record.get_result(run.pk) for run in Run.objects.all()))
+    priorities = sorted(
+        r.task.priority for r in (tasks.record.get_result(run.pk) for run in Run.objects.all())
+    )
     assert priorities == [-100, -25, 0, 20, 100]
 
 
@@ -139,7 +160,11 @@ def test_run_after_defers_a_task(processes):
     drain(processes)
     assert tasks.add.get_result(now.id).status == TaskResultStatus.SUCCESSFUL
     assert tasks.add.get_result(later.id).status == TaskResultStatus.READY
-    wait_for(lambda: Run.objects.get(pk=later.id).run_after <= timezone.now(), timeout=10, message="run_after")
+    wait_for(
+        lambda: Run.objects.get(pk=later.id).run_after <= timezone.now(),
+        timeout=10,
+        message="run_after",
+    )
     drain(processes)
     result = tasks.add.get_result(later.id)
     assert result.return_value == 3
@@ -156,7 +181,10 @@ def test_a_failing_task_is_failed_with_its_error_and_traceback(processes):
     [error] = result.errors
     assert error.exception_class_path == "tests.django_tasks.Unreachable"
     assert error.exception_class is tasks.Unreachable
-    assert "no route to the moon" in error.traceback and "Traceback (most recent call last)" in error.traceback
+    assert (
+        "no route to the moon" in error.traceback
+        and "Traceback (most recent call last)" in error.traceback
+    )
     assert result.attempts == 1  # not a transient error: not retried
 
 
@@ -172,7 +200,11 @@ def test_a_transient_error_is_retried_with_backoff(processes, tmp_path):
     marker = tmp_path / "flaky"
     result = tasks.flaky.enqueue(str(marker))
     drain_until_finished(processes, result)
-    assert (result.status, result.return_value, result.attempts) == (TaskResultStatus.SUCCESSFUL, "sent", 2)
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL,
+        "sent",
+        2,
+    )
     [error] = result.errors
     assert error.exception_class_path == "builtins.ConnectionRefusedError"
     assert "refused the connection" in error.traceback
@@ -183,15 +215,23 @@ def test_django_task_signals_fire_in_the_worker(processes, tmp_path):
     ok = tasks.add.enqueue(1, 1)
     bad = tasks.refuse.enqueue("nope")
     drain(processes, TASK_SIGNAL_LOG=str(log))
-    seen = [(entry["signal"], entry["id"], entry["status"], entry["sender"]) for entry in signals(log)]
-    assert sorted(seen) == sorted([
-        ("started", ok.id, "RUNNING", "DurableTaskBackend"), ("finished", ok.id, "SUCCESSFUL", "DurableTaskBackend"),
-        ("started", bad.id, "RUNNING", "DurableTaskBackend"), ("finished", bad.id, "FAILED", "DurableTaskBackend"),
-    ])
+    seen = [
+        (entry["signal"], entry["id"], entry["status"], entry["sender"]) for entry in signals(log)
+    ]
+    assert sorted(seen) == sorted(
+        [
+            ("started", ok.id, "RUNNING", "DurableTaskBackend"),
+            ("finished", ok.id, "SUCCESSFUL", "DurableTaskBackend"),
+            ("started", bad.id, "RUNNING", "DurableTaskBackend"),
+            ("finished", bad.id, "FAILED", "DurableTaskBackend"),
+        ]
+    )
     assert {entry["pid"] for entry in signals(log)} != {os.getpid()}
     # finished comes after the exit committed: the result it carried is what get_result says now.
     finished = next(e for e in signals(log) if e["signal"] == "finished" and e["id"] == ok.id)
-    assert tasks.add.get_result(ok.id).finished_at <= timezone.datetime.fromisoformat(finished["at"])
+    assert tasks.add.get_result(ok.id).finished_at <= timezone.datetime.fromisoformat(
+        finished["at"]
+    )
 
 
 def test_a_task_survives_a_killed_worker(processes, tmp_path):
@@ -202,8 +242,11 @@ def test_a_task_survives_a_killed_worker(processes, tmp_path):
     assert tasks.stall_once.get_result(result.id).status == TaskResultStatus.RUNNING
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    wait_for(lambda: Run.objects.get(pk=result.id).locked_until < timezone.now(), timeout=10,
-             message="the lease to expire")
+    wait_for(
+        lambda: Run.objects.get(pk=result.id).locked_until < timezone.now(),
+        timeout=10,
+        message="the lease to expire",
+    )
     reaped = processes.run("reap", "--once", **FAST)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
     assert tasks.stall_once.get_result(result.id).status == TaskResultStatus.READY
@@ -250,7 +293,9 @@ def test_what_django_or_the_engine_cannot_take_is_refused_before_anything_is_wri
 def test_django_checks_refuse_a_queue_the_engine_cannot_name(settings):
     from django.core.checks import run_checks
 
-    settings.TASKS = {"default": {"BACKEND": "runs.tasks.DurableTaskBackend", "QUEUES": ["default", "Bulk Mail"]}}
+    settings.TASKS = {
+        "default": {"BACKEND": "runs.tasks.DurableTaskBackend", "QUEUES": ["default", "Bulk Mail"]}
+    }
     errors = [e for e in run_checks() if e.id == "runs.E101"]
     assert len(errors) == 1 and "'Bulk Mail'" in errors[0].msg
 
@@ -261,7 +306,13 @@ def test_tasks_of_installed_apps_are_found_without_being_named(processes):
     result = pipeline_report.enqueue()
     drain(processes, AGENT_MODULES="")  # examples/crm/tasks.py is discovered, like agents.py
     assert pipeline_report.get_result(result.id).return_value == {
-        "new": 0, "contacted": 0, "qualified": 0, "proposal": 0, "won": 0, "lost": 0}
+        "new": 0,
+        "contacted": 0,
+        "qualified": 0,
+        "proposal": 0,
+        "won": 0,
+        "lost": 0,
+    }
 
 
 def test_a_task_is_a_run_on_the_dashboard_and_in_the_admin(processes, django_user_model):
@@ -294,16 +345,26 @@ def test_a_task_run_can_be_retried_like_any_run(processes):
     assert tasks.refuse.get_result(result.id).status == TaskResultStatus.READY
     drain(processes)
     again = tasks.refuse.get_result(result.id)
-    assert again.status == TaskResultStatus.FAILED and len(again.errors) == 2 and again.attempts == 2
+    assert (
+        again.status == TaskResultStatus.FAILED and len(again.errors) == 2 and again.attempts == 2
+    )
 
 
 def test_a_second_backend_alias_keeps_its_own_tenant(settings):
-    settings.TASKS = settings.TASKS | {"other": {"BACKEND": "runs.tasks.DurableTaskBackend",
-                                                 "OPTIONS": {"TENANT": "other-tasks", "MAX_RUNNING": 7}}}
+    settings.TASKS = settings.TASKS | {
+        "other": {
+            "BACKEND": "runs.tasks.DurableTaskBackend",
+            "OPTIONS": {"TENANT": "other-tasks", "MAX_RUNNING": 7},
+        }
+    }
     result = tasks.add.using(backend="other").enqueue(5, 5)
     assert result.backend == "other"
     run = Run.objects.select_related("tenant").get(pk=result.id)
-    assert (run.tenant.slug, run.tenant.max_running, run.input["backend"]) == ("other-tasks", 7, "other")
+    assert (run.tenant.slug, run.tenant.max_running, run.input["backend"]) == (
+        "other-tasks",
+        7,
+        "other",
+    )
     assert task_backends["other"].get_result(result.id).backend == "other"
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].get_result(result.id)
@@ -312,13 +373,21 @@ def test_a_second_backend_alias_keeps_its_own_tenant(settings):
 def test_step_attempts_are_the_results_errors(processes, tmp_path):
     result = tasks.flaky.enqueue(str(tmp_path / "m"))
     drain_until_finished(processes, result)
-    assert StepAttempt.objects.filter(run_id=result.id).count() == len(tasks.flaky.get_result(result.id).errors) == 1
+    assert (
+        StepAttempt.objects.filter(run_id=result.id).count()
+        == len(tasks.flaky.get_result(result.id).errors)
+        == 1
+    )
 
 
-def test_a_task_kind_submitted_like_any_run_is_retried_in_its_own_tenant(tenant, processes, tmp_path):
+def test_a_task_kind_submitted_like_any_run_is_retried_in_its_own_tenant(
+    tenant, processes, tmp_path
+):
     # Through submit_run (code; a tenant cannot start a task kind) a task kind runs in the caller's tenant:
     # its retry still reads its history, and it finishes.
-    run = submit_run(tenant=tenant, kind="tests.django_tasks.flaky", input={"args": [str(tmp_path / "m")]})
+    run = submit_run(
+        tenant=tenant, kind="tests.django_tasks.flaky", input={"args": [str(tmp_path / "m")]}
+    )
     for _ in range(10):
         drain(processes)
         run.refresh_from_db()

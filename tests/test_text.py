@@ -32,7 +32,10 @@ def nested(depth: int):
         ({"x": float("nan")}, "value.x: nan is not a finite number"),
         ([1, (2, float("-inf"))], "value[1][1]: -inf is not a finite number"),
         (Decimal("Infinity"), "value: Infinity is not a finite number"),
-        (nested(MAX_DEPTH + 1), "value" + "[0]" * MAX_DEPTH + f": nests deeper than {MAX_DEPTH} levels"),
+        (
+            nested(MAX_DEPTH + 1),
+            "value" + "[0]" * MAX_DEPTH + f": nests deeper than {MAX_DEPTH} levels",
+        ),
     ],
 )
 def test_find_unstorable_names_where_and_what(value, reason):
@@ -40,7 +43,10 @@ def test_find_unstorable_names_where_and_what(value, reason):
 
 
 def test_the_reason_starts_from_the_name_it_is_given_and_reports_the_first_problem():
-    assert find_unstorable({"a": "\x00", "b": "\ud800"}, where="input") == "input.a: contains a NUL character"
+    assert (
+        find_unstorable({"a": "\x00", "b": "\ud800"}, where="input")
+        == "input.a: contains a NUL character"
+    )
 
 
 def test_the_reason_never_contains_the_offending_characters():
@@ -52,8 +58,18 @@ def test_the_reason_never_contains_the_offending_characters():
 
 @pytest.mark.parametrize(
     "value",
-    [None, "", "caf\u00e9 \U0001f600 \ufffd", 10**40, 1e308, Decimal("1.5"), True, {"a": [1, {"b": None}]},
-     nested(MAX_DEPTH), object()],
+    [
+        None,
+        "",
+        "caf\u00e9 \U0001f600 \ufffd",
+        10**40,
+        1e308,
+        Decimal("1.5"),
+        True,
+        {"a": [1, {"b": None}]},
+        nested(MAX_DEPTH),
+        object(),
+    ],
 )
 def test_storable_values_pass(value):
     assert find_unstorable(value) is None
@@ -94,10 +110,14 @@ def test_scrub_of_plain_text():
     assert scrub("ab") == ("ab", False)
 
 
-hostile_text = st.text(alphabet=st.sampled_from(["\x00", "\ud800", "\udfff", "a", "\u00e9", "\U0001f600"]))
+hostile_text = st.text(
+    alphabet=st.sampled_from(["\x00", "\ud800", "\udfff", "a", "\u00e9", "\U0001f600"])
+)
 hostile_json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | hostile_text,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(hostile_text, children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(hostile_text, children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -115,7 +135,12 @@ def test_whatever_scrub_returns_is_storable_and_scrubbing_again_changes_nothing(
 @pytest.mark.django_db
 def test_what_find_unstorable_passes_postgresql_stores():
     """The other half of the contract: the values the module calls storable really are (jsonb and text)."""
-    value = {"note": "caf\u00e9 \U0001f600 \ufffd", "big": 10**40, "deep": nested(MAX_DEPTH - 1), "f": 0.25}
+    value = {
+        "note": "caf\u00e9 \U0001f600 \ufffd",
+        "big": 10**40,
+        "deep": nested(MAX_DEPTH - 1),
+        "f": 0.25,
+    }
     assert find_unstorable(value) is None
 
     run = Run.objects.create(tenant=TenantFactory(), kind="x", input=value, error=value["note"])

@@ -6,8 +6,12 @@ import json
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed (pip install -e '.[otel]')")
-pytest.importorskip("opentelemetry.instrumentation.django", reason="the otel extra is not installed")
+pytest.importorskip(
+    "opentelemetry.sdk.trace", reason="the otel extra is not installed (pip install -e '.[otel]')"
+)
+pytest.importorskip(
+    "opentelemetry.instrumentation.django", reason="the otel extra is not installed"
+)
 
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.instrumentation.django import DjangoInstrumentor  # noqa: E402
@@ -72,7 +76,11 @@ def spans(exporter):
 
 
 def submit(api, kind: str, input: dict) -> Run:
-    response = api.post("/api/runs", data=json.dumps({"kind": kind, "input": input}), content_type="application/json")
+    response = api.post(
+        "/api/runs",
+        data=json.dumps({"kind": kind, "input": input}),
+        content_type="application/json",
+    )
     assert response.status_code == 202, response.content
     return Run.objects.get(pk=response.json()["id"])
 
@@ -90,13 +98,18 @@ def the_request(spans):
     return request
 
 
-def test_a_run_is_traced_under_the_request_that_submitted_it_and_its_steps_under_the_run(api, tenant, spans):
+def test_a_run_is_traced_under_the_request_that_submitted_it_and_its_steps_under_the_run(
+    api, tenant, spans
+):
     run = submit(api, "logs_in_step", {"name": "Ada"})
     request = the_request(spans)
 
     # The run carries the request span's W3C context.
     version, trace_id, span_id, flags = run.trace_context["traceparent"].split("-")
-    assert (int(trace_id, 16), int(span_id, 16)) == (request.context.trace_id, request.context.span_id)
+    assert (int(trace_id, 16), int(span_id, 16)) == (
+        request.context.trace_id,
+        request.context.span_id,
+    )
 
     burst_worker()
     assert fresh(run).status == "done"
@@ -107,14 +120,23 @@ def test_a_run_is_traced_under_the_request_that_submitted_it_and_its_steps_under
     assert run_span.parent.span_id == request.context.span_id
     assert step_span.parent.span_id == run_span.context.span_id
     assert inside.parent.span_id == step_span.context.span_id
-    assert {run_span.context.trace_id, step_span.context.trace_id, inside.context.trace_id} == {request.context.trace_id}
+    assert {run_span.context.trace_id, step_span.context.trace_id, inside.context.trace_id} == {
+        request.context.trace_id
+    }
     assert dict(run_span.attributes) == {
-        "agentruns.run_id": str(run.id), "agentruns.tenant": str(tenant.id), "agentruns.kind": "logs_in_step",
-        "agentruns.attempt": 1, "agentruns.queue": "default", "agentruns.worker": run_span.attributes["agentruns.worker"],
+        "agentruns.run_id": str(run.id),
+        "agentruns.tenant": str(tenant.id),
+        "agentruns.kind": "logs_in_step",
+        "agentruns.attempt": 1,
+        "agentruns.queue": "default",
+        "agentruns.worker": run_span.attributes["agentruns.worker"],
         "agentruns.run.status": "done",
     }
-    assert (step_span.attributes["agentruns.step.seq"], step_span.attributes["agentruns.step.kind"],
-            step_span.attributes["agentruns.step.status"]) == (1, "custom", "done")
+    assert (
+        step_span.attributes["agentruns.step.seq"],
+        step_span.attributes["agentruns.step.kind"],
+        step_span.attributes["agentruns.step.status"],
+    ) == (1, "custom", "done")
     assert step_span.status.status_code != StatusCode.ERROR
 
 
@@ -128,8 +150,10 @@ def test_a_failing_step_is_an_error_span_with_the_exception(api, spans):
     assert step_span.parent.span_id == run_span.context.span_id
     assert step_span.status.status_code == StatusCode.ERROR
     assert "field 'email' is invalid" in step_span.status.description
-    assert (step_span.attributes["agentruns.step.status"], step_span.attributes["agentruns.step.error_kind"]) == (
-        "failed", "fatal")
+    assert (
+        step_span.attributes["agentruns.step.status"],
+        step_span.attributes["agentruns.step.error_kind"],
+    ) == ("failed", "fatal")
     [event] = step_span.events
     assert (event.name, event.attributes["exception.type"]) == ("exception", "workers.errors.Fatal")
     assert run_span.status.status_code == StatusCode.ERROR
@@ -151,10 +175,14 @@ def test_a_child_run_is_traced_under_the_step_that_spawned_it(api, spans):
     # Each claim of the parent is a span of its own under the request; all one trace.
     assert [s.attributes["agentruns.attempt"] for s in parent_spans] == [1, 2]
     assert {s.parent.span_id for s in parent_spans} == {request.context.span_id}
-    assert {s.context.trace_id for s in [spawn, child_span, *parent_spans]} == {request.context.trace_id}
+    assert {s.context.trace_id for s in [spawn, child_span, *parent_spans]} == {
+        request.context.trace_id
+    }
 
 
-def test_a_run_submitted_with_no_span_recording_carries_no_context_and_its_span_is_a_root(tenant, spans):
+def test_a_run_submitted_with_no_span_recording_carries_no_context_and_its_span_is_a_root(
+    tenant, spans
+):
     run = submit_run(tenant=tenant, kind="noop3", input={})
     assert run.trace_context is None
     assert fresh(run).trace_context is None
@@ -162,5 +190,8 @@ def test_a_run_submitted_with_no_span_recording_carries_no_context_and_its_span_
     burst_worker()
     [run_span] = named(spans, "run noop3")
     assert run_span.parent is None
-    assert [s.name for s in spans.get_finished_spans() if s.parent and s.parent.span_id == run_span.context.span_id] == [
-        "step one", "step two", "step three"]
+    assert [
+        s.name
+        for s in spans.get_finished_spans()
+        if s.parent and s.parent.span_id == run_span.context.span_id
+    ] == ["step one", "step two", "step three"]

@@ -53,8 +53,15 @@ class Browser:
         self.csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
 
     def login(self, username: str, password: str) -> httpx.Response:
-        return self.client.post(self.url, data={"username": username, "password": password,
-                                                "csrfmiddlewaretoken": self.csrf, "next": "/"})
+        return self.client.post(
+            self.url,
+            data={
+                "username": username,
+                "password": password,
+                "csrfmiddlewaretoken": self.csrf,
+                "next": "/",
+            },
+        )
 
 
 @pytest.fixture

@@ -77,16 +77,26 @@ def test_the_dashboard_and_the_admin_work_under_the_policy_without_a_violation(p
         log_in(page, base, member.user.username)  # the login page, then the run list
         list_poll = re.compile(rf"{re.escape(base)}/(\?.*)?$")
         polls: list[str] = []
-        page.on("request", lambda r: polls.append(r.url) if r.headers.get("hx-request") and list_poll.match(r.url)
-                else None)
-        with page.expect_response(lambda r: list_poll.match(r.url) and r.request.headers.get("hx-request") == "true"):
+        page.on(
+            "request",
+            lambda r: (
+                polls.append(r.url)
+                if r.headers.get("hx-request") and list_poll.match(r.url)
+                else None
+            ),
+        )
+        with page.expect_response(
+            lambda r: list_poll.match(r.url) and r.request.headers.get("hx-request") == "true"
+        ):
             pass  # the list polls while a run is live ...
         # ... not while the tab is hidden (static/js/poll.js), and at once when it shows again.
         page.evaluate(SET_VISIBILITY, "hidden")
         polls.clear()
         page.wait_for_timeout(4_500)
         assert polls == []  # two poll intervals passed
-        with page.expect_response(lambda r: list_poll.match(r.url) and r.request.headers.get("hx-request") == "true"):
+        with page.expect_response(
+            lambda r: list_poll.match(r.url) and r.request.headers.get("hx-request") == "true"
+        ):
             page.evaluate(SET_VISIBILITY, "visible")
 
         # The New run form, then the run page following the run live (its event stream, htmx refreshes).
@@ -128,12 +138,17 @@ def test_the_dashboard_and_the_admin_work_under_the_policy_without_a_violation(p
         page.locator(".select2-results__option", has_text=member.tenant.slug).click()
         page.get_by_role("button", name="Save", exact=True).click()
         expect(page.locator("#api-key-secret")).to_have_text(re.compile(r"^ak_"))
-        expect(page.locator("#api-key-secret")).to_have_css("user-select", "all")  # the style moved to CSS
+        expect(page.locator("#api-key-secret")).to_have_css(
+            "user-select", "all"
+        )  # the style moved to CSS
 
     policies = {**watched.policies, **admin_page.policies}
     assert len(policies) >= 8, policies
     for url, policy in policies.items():
-        assert policy and "script-src 'self'" in policy and "style-src 'self'" in policy, (url, policy)
+        assert policy and "script-src 'self'" in policy and "style-src 'self'" in policy, (
+            url,
+            policy,
+        )
         assert "unsafe" not in policy, (url, policy)
     violations = watched.violations + admin_page.violations
     assert violations == [], "\n".join(violations)

@@ -144,13 +144,18 @@ def server_tmp(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
-def test_a_300_mib_chunked_body_to_the_event_stream_is_refused_unread(processes, server_tmp, method):
+def test_a_300_mib_chunked_body_to_the_event_stream_is_refused_unread(
+    processes, server_tmp, method
+):
     web = Web(processes, TMPDIR=str(server_tmp))
     watch = Watch(web.proc.pid, server_tmp)
     watch.start()
     path = f"/api/runs/{uuid.uuid4()}/events"
-    answer, sent = send_chunked(web.port, f"{method} {path} HTTP/1.1\r\n"
-                                "Host: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    answer, sent = send_chunked(
+        web.port,
+        f"{method} {path} HTTP/1.1\r\n"
+        "Host: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    )
     watch.stop()
 
     status, body = status_and_body(answer)
@@ -165,19 +170,29 @@ def test_a_chunked_body_past_the_limit_is_cut_off_with_413(processes, server_tmp
     web = Web(processes, TMPDIR=str(server_tmp), RUNS_MAX_BODY_BYTES=str(64 * 1024))
     watch = Watch(web.proc.pid, server_tmp)
     watch.start()
-    answer, sent = send_chunked(web.port, "POST /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
-                                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n", chunk=16 * 1024)
+    answer, sent = send_chunked(
+        web.port,
+        "POST /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        chunk=16 * 1024,
+    )
     watch.stop()
 
     status, body = status_and_body(answer)
     assert status == 413
-    assert json.loads(body) == {"detail": "the request body is larger than the limit of 65536 bytes"}
+    assert json.loads(body) == {
+        "detail": "the request body is larger than the limit of 65536 bytes"
+    }
     assert sent < BODY
     assert watch.max_tmp < MIB and watch.max_rss - watch.rss_before < 50 * MIB
     # Every route: the dashboard's login form too (plain text outside /api/).
-    answer, sent = send_chunked(web.port, "POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n", chunk=16 * 1024)
+    answer, sent = send_chunked(
+        web.port,
+        "POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        chunk=16 * 1024,
+    )
     status, body = status_and_body(answer)
     assert (status, body) == (413, b"the request body is larger than the limit of 65536 bytes")
     assert sent < BODY
@@ -187,8 +202,10 @@ def test_a_chunked_body_within_the_limit_is_read_whole(processes, tenant, api_ke
     web = Web(processes)
     payload = json.dumps({"kind": "echo", "input": {"text": "sent in chunks"}}).encode()
     sock = socket.create_connection(("127.0.0.1", web.port), timeout=30)
-    sock.sendall(f"POST /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {api_key}\r\n"
-                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode())
+    sock.sendall(
+        f"POST /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {api_key}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+    )
     for piece in (payload[:10], payload[10:]):
         sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
     sock.sendall(b"0\r\n\r\n")
@@ -199,14 +216,22 @@ def test_a_chunked_body_within_the_limit_is_read_whole(processes, tenant, api_ke
     assert Run.objects.get(pk=json.loads(body)["id"]).input["text"] == "sent in chunks"
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/api/runs"), ("GET", "/api/runs/{run}/events"),
-                                              ("POST", "/admin/login/")])
-def test_a_content_length_over_the_limit_is_answered_before_the_body_is_sent(processes, method, path):
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/api/runs"), ("GET", "/api/runs/{run}/events"), ("POST", "/admin/login/")],
+)
+def test_a_content_length_over_the_limit_is_answered_before_the_body_is_sent(
+    processes, method, path
+):
     web = Web(processes)
     sock = socket.create_connection(("127.0.0.1", web.port), timeout=30)
-    sock.sendall(f"{method} {path.format(run=uuid.uuid4())} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 f"Content-Length: {BODY}\r\nContent-Type: application/json\r\n\r\n".encode())
-    answer = b"".join(iter(lambda: sock.recv(65536), b""))  # nothing of the body sent: the server answers anyway
+    sock.sendall(
+        f"{method} {path.format(run=uuid.uuid4())} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Length: {BODY}\r\nContent-Type: application/json\r\n\r\n".encode()
+    )
+    answer = b"".join(
+        iter(lambda: sock.recv(65536), b"")
+    )  # nothing of the body sent: the server answers anyway
     sock.close()
     status, body = status_and_body(answer)
     assert status == 413
@@ -242,7 +267,9 @@ def test_keys_and_tokens_in_urls_never_reach_the_server_log(processes, tenant, a
     log = web.output()
     assert "Unauthorized" in log and "Not Found" in log  # the requests were logged ...
     for secret in (api_key, api_key.split("_", 2)[2], token, password, guessed):
-        assert secret not in log, f"{secret} is in the server's log:\n{log}"  # ... their secrets not
+        assert secret not in log, (
+            f"{secret} is in the server's log:\n{log}"
+        )  # ... their secrets not
 
 
 # Finding 13: the JSON API under the dashboard's session.
@@ -272,12 +299,16 @@ def test_a_logged_in_user_reads_and_submits_through_the_api_for_their_selected_t
     assert [item["id"] for item in listed.json()["items"]] == [str(mine.pk)]
     assert client.get(f"/api/runs/{mine.pk}").status_code == 200
     assert client.get(f"/api/runs/{other.pk}").status_code == 404
-    assert post_json(client, f"/api/runs/{other.pk}/cancel", {}, csrf).status_code == 404  # 404 before 403
+    assert (
+        post_json(client, f"/api/runs/{other.pk}/cancel", {}, csrf).status_code == 404
+    )  # 404 before 403
 
     refused = post_json(client, "/api/runs", {"kind": "echo", "input": {"text": "no token"}})
     assert refused.status_code == 403
     assert "CSRF token" in refused.json()["detail"]
-    submitted = post_json(client, "/api/runs", {"kind": "echo", "input": {"text": "with token"}}, csrf)
+    submitted = post_json(
+        client, "/api/runs", {"kind": "echo", "input": {"text": "with token"}}, csrf
+    )
     assert submitted.status_code == 202, submitted.content
     run = Run.objects.get(pk=submitted.json()["id"])
     assert run.tenant_id == operator.tenant_id
@@ -293,23 +324,31 @@ def test_a_logged_in_user_reads_and_submits_through_the_api_for_their_selected_t
 
 def test_the_session_acts_for_the_tenant_selected_on_the_dashboard():
     first = MembershipFactory(tenant__name="A first", role=Membership.Role.APPROVER)
-    second = MembershipFactory(user=first.user, tenant__name="B second", role=Membership.Role.VIEWER)
+    second = MembershipFactory(
+        user=first.user, tenant__name="B second", role=Membership.Role.VIEWER
+    )
     in_first = submit_run(tenant=first.tenant, kind="echo", input={"text": "a"})
     in_second = submit_run(tenant=second.tenant, kind="echo", input={"text": "b"})
     client, csrf = session_client(first)
 
     assert [item["id"] for item in client.get("/api/runs").json()["items"]] == [str(in_first.pk)]
-    assert post_json(client, f"/api/runs/{in_first.pk}/approve", {}, csrf).status_code == 409  # allowed, no approval
+    assert (
+        post_json(client, f"/api/runs/{in_first.pk}/approve", {}, csrf).status_code == 409
+    )  # allowed, no approval
 
-    switched = client.post("/tenant/", {"tenant": str(second.tenant_id)}, headers={"X-CSRFToken": csrf})
+    switched = client.post(
+        "/tenant/", {"tenant": str(second.tenant_id)}, headers={"X-CSRFToken": csrf}
+    )
     assert switched.status_code == 302
     assert [item["id"] for item in client.get("/api/runs").json()["items"]] == [str(in_second.pk)]
     assert client.get(f"/api/runs/{in_first.pk}").status_code == 404
     # A viewer there: reads, submits nothing.
     refused = post_json(client, "/api/runs", {"kind": "echo", "input": {"text": "x"}}, csrf)
     assert refused.status_code == 403
-    assert refused.json() == {"detail": "your role in B second (viewer) does not allow this (it needs the "
-                                        "'runs:write' scope)"}
+    assert refused.json() == {
+        "detail": "your role in B second (viewer) does not allow this (it needs the "
+        "'runs:write' scope)"
+    }
     assert post_json(client, f"/api/runs/{in_second.pk}/cancel", {}, csrf).status_code == 403
 
 
@@ -319,9 +358,14 @@ def test_keys_keep_their_precedence_beside_the_session(tenant, api_key):
     # A key sent is the only credential looked at: a bad one is 401 even from a logged-in browser.
     assert client.get("/api/runs", headers={"Authorization": "Bearer ak_nope"}).status_code == 401
     read_only = create_api_key(tenant=tenant, name="reader", scopes=["runs:read"]).secret
-    keyed = post_json(Client(headers={"Authorization": f"Bearer {read_only}"}), "/api/runs",
-                      {"kind": "echo", "input": {"text": "x"}})
-    assert keyed.status_code == 403 and keyed.json() == {"detail": "this API key lacks the 'runs:write' scope"}
+    keyed = post_json(
+        Client(headers={"Authorization": f"Bearer {read_only}"}),
+        "/api/runs",
+        {"kind": "echo", "input": {"text": "x"}},
+    )
+    assert keyed.status_code == 403 and keyed.json() == {
+        "detail": "this API key lacks the 'runs:write' scope"
+    }
     assert Client().get("/api/runs").status_code == 401
     # A signed-in user of no tenant: nothing to act for.
     lone = Client()

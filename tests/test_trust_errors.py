@@ -71,14 +71,31 @@ def test_event_streams_and_webhooks_carry_the_trimmed_error(failed_run):
     event = Event.objects.filter(run=failed_run, type="step.failed").get()
     assert "Traceback" in event.payload["error"]  # stored as the step's error begins
 
-    streamed = format_event(StoredEvent(run_id=failed_run.pk, seq=event.seq, type=event.type,
-                                        actor_type=event.actor_type, actor_id=event.actor_id,
-                                        payload_json=json.dumps(event.payload), created_at=event.created_at))
+    streamed = format_event(
+        StoredEvent(
+            run_id=failed_run.pk,
+            seq=event.seq,
+            type=event.type,
+            actor_type=event.actor_type,
+            actor_id=event.actor_id,
+            payload_json=json.dumps(event.payload),
+            created_at=event.created_at,
+        )
+    )
     # A webhook's body is built from the event it reports (run.failed carries the run's error, step.failed
     # the step's, which is the one with the traceback).
-    webhook = body_for(event_type=event.type, seq=event.seq, at=event.created_at, actor_type=event.actor_type,
-                       actor_id=event.actor_id, payload=event.payload, run_id=str(failed_run.pk),
-                       kind=failed_run.kind, queue=failed_run.queue, tenant="t")
+    webhook = body_for(
+        event_type=event.type,
+        seq=event.seq,
+        at=event.created_at,
+        actor_type=event.actor_type,
+        actor_id=event.actor_id,
+        payload=event.payload,
+        run_id=str(failed_run.pk),
+        kind=failed_run.kind,
+        queue=failed_run.queue,
+        tenant="t",
+    )
 
     assert_trimmed(streamed, "the event stream")
     assert_trimmed(webhook, "the webhook body")
@@ -100,13 +117,17 @@ def test_the_admin_shows_operators_the_whole_traceback(failed_run):
 def test_chained_and_cut_tracebacks_keep_their_exception_lines_only():
     from runs.errors import tenant_error  # here: the module is what this test looks for
 
-    text = ("Boom: it broke\n\nTraceback (most recent call last):\n"
-            f'  File "{ROOT}/runs/x.py", line 3, in f\n    {{}}["x"]\nKeyError: \'x\'\n\n'
-            "The above exception was the direct cause of the following exception:\n\n"
-            f'Traceback (most recent call last):\n  File "{ROOT}/runs/x.py", line 5, in g\n'
-            "    raise Boom('it broke')\ntests.agents.Boom: it broke\n")
+    text = (
+        "Boom: it broke\n\nTraceback (most recent call last):\n"
+        f'  File "{ROOT}/runs/x.py", line 3, in f\n    {{}}["x"]\nKeyError: \'x\'\n\n'
+        "The above exception was the direct cause of the following exception:\n\n"
+        f'Traceback (most recent call last):\n  File "{ROOT}/runs/x.py", line 5, in g\n'
+        "    raise Boom('it broke')\ntests.agents.Boom: it broke\n"
+    )
 
     assert tenant_error(text) == "Boom: it broke\n\nKeyError: 'x'"
-    assert tenant_error(text[:80]) == "Boom: it broke"  # cut inside a frame, as events keep 500 characters
+    assert (
+        tenant_error(text[:80]) == "Boom: it broke"
+    )  # cut inside a frame, as events keep 500 characters
     assert tenant_error(f"OSError: cannot read {ROOT}/.data/x") == "OSError: cannot read .data/x"
     assert tenant_error("the deadline of 3600 s passed") == "the deadline of 3600 s passed"

@@ -34,8 +34,13 @@ def add_runs(tenant, texts: list[str], *, start: int = 0) -> None:
     """Runs with these customers (the input's text, and the title), spread over the past, newest first."""
     now = timezone.now()
     Run.objects.bulk_create(
-        Run(tenant=tenant, kind="silent", input={"customer": text}, title=text,
-            created_at=now - timedelta(seconds=start + n))
+        Run(
+            tenant=tenant,
+            kind="silent",
+            input={"customer": text},
+            title=text,
+            created_at=now - timedelta(seconds=start + n),
+        )
         for n, text in enumerate(texts)
     )
 
@@ -90,17 +95,25 @@ def pages_read(plan: dict) -> int:
 
 def rows_looked_at(plan: dict) -> int:
     """Rows any node of the plan returned or threw away: index entries found, heap rows rechecked or filtered."""
-    return sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-               + node.get("Rows Removed by Index Recheck", 0) for node in nodes(plan))
+    return sum(
+        node["Actual Rows"]
+        + node.get("Rows Removed by Filter", 0)
+        + node.get("Rows Removed by Index Recheck", 0)
+        for node in nodes(plan)
+    )
 
 
 def test_a_word_only_other_tenants_use_costs_what_a_word_nobody_uses_costs(tenants):
     mine, _ = tenants
     elsewhere = explain_search(mine, "kestrel")  # in every one of the other tenant's 3,000 runs
-    nowhere = explain_search(mine, "qwxyzzy")  # in no run at all: as many letters, as many index keys
+    nowhere = explain_search(
+        mine, "qwxyzzy"
+    )  # in no run at all: as many letters, as many index keys
     assert pages_read(elsewhere) == pages_read(nowhere), (elsewhere, nowhere)
     assert rows_looked_at(elsewhere) == 0, elsewhere
-    assert "run_search_keys_idx" in json.dumps(elsewhere), elsewhere  # the index, not a scan of this tenant
+    assert "run_search_keys_idx" in json.dumps(elsewhere), (
+        elsewhere
+    )  # the index, not a scan of this tenant
 
 
 def test_more_runs_with_the_word_in_another_tenant_change_nothing_here(tenants):
@@ -113,21 +126,49 @@ def test_more_runs_with_the_word_in_another_tenant_change_nothing_here(tenants):
     assert rows_looked_at(after) == 0, after
 
 
-@pytest.mark.parametrize("search", [
-    "été", "ÉTÉ", "são_paulo", "o_pau", "100%", "wörld", "ÖRL", "x-ray 4", "C:\\temp", 'say "hi"', "ab cde",
-    "ünïcödé", "12345", "oscorp",
-])
+@pytest.mark.parametrize(
+    "search",
+    [
+        "été",
+        "ÉTÉ",
+        "são_paulo",
+        "o_pau",
+        "100%",
+        "wörld",
+        "ÖRL",
+        "x-ray 4",
+        "C:\\temp",
+        'say "hi"',
+        "ab cde",
+        "ünïcödé",
+        "12345",
+        "oscorp",
+    ],
+)
 def test_the_index_finds_exactly_what_reading_every_run_finds(db, monkeypatch, search):
     """Through the index (a window of one run) the search returns the runs a plain ILIKE of each one keeps."""
     monkeypatch.setattr(selectors, "SEARCH_WINDOW", 1)
     tenant = TenantFactory()
-    texts = ["Été à São_Paulo", "ete a sao paulo", "Hello Wörld", "100% X-Ray 4", "x ray 45", "path C:\\temp\\x",
-             'they say "hi"', "ab cdef", "ÜNÏCÖDÉ 12345", "Oscorp of NYC", "nothing to see"]
+    texts = [
+        "Été à São_Paulo",
+        "ete a sao paulo",
+        "Hello Wörld",
+        "100% X-Ray 4",
+        "x ray 45",
+        "path C:\\temp\\x",
+        'they say "hi"',
+        "ab cdef",
+        "ÜNÏCÖDÉ 12345",
+        "Oscorp of NYC",
+        "nothing to see",
+    ]
     for text in texts:
         submit_run(tenant=tenant, kind="silent", input={"customer": text, "note": text.upper()})
     add_runs(TenantFactory(), texts)  # another tenant's identical runs are never found
     terms = selectors.search_terms(search)
-    expected = list(Run.objects.for_tenant(tenant).newest_first().matching(terms).values_list("id", flat=True))
+    expected = list(
+        Run.objects.for_tenant(tenant).newest_first().matching(terms).values_list("id", flat=True)
+    )
     found = [run.id for run in selectors.list_runs(tenant=tenant, search=search).items]
     assert expected  # each of these matches some run
     assert found == expected

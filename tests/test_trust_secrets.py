@@ -20,14 +20,26 @@ from tests.test_deploy import HOST_VARIABLES, documented_environment
 
 
 def check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "manage.py"), "check", "--deploy"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check", "--deploy"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def shipped(**overrides: str) -> dict[str, str]:
     """A bare host's variables plus the env file exactly as shipped (the test database to reach)."""
     env = {name: os.environ[name] for name in HOST_VARIABLES if name in os.environ}
-    return env | documented_environment() | {"DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"} | overrides
+    return (
+        env
+        | documented_environment()
+        | {"DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+        | overrides
+    )
 
 
 def test_check_deploy_refuses_the_example_env_file_as_shipped_naming_its_placeholder(db):
@@ -54,15 +66,21 @@ def test_short_or_simple_keys_refuse_to_start(db, key):
 
 
 def test_a_short_metrics_token_refuses_to_start(db):
-    result = check_deploy(shipped(SECRET_KEY=secrets.token_urlsafe(50), RUNS_METRICS_TOKEN="s3cret"))
+    result = check_deploy(
+        shipped(SECRET_KEY=secrets.token_urlsafe(50), RUNS_METRICS_TOKEN="s3cret")
+    )
 
     assert result.returncode != 0
     assert "RUNS_METRICS_TOKEN is too short (6 characters)" in result.stderr
 
 
 def test_check_deploy_is_silent_with_real_random_values(db):
-    env = shipped(SECRET_KEY=secrets.token_urlsafe(50), RUNS_METRICS_TOKEN=secrets.token_urlsafe(32),
-                  DEBUG="0", ALLOWED_HOSTS="runs.example.com")
+    env = shipped(
+        SECRET_KEY=secrets.token_urlsafe(50),
+        RUNS_METRICS_TOKEN=secrets.token_urlsafe(32),
+        DEBUG="0",
+        ALLOWED_HOSTS="runs.example.com",
+    )
 
     result = check_deploy(env)
 
@@ -72,7 +90,14 @@ def test_check_deploy_is_silent_with_real_random_values(db):
 
 
 def test_the_test_session_key_passes():
-    result = subprocess.run([sys.executable, "-c", "import config.testdb, config.settings"], cwd=ROOT,
-                            env=os.environ | {"DEBUG": "0"}, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", "import config.testdb, config.settings"],
+        cwd=ROOT,
+        env=os.environ | {"DEBUG": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
     assert result.returncode == 0, result.stderr

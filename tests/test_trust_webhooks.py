@@ -56,7 +56,10 @@ def private_allowed(settings):
 
 
 def finished_runs(tenant, count: int, **fields) -> list:
-    runs = [submit_run(tenant=tenant, kind="echo", input={"text": f"run {n}"}, **fields) for n in range(count)]
+    runs = [
+        submit_run(tenant=tenant, kind="echo", input={"text": f"run {n}"}, **fields)
+        for n in range(count)
+    ]
     drive(*runs)
     return runs
 
@@ -68,7 +71,9 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     receiver, tarpit, processes, private_allowed, admin_client
 ):
     hanging, other = TenantFactory(), TenantFactory()
-    endpoint = WebhookEndpoint.objects.create(tenant=hanging, url=tarpit.url, event_types=["run.done"])
+    endpoint = WebhookEndpoint.objects.create(
+        tenant=hanging, url=tarpit.url, event_types=["run.done"]
+    )
     finished_runs(hanging, 24)
     [wanted] = finished_runs(other, 1, callback_url=receiver.url)
     # The hanging tenant's 24 deliveries are older: a claim by due time alone would take them first.
@@ -76,8 +81,14 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     at_arrival: list[tuple[int, int]] = []
     receiver.on_request = lambda: at_arrival.append(tarpit.counts())
 
-    processes.manage("deliverwebhooks", "--poll", "0.1", RUNS_WEBHOOKS_ALLOW_PRIVATE="1",
-                     RUNS_WEBHOOK_TIMEOUT_SECONDS="10", RUNS_WEBHOOK_PAUSE_AFTER="5")
+    processes.manage(
+        "deliverwebhooks",
+        "--poll",
+        "0.1",
+        RUNS_WEBHOOKS_ALLOW_PRIVATE="1",
+        RUNS_WEBHOOK_TIMEOUT_SECONDS="10",
+        RUNS_WEBHOOK_PAUSE_AFTER="5",
+    )
 
     [got] = receiver.wait_for(1, timeout=60)
     assert got.path == "/hook"
@@ -87,17 +98,27 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     assert hung_up == 0, (accepted, hung_up)
     # Nor did the hanging tenant get every slot (8): some are kept for the others.
     assert accepted < 8
-    wait_for(lambda: WebhookDelivery.objects.filter(run=wanted, status="delivered").exists(),
-             message="the other tenant's delivery recorded as delivered")
+    wait_for(
+        lambda: WebhookDelivery.objects.filter(run=wanted, status="delivered").exists(),
+        message="the other tenant's delivery recorded as delivered",
+    )
 
     # Silence after silence: the hanging tenant's receiver is paused, its deliveries wait.
-    paused = wait_for(lambda: models.WebhookReceiver.objects.filter(tenant=hanging, paused_at__isnull=False).first(),
-                      timeout=90, message="the tarpit's receiver paused")
+    paused = wait_for(
+        lambda: models.WebhookReceiver.objects.filter(
+            tenant=hanging, paused_at__isnull=False
+        ).first(),
+        timeout=90,
+        message="the tarpit's receiver paused",
+    )
     assert paused.receiver == tarpit.url.removesuffix("/hook")
     assert "attempts in a row got no answer" in paused.paused_reason
     assert "timed out" in paused.paused_reason
-    wait_for(lambda: not WebhookDelivery.objects.filter(tenant=hanging, status="sending").exists(),
-             timeout=60, message="the attempts under way at the pause recorded")
+    wait_for(
+        lambda: not WebhookDelivery.objects.filter(tenant=hanging, status="sending").exists(),
+        timeout=60,
+        message="the attempts under way at the pause recorded",
+    )
     statuses = set(WebhookDelivery.objects.filter(tenant=hanging).values_list("status", flat=True))
     assert statuses == {"pending"}  # nothing lost, nothing given up on
     attempts_at_pause = tarpit.counts()[0]
@@ -109,8 +130,11 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     assert "paused since" in endpoints and "attempts in a row got no answer" in endpoints
     listed = admin_client.get("/admin/runs/webhookreceiver/?paused=yes").content.decode()
     assert paused.receiver in listed and "timed out" in listed
-    answer = admin_client.post("/admin/runs/webhookendpoint/", {"action": "resume",
-                                                                "_selected_action": [endpoint.pk]}, follow=True)
+    answer = admin_client.post(
+        "/admin/runs/webhookendpoint/",
+        {"action": "resume", "_selected_action": [endpoint.pk]},
+        follow=True,
+    )
     assert "1 receiver(s) resumed; 24 waiting delivery(ies) are due now." in answer.content.decode()
     resumed = models.WebhookReceiver.objects.get(pk=paused.pk)
     assert resumed.paused_at is None and resumed.resumed_by.startswith("user:")
@@ -118,7 +142,9 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     wait_for(lambda: tarpit.counts()[0] > attempts_at_pause, message="an attempt after the resume")
 
 
-def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_only(private_allowed, admin_client):
+def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_only(
+    private_allowed, admin_client
+):
     """A run's callback_url has no endpoint row: its tenant's receiver (scheme, host, port) is what pauses."""
     private_allowed.RUNS_WEBHOOK_PAUSE_AFTER = 2
     private_allowed.RUNS_WEBHOOK_RETRY_SCHEDULE = [0.05]
@@ -147,7 +173,9 @@ def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_o
     page = tenant_view.get(f"/runs/{my_run.id}/").content.decode()
     assert "could not connect" in page and "paused: the receiver kept not answering" in page
 
-    admin_client.post("/admin/runs/webhookreceiver/", {"action": "resume", "_selected_action": [health.pk]})
+    admin_client.post(
+        "/admin/runs/webhookreceiver/", {"action": "resume", "_selected_action": [health.pk]}
+    )
     assert models.WebhookReceiver.objects.get(pk=health.pk).paused_at is None
     loop.run(once=True)
     assert all(WebhookDelivery.objects.get(pk=pk).attempts > n for pk, n in before.items())
@@ -156,21 +184,63 @@ def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_o
 # 6. A malformed callback_url is a 422, never a 500
 
 HOSTILE_URLS = [
-    "https://[v1.a:b]/", "https://[v7.x]/", "https://[::1/", "https://::1]/", "https://[zz]/", "https://[1.2.3.4]/",
-    "https://[::1]x/", "https://[::1]:x/", "https://[fe80::1%25eth0]/", "https://[fe80::1%eth0]/",
-    "https://[::ffff:999.1.1.1]/", "https://[:::1]/", "https://[1::2::3]/", "https://[]/",
-    "https://example.com:0/", "https://example.com:65536/", "https://example.com:99999999999/",
-    "https://example.com:-1/", "https://example.com:+443/", "https://example.com: 443/", "https://example.com:/",
-    "https://example.com:44 3/", "https://example.com:443:443/", "https://example.com:٤٤٣/",
-    "https://user@example.com/", "https://user:pw@example.com/", "https://@example.com/",
-    "https://example.com\\@evil.com/", "https://exa\x00mple.com/", "https://example.com/\x00",
-    "https://exa mple.com/", " https://example.com/", "https://example.com/\n", "https://example.com/\u202e",
-    "https://example.com/\u200b", "https://exa%00mple.com/", "https://%65xample.com/", "https:///hook",
-    "https://", "https:example.com", "//example.com/", "example.com", "https://a..b/", "https://.example.com/",
-    "https://" + "a" * 64 + ".com/", "https://" + ".".join(["a" * 60] * 5) + "/",
-    "https://example.com/" + "a" * 2100, "https://ex[ample.com/", "https://exam]ple.com/",
-    "https://exa\u00admple.com/", "https://example.com\uff0fpath", "javascript:alert(1)", "file:///etc/passwd",
-    "gopher://example.com/", "https://0x7f.1/", "https://2130706433/", "https://[::1]/",
+    "https://[v1.a:b]/",
+    "https://[v7.x]/",
+    "https://[::1/",
+    "https://::1]/",
+    "https://[zz]/",
+    "https://[1.2.3.4]/",
+    "https://[::1]x/",
+    "https://[::1]:x/",
+    "https://[fe80::1%25eth0]/",
+    "https://[fe80::1%eth0]/",
+    "https://[::ffff:999.1.1.1]/",
+    "https://[:::1]/",
+    "https://[1::2::3]/",
+    "https://[]/",
+    "https://example.com:0/",
+    "https://example.com:65536/",
+    "https://example.com:99999999999/",
+    "https://example.com:-1/",
+    "https://example.com:+443/",
+    "https://example.com: 443/",
+    "https://example.com:/",
+    "https://example.com:44 3/",
+    "https://example.com:443:443/",
+    "https://example.com:٤٤٣/",
+    "https://user@example.com/",
+    "https://user:pw@example.com/",
+    "https://@example.com/",
+    "https://example.com\\@evil.com/",
+    "https://exa\x00mple.com/",
+    "https://example.com/\x00",
+    "https://exa mple.com/",
+    " https://example.com/",
+    "https://example.com/\n",
+    "https://example.com/\u202e",
+    "https://example.com/\u200b",
+    "https://exa%00mple.com/",
+    "https://%65xample.com/",
+    "https:///hook",
+    "https://",
+    "https:example.com",
+    "//example.com/",
+    "example.com",
+    "https://a..b/",
+    "https://.example.com/",
+    "https://" + "a" * 64 + ".com/",
+    "https://" + ".".join(["a" * 60] * 5) + "/",
+    "https://example.com/" + "a" * 2100,
+    "https://ex[ample.com/",
+    "https://exam]ple.com/",
+    "https://exa\u00admple.com/",
+    "https://example.com\uff0fpath",
+    "javascript:alert(1)",
+    "file:///etc/passwd",
+    "gopher://example.com/",
+    "https://0x7f.1/",
+    "https://2130706433/",
+    "https://[::1]/",
 ]
 
 
@@ -180,8 +250,11 @@ def test_every_malformed_callback_url_is_a_422_with_a_readable_detail(api, setti
     for url in HOSTILE_URLS:
         if allow_private and url in ("https://0x7f.1/", "https://2130706433/", "https://[::1]/"):
             continue  # loopback, which this setting allows
-        response = api.post("/api/runs", {"kind": "echo", "input": {"text": "x"}, "callback_url": url},
-                            content_type="application/json")
+        response = api.post(
+            "/api/runs",
+            {"kind": "echo", "input": {"text": "x"}, "callback_url": url},
+            content_type="application/json",
+        )
         assert response.status_code == 422, (url, response.status_code, response.content[:300])
         detail = response.json()["detail"]
         assert isinstance(detail, str) and 10 < len(detail) < 600, (url, detail)
@@ -189,12 +262,18 @@ def test_every_malformed_callback_url_is_a_422_with_a_readable_detail(api, setti
 
 
 @hypothesis_settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(
-    st.text(max_size=80).map(lambda s: "https://" + s),
-    st.text(alphabet="[]:%@.0123456789abcdefv/\\?#+- ", max_size=40).map(lambda s: "https://" + s),
-    st.from_regex(r"https://\[[0-9a-fv:.%]{0,30}\](:[0-9+-]{0,8})?/", fullmatch=True),
-    st.from_regex(r"https://\[v[0-9a-f]{1,3}\.[a-z0-9:._~-]{1,12}\](:[0-9]{1,6})?/", fullmatch=True),  # IPvFuture
-))
+@given(
+    st.one_of(
+        st.text(max_size=80).map(lambda s: "https://" + s),
+        st.text(alphabet="[]:%@.0123456789abcdefv/\\?#+- ", max_size=40).map(
+            lambda s: "https://" + s
+        ),
+        st.from_regex(r"https://\[[0-9a-fv:.%]{0,30}\](:[0-9+-]{0,8})?/", fullmatch=True),
+        st.from_regex(
+            r"https://\[v[0-9a-f]{1,3}\.[a-z0-9:._~-]{1,12}\](:[0-9]{1,6})?/", fullmatch=True
+        ),  # IPvFuture
+    )
+)
 @pytest.mark.django_db(transaction=False)
 def test_the_url_check_only_ever_refuses_with_a_sentence(url):
     for private in (False, True):
@@ -205,8 +284,15 @@ def test_the_url_check_only_ever_refuses_with_a_sentence(url):
 
 
 def test_the_admin_refuses_a_malformed_endpoint_url_with_a_form_error(admin_client):
-    response = admin_client.post("/admin/runs/webhookendpoint/add/", {
-        "tenant": TenantFactory().pk, "url": "https://[v1.a:b]/", "event_types": ["run.done"], "enabled": "on"})
+    response = admin_client.post(
+        "/admin/runs/webhookendpoint/add/",
+        {
+            "tenant": TenantFactory().pk,
+            "url": "https://[v1.a:b]/",
+            "event_types": ["run.done"],
+            "enabled": "on",
+        },
+    )
     assert response.status_code == 200
     assert not WebhookEndpoint.objects.exists()
 
@@ -215,14 +301,28 @@ def test_the_admin_refuses_a_malformed_endpoint_url_with_a_form_error(admin_clie
 
 
 @pytest.mark.parametrize("allow_private", [False, True], ids=["public-only", "private-allowed"])
-@pytest.mark.parametrize("url", ["https://93.184.216.34:5432/", "https://hooks.example.com:22/x",
-                                 "https://[2606:4700::1111]:6379/", "https://hooks.example.com:8443/"])
-def test_a_public_host_on_another_port_than_443_is_refused_at_submit(api, settings, url, allow_private):
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://93.184.216.34:5432/",
+        "https://hooks.example.com:22/x",
+        "https://[2606:4700::1111]:6379/",
+        "https://hooks.example.com:8443/",
+    ],
+)
+def test_a_public_host_on_another_port_than_443_is_refused_at_submit(
+    api, settings, url, allow_private
+):
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = allow_private
     if allow_private and "hooks.example.com" in url:
-        pytest.skip("with private addresses allowed a name's port is judged at send time, once resolved")
-    response = api.post("/api/runs", {"kind": "echo", "input": {"text": "x"}, "callback_url": url},
-                        content_type="application/json")
+        pytest.skip(
+            "with private addresses allowed a name's port is judged at send time, once resolved"
+        )
+    response = api.post(
+        "/api/runs",
+        {"kind": "echo", "input": {"text": "x"}, "callback_url": url},
+        content_type="application/json",
+    )
     assert response.status_code == 422
     assert "is not allowed for webhooks (allowed: 443)" in response.json()["detail"]
 
@@ -230,28 +330,50 @@ def test_a_public_host_on_another_port_than_443_is_refused_at_submit(api, settin
 def test_operators_choose_the_ports(api, settings):
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = False
     settings.RUNS_WEBHOOK_PORTS = [443, 8443]
-    accepted = api.post("/api/runs", {"kind": "echo", "input": {"text": "x"},
-                                      "callback_url": "https://hooks.example.com:8443/runs"},
-                        content_type="application/json")
+    accepted = api.post(
+        "/api/runs",
+        {
+            "kind": "echo",
+            "input": {"text": "x"},
+            "callback_url": "https://hooks.example.com:8443/runs",
+        },
+        content_type="application/json",
+    )
     assert accepted.status_code == 202
-    refused = api.post("/api/runs", {"kind": "echo", "input": {"text": "x"},
-                                     "callback_url": "https://hooks.example.com:9443/runs"},
-                       content_type="application/json")
+    refused = api.post(
+        "/api/runs",
+        {
+            "kind": "echo",
+            "input": {"text": "x"},
+            "callback_url": "https://hooks.example.com:9443/runs",
+        },
+        content_type="application/json",
+    )
     assert refused.status_code == 422 and "allowed: 443, 8443" in refused.json()["detail"]
 
 
 def test_the_admin_refuses_an_endpoint_on_another_port(admin_client, settings):
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = False
-    response = admin_client.post("/admin/runs/webhookendpoint/add/", {
-        "tenant": TenantFactory().pk, "url": "https://93.184.216.34:5432/", "event_types": ["run.done"],
-        "enabled": "on"})
+    response = admin_client.post(
+        "/admin/runs/webhookendpoint/add/",
+        {
+            "tenant": TenantFactory().pk,
+            "url": "https://93.184.216.34:5432/",
+            "event_types": ["run.done"],
+            "enabled": "on",
+        },
+    )
     assert response.status_code == 200 and "port 5432 is not allowed" in response.content.decode()
     assert not WebhookEndpoint.objects.exists()
 
 
-def test_a_stored_url_on_another_port_is_refused_at_send_time_without_connecting(tenant, private_allowed):
+def test_a_stored_url_on_another_port_is_refused_at_send_time_without_connecting(
+    tenant, private_allowed
+):
     """An endpoint stored before the rule (or by hand) is dead at its first attempt, even with private allowed."""
-    WebhookEndpoint.objects.create(tenant=tenant, url="https://93.184.216.34:5432/", event_types=["run.done"])
+    WebhookEndpoint.objects.create(
+        tenant=tenant, url="https://93.184.216.34:5432/", event_types=["run.done"]
+    )
     [run] = finished_runs(tenant, 1)
     DeliveryLoop(poll=0.05).run(once=True)
     delivery = WebhookDelivery.objects.get(run=run)
@@ -260,7 +382,9 @@ def test_a_stored_url_on_another_port_is_refused_at_send_time_without_connecting
     assert delivery.failure == "refused"
 
 
-def test_tenants_see_what_kind_of_failure_operators_see_the_whole_error(tarpit, private_allowed, admin_client):
+def test_tenants_see_what_kind_of_failure_operators_see_the_whole_error(
+    tarpit, private_allowed, admin_client
+):
     private_allowed.RUNS_WEBHOOK_TIMEOUT_SECONDS = 0.5
     with socket.create_server(("127.0.0.1", 0)) as sock:
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
@@ -281,7 +405,15 @@ def test_tenants_see_what_kind_of_failure_operators_see_the_whole_error(tarpit, 
     answer = Client(headers={"Authorization": f"Bearer {key}"}).get(f"/api/runs/{refused.id}")
     assert answer.status_code == 200 and "connection refused" not in answer.content.decode()
 
-    for run, whole in ((silent, "timed out after 0.5 s (waiting for the answer)"), (refused, "connection refused")):
+    for run, whole in (
+        (silent, "timed out after 0.5 s (waiting for the answer)"),
+        (refused, "connection refused"),
+    ):
         delivery = WebhookDelivery.objects.get(run=run)
         assert delivery.last_error == whole
-        assert whole in admin_client.get(f"/admin/runs/webhookdelivery/{delivery.pk}/change/").content.decode()
+        assert (
+            whole
+            in admin_client.get(
+                f"/admin/runs/webhookdelivery/{delivery.pk}/change/"
+            ).content.decode()
+        )

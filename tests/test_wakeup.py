@@ -21,13 +21,23 @@ def test_an_idle_worker_is_woken_by_notify_and_survives_losing_its_listener(tena
     wait_for(_listening, message="the LISTEN connection")
 
     first = submit_run(tenant=tenant, kind="echo", input={"text": "a"})
-    wait_for(lambda: Run.objects.get(pk=first.pk).status == "done", timeout=20, message="a run woken by NOTIFY")
+    wait_for(
+        lambda: Run.objects.get(pk=first.pk).status == "done",
+        timeout=20,
+        message="a run woken by NOTIFY",
+    )
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%'")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%'"
+        )
     wait_for(_listening, timeout=20, message="the LISTEN connection to come back")
     second = submit_run(tenant=tenant, kind="echo", input={"text": "b"})
-    wait_for(lambda: Run.objects.get(pk=second.pk).status == "done", timeout=20, message="a run woken after reconnecting")
+    wait_for(
+        lambda: Run.objects.get(pk=second.pk).status == "done",
+        timeout=20,
+        message="a run woken after reconnecting",
+    )
 
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0, processes.output(worker)

@@ -44,7 +44,9 @@ def secret_of(tenant: Tenant) -> str:
     return signing.current_secret(tenant.pk)
 
 
-def test_a_finished_run_posts_one_signed_run_done_to_its_callback_url(tenant, receiver, private_allowed):
+def test_a_finished_run_posts_one_signed_run_done_to_its_callback_url(
+    tenant, receiver, private_allowed
+):
     receiver.secrets["current"] = secret_of(tenant)
     run = submit_run(tenant=tenant, kind="echo", input={"text": "hello"}, callback_url=receiver.url)
     drive(run)
@@ -71,7 +73,9 @@ def test_a_receiver_that_answers_500_then_200_gets_the_same_webhook_id_twice(
     receiver.secrets["current"] = secret_of(tenant)
     receiver.answer(500)
     loop = processes.manage("deliverwebhooks", "--poll", "0.2", RUNS_WEBHOOKS_ALLOW_PRIVATE="1")
-    run = submit_run(tenant=tenant, kind="echo", input={"text": "retry me"}, callback_url=receiver.url)
+    run = submit_run(
+        tenant=tenant, kind="echo", input={"text": "retry me"}, callback_url=receiver.url
+    )
     drive(run)
 
     first, second = receiver.wait_for(2, timeout=30)
@@ -80,8 +84,10 @@ def test_a_receiver_that_answers_500_then_200_gets_the_same_webhook_id_twice(
     assert first.verified_by == second.verified_by == ["current"]
     gap = int(second.headers["webhook-timestamp"]) - int(first.headers["webhook-timestamp"])
     assert 3 <= gap <= 10  # "first retry within 10 s"
-    delivery = wait_for(lambda: WebhookDelivery.objects.filter(run=run, status="delivered").first(),
-                        message="the delivery recorded as delivered")
+    delivery = wait_for(
+        lambda: WebhookDelivery.objects.filter(run=run, status="delivered").first(),
+        message="the delivery recorded as delivered",
+    )
     assert (delivery.attempts, delivery.response_code) == (2, 200)
     assert loop.poll() is None, processes.output(loop)
 
@@ -90,7 +96,9 @@ def test_during_a_rotation_deliveries_verify_with_either_secret(tenant, receiver
     receiver.secrets["old"] = secret_of(tenant)
     new = signing.rotate(tenant.pk)
     receiver.secrets["new"] = new
-    run = submit_run(tenant=tenant, kind="echo", input={"text": "rotating"}, callback_url=receiver.url)
+    run = submit_run(
+        tenant=tenant, kind="echo", input={"text": "rotating"}, callback_url=receiver.url
+    )
     drive(run)
     DeliveryLoop(poll=0.05).run(once=True)
     [got] = receiver.wait_for(1)
@@ -99,7 +107,9 @@ def test_during_a_rotation_deliveries_verify_with_either_secret(tenant, receiver
 
     # After the overlap only the new secret signs.
     Tenant.objects.filter(pk=tenant.pk).update(webhook_secret_previous_until="2000-01-01T00:00:00Z")
-    run = submit_run(tenant=tenant, kind="echo", input={"text": "rotated"}, callback_url=receiver.url)
+    run = submit_run(
+        tenant=tenant, kind="echo", input={"text": "rotated"}, callback_url=receiver.url
+    )
     drive(run)
     DeliveryLoop(poll=0.05).run(once=True)
     later = receiver.wait_for(2)[1]
@@ -117,10 +127,16 @@ def test_the_webhooksecret_command_prints_the_secret_alone_on_its_last_line(tena
     assert (tenant.webhook_secret, tenant.webhook_secret_previous) == (rotated, first)
 
 
-def test_tenant_endpoints_receive_only_the_event_types_they_chose(tenant, receiver, private_allowed):
+def test_tenant_endpoints_receive_only_the_event_types_they_chose(
+    tenant, receiver, private_allowed
+):
     receiver.secrets["current"] = secret_of(tenant)
-    WebhookEndpoint.objects.create(tenant=tenant, url=receiver.url + "/waiting", event_types=["run.waiting_human"])
-    WebhookEndpoint.objects.create(tenant=tenant, url=receiver.url + "/ends", event_types=["run.done", "run.cancelled"])
+    WebhookEndpoint.objects.create(
+        tenant=tenant, url=receiver.url + "/waiting", event_types=["run.waiting_human"]
+    )
+    WebhookEndpoint.objects.create(
+        tenant=tenant, url=receiver.url + "/ends", event_types=["run.done", "run.cancelled"]
+    )
     WebhookEndpoint.objects.create(tenant=tenant, url=receiver.url + "/off", enabled=False)
     run = submit_run(tenant=tenant, kind="approve_then_act", input={})
     drive(run, until=("waiting_human",))
@@ -130,7 +146,8 @@ def test_tenant_endpoints_receive_only_the_event_types_they_chose(tenant, receiv
     got = receiver.wait_for(2)
     time.sleep(0.3)
     assert sorted((r.path, json.loads(r.body)["type"]) for r in receiver.received) == [
-        ("/hook/ends", "run.cancelled"), ("/hook/waiting", "run.waiting_human"),
+        ("/hook/ends", "run.cancelled"),
+        ("/hook/waiting", "run.waiting_human"),
     ]
     assert all(r.verified_by == ["current"] for r in got)
     waiting = next(json.loads(r.body) for r in got if r.path == "/hook/waiting")
@@ -148,7 +165,9 @@ def test_a_delivery_that_keeps_failing_is_dead_after_the_give_up_time_and_can_be
     loop = DeliveryLoop(poll=0.05)
     deadline = time.monotonic() + 15
     while not WebhookDelivery.objects.filter(run=run, status="dead").exists():
-        assert time.monotonic() < deadline, list(WebhookDelivery.objects.values("status", "attempts"))
+        assert time.monotonic() < deadline, list(
+            WebhookDelivery.objects.values("status", "attempts")
+        )
         loop.run(once=True)
         time.sleep(0.1)
     dead = WebhookDelivery.objects.get(run=run)
@@ -181,7 +200,9 @@ REFUSED = [
 ]
 
 
-def test_the_guard_refuses_loopback_private_link_local_and_names_resolving_to_them(tenant, settings):
+def test_the_guard_refuses_loopback_private_link_local_and_names_resolving_to_them(
+    tenant, settings
+):
     """Endpoints stored without the admin's check (an old row, a changed setting) are refused at send time."""
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = False
     for url, _ in REFUSED:
@@ -203,7 +224,9 @@ def test_a_redirect_is_not_followed(tenant, receiver, private_allowed):
     target = Receiver()
     try:
         receiver.answer(302, Location=target.url)
-        run = submit_run(tenant=tenant, kind="echo", input={"text": "redirect"}, callback_url=receiver.url)
+        run = submit_run(
+            tenant=tenant, kind="echo", input={"text": "redirect"}, callback_url=receiver.url
+        )
         drive(run)
         DeliveryLoop(poll=0.05).run(once=True)
         delivery = WebhookDelivery.objects.get(run=run)
@@ -215,16 +238,21 @@ def test_a_redirect_is_not_followed(tenant, receiver, private_allowed):
         target.stop()
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("ftp://example.com/hook", "https"),
-    ("http://example.com/hook", "https"),
-    ("https://127.0.0.1/hook", "loopback"),
-    ("https://[::1]/hook", "loopback"),
-    ("https://169.254.169.254/", "link-local"),
-    ("https://10.0.0.1/", "private"),
-    ("https://localhost/hook", "localhost"),
-])
-def test_a_callback_url_that_can_never_be_delivered_is_refused_at_submit(tenant, settings, url, reason):
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("ftp://example.com/hook", "https"),
+        ("http://example.com/hook", "https"),
+        ("https://127.0.0.1/hook", "loopback"),
+        ("https://[::1]/hook", "loopback"),
+        ("https://169.254.169.254/", "link-local"),
+        ("https://10.0.0.1/", "private"),
+        ("https://localhost/hook", "localhost"),
+    ],
+)
+def test_a_callback_url_that_can_never_be_delivered_is_refused_at_submit(
+    tenant, settings, url, reason
+):
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = False
     with pytest.raises(InvalidRunInput) as refused:
         submit_run(tenant=tenant, kind="echo", input={"text": "x"}, callback_url=url)
@@ -233,26 +261,44 @@ def test_a_callback_url_that_can_never_be_delivered_is_refused_at_submit(tenant,
 
 def test_the_api_answers_422_with_the_reason_for_a_forbidden_callback_url(api, settings):
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = False
-    response = api.post("/api/runs", {"kind": "echo", "input": {"text": "x"},
-                                      "callback_url": "https://169.254.169.254/latest"},
-                        content_type="application/json")
+    response = api.post(
+        "/api/runs",
+        {"kind": "echo", "input": {"text": "x"}, "callback_url": "https://169.254.169.254/latest"},
+        content_type="application/json",
+    )
     assert response.status_code == 422
     assert "link-local" in response.json()["detail"]
-    accepted = api.post("/api/runs", {"kind": "echo", "input": {"text": "x"},
-                                      "callback_url": "https://hooks.example.com/runs"},
-                        content_type="application/json")
+    accepted = api.post(
+        "/api/runs",
+        {"kind": "echo", "input": {"text": "x"}, "callback_url": "https://hooks.example.com/runs"},
+        content_type="application/json",
+    )
     assert accepted.status_code == 202
 
 
 def test_operators_register_endpoints_and_redeliver_in_the_admin(admin_client, tenant, settings):
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = False
     add = "/admin/runs/webhookendpoint/add/"
-    refused = admin_client.post(add, {"tenant": tenant.pk, "url": "https://169.254.169.254/x",
-                                      "event_types": ["run.done"], "enabled": "on"})
+    refused = admin_client.post(
+        add,
+        {
+            "tenant": tenant.pk,
+            "url": "https://169.254.169.254/x",
+            "event_types": ["run.done"],
+            "enabled": "on",
+        },
+    )
     assert refused.status_code == 200 and "can never be delivered to" in refused.content.decode()
     assert not WebhookEndpoint.objects.exists()
-    created = admin_client.post(add, {"tenant": tenant.pk, "url": "https://hooks.example.com/runs",
-                                      "event_types": ["run.done", "run.failed"], "enabled": "on"})
+    created = admin_client.post(
+        add,
+        {
+            "tenant": tenant.pk,
+            "url": "https://hooks.example.com/runs",
+            "event_types": ["run.done", "run.failed"],
+            "enabled": "on",
+        },
+    )
     assert created.status_code == 302
     endpoint = WebhookEndpoint.objects.get()
     assert endpoint.event_types == ["run.done", "run.failed"]
@@ -261,9 +307,17 @@ def test_operators_register_endpoints_and_redeliver_in_the_admin(admin_client, t
     run = submit_run(tenant=tenant, kind="echo", input={"text": "x"})
     drive(run)
     dead = WebhookDelivery.objects.get(run=run)  # the endpoint's
-    WebhookDelivery.objects.filter(pk=dead.pk).update(status="dead", last_error="the receiver answered 500")
+    WebhookDelivery.objects.filter(pk=dead.pk).update(
+        status="dead", last_error="the receiver answered 500"
+    )
     page = admin_client.get("/admin/runs/webhookdelivery/")
     assert page.status_code == 200 and "the receiver answered 500" in page.content.decode()
-    admin_client.post("/admin/runs/webhookdelivery/", {"action": "redeliver", "_selected_action": [dead.pk]})
+    admin_client.post(
+        "/admin/runs/webhookdelivery/", {"action": "redeliver", "_selected_action": [dead.pk]}
+    )
     again = WebhookDelivery.objects.exclude(pk=dead.pk).get(run=run)
-    assert (again.status, again.webhook_id, again.url) == ("pending", dead.webhook_id, "https://hooks.example.com/runs")
+    assert (again.status, again.webhook_id, again.url) == (
+        "pending",
+        dead.webhook_id,
+        "https://hooks.example.com/runs",
+    )

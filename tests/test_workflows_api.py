@@ -25,14 +25,23 @@ def test_cancel_with_compensate_of_a_run_with_nothing_done_cancels_at_once(api, 
 
 
 def test_cancel_with_compensate_of_a_waiting_saga_queues_it_for_its_rollback(api, tenant):
-    run = force_status(submit_run(tenant=tenant, kind="wf_saga", input={"log": "", "steps": 2}), "waiting_human",
-                       attempt=1)
+    run = force_status(
+        submit_run(tenant=tenant, kind="wf_saga", input={"log": "", "steps": 2}),
+        "waiting_human",
+        attempt=1,
+    )
     Step.objects.create(run=run, seq=1, name="do 1", status="done", output={"resource": "r1"})
     answer = post(api, f"/api/runs/{run.id}/cancel", {"compensate": True})
     assert answer.status_code == 202, answer.content
     body = answer.json()
-    assert (body["status"], body["compensation"], body["cancel_requested"]) == ("queued", "requested", True)
-    assert Event.objects.filter(run=run, type="run.cancel_requested", payload__compensate=True).exists()
+    assert (body["status"], body["compensation"], body["cancel_requested"]) == (
+        "queued",
+        "requested",
+        True,
+    )
+    assert Event.objects.filter(
+        run=run, type="run.cancel_requested", payload__compensate=True
+    ).exists()
     # Asked again, it is the same request: still queued for the rollback, nothing doubled.
     assert post(api, f"/api/runs/{run.id}/cancel", {"compensate": True}).status_code == 202
     assert fresh(run).compensation == "requested"
@@ -58,14 +67,27 @@ def test_the_run_json_names_its_parent_and_the_list_gives_a_runs_children(api, t
     child = api.get(f"/api/runs/{children[0].id}").json()
     assert child["parent_id"] == str(parent.id)
     body = api.get(f"/api/runs/{parent.id}").json()
-    assert (body["parent_id"], body["children_pending"], body["children_cost_cents"]) == (None, 0, 0)
-    assert (body["origin_id"], body["origin_step"], body["compensation"], body["compensated"]) == (None, None, "", False)
+    assert (body["parent_id"], body["children_pending"], body["children_cost_cents"]) == (
+        None,
+        0,
+        0,
+    )
+    assert (body["origin_id"], body["origin_step"], body["compensation"], body["compensated"]) == (
+        None,
+        None,
+        "",
+        False,
+    )
     assert api.get("/api/runs?parent=not-a-uuid").status_code == 422
 
 
 def test_skip_is_only_for_a_compensation(api, tenant):
-    run = force_status(submit_run(tenant=tenant, kind="wf_steps", input={"log": "", "steps": 1}), "waiting_human",
-                       attempt=1, error_kind="ambiguous")
+    run = force_status(
+        submit_run(tenant=tenant, kind="wf_steps", input={"log": "", "steps": 1}),
+        "waiting_human",
+        attempt=1,
+        error_kind="ambiguous",
+    )
     Step.objects.create(run=run, seq=1, name="step 1", status="waiting")
     answer = post(api, f"/api/runs/{run.id}/resolve", {"action": "skip"})
     assert answer.status_code == 409
@@ -101,8 +123,11 @@ def test_a_deadlock_met_by_a_transition_is_a_503_and_the_retry_succeeds(api, ten
     request.start()
     pid = other.info.backend_pid
     # ... the cancel locks the child and waits for the parent (to wake it) ...
-    wait_for(lambda: any(pid in blockers for _, _, blockers in backends_waiting_on_locks()), timeout=10,
-             message="the cancel to wait for the parent's row")
+    wait_for(
+        lambda: any(pid in blockers for _, _, blockers in backends_waiting_on_locks()),
+        timeout=10,
+        message="the cancel to wait for the parent's row",
+    )
     # ... and the other session now wants the child: PostgreSQL breaks the cycle.
     other.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [child.pk])
     request.join(15)

@@ -19,7 +19,9 @@ class Received:
     path: str
     headers: dict[str, str]
     body: str
-    verified_by: list[str] = field(default_factory=list)  # the secrets (by name) its signature verified with
+    verified_by: list[str] = field(
+        default_factory=list
+    )  # the secrets (by name) its signature verified with
 
 
 class Receiver:
@@ -50,7 +52,9 @@ class Receiver:
                 if len(self.received) >= count:
                     return list(self.received)
             time.sleep(0.05)
-        raise AssertionError(f"expected {count} deliveries, got {len(self.received)} in {timeout} s")
+        raise AssertionError(
+            f"expected {count} deliveries, got {len(self.received)} in {timeout} s"
+        )
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -78,7 +82,9 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length).decode()
-            status, headers = receiver._take(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            status, headers = receiver._take(
+                self.path, {k.lower(): v for k, v in self.headers.items()}, body
+            )
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name.replace("_", "-"), value)

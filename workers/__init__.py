@@ -1,6 +1,6 @@
 """The execution layer and the agent authoring API.
 
-    from workers import agent, RunContext, StepResult, Retryable, Fatal, Ambiguous
+from workers import agent, RunContext, StepResult, Retryable, Fatal, Ambiguous
 """
 
 from runs.registry import agent
@@ -10,5 +10,16 @@ from workers.errors import Ambiguous, Fatal, InvalidStepOption, Retryable
 from workers.proposals import Change, Proposal
 from workers.step_support import Decision, StepResult
 
-__all__ = ["agent", "RunContext", "StepResult", "Decision", "Retryable", "Fatal", "Ambiguous", "Proposal", "Change",
-           "RunOutcome", "InvalidStepOption"]
+__all__ = [
+    "agent",
+    "RunContext",
+    "StepResult",
+    "Decision",
+    "Retryable",
+    "Fatal",
+    "Ambiguous",
+    "Proposal",
+    "Change",
+    "RunOutcome",
+    "InvalidStepOption",
+]

@@ -34,33 +34,59 @@ MAX_RETRY_AFTER_SECONDS = 24 * 3600
 _FAMILY = {"httpx2": "httpx", "httpcore2": "httpcore", "pydantic_core": "pydantic"}
 
 # Transport failures that happened before the request left: repeating it is safe.
-_NOT_SENT = frozenset({
-    "httpx.ConnectError", "httpx.ConnectTimeout", "httpx.PoolTimeout",
-    "httpcore.ConnectError", "httpcore.ConnectTimeout", "httpcore.PoolTimeout",
-    "requests.ConnectTimeout",
-    "urllib3.NewConnectionError", "urllib3.ConnectTimeoutError",
-    "builtins.ConnectionRefusedError",
-})
+_NOT_SENT = frozenset(
+    {
+        "httpx.ConnectError",
+        "httpx.ConnectTimeout",
+        "httpx.PoolTimeout",
+        "httpcore.ConnectError",
+        "httpcore.ConnectTimeout",
+        "httpcore.PoolTimeout",
+        "requests.ConnectTimeout",
+        "urllib3.NewConnectionError",
+        "urllib3.ConnectTimeoutError",
+        "builtins.ConnectionRefusedError",
+    }
+)
 
 # Transport failures after the request may have reached the callee and had its effect.
-_MAYBE_SENT = frozenset({
-    "httpx.TimeoutException", "httpx.ReadError", "httpx.WriteError", "httpx.RemoteProtocolError",
-    "httpcore.TimeoutException", "httpcore.ReadError", "httpcore.WriteError",
-    "httpcore.RemoteProtocolError",
-    "requests.Timeout", "requests.ChunkedEncodingError",
-    "urllib3.ReadTimeoutError", "urllib3.ProtocolError",
-    "builtins.TimeoutError", "builtins.ConnectionError",
-})
+_MAYBE_SENT = frozenset(
+    {
+        "httpx.TimeoutException",
+        "httpx.ReadError",
+        "httpx.WriteError",
+        "httpx.RemoteProtocolError",
+        "httpcore.TimeoutException",
+        "httpcore.ReadError",
+        "httpcore.WriteError",
+        "httpcore.RemoteProtocolError",
+        "requests.Timeout",
+        "requests.ChunkedEncodingError",
+        "urllib3.ReadTimeoutError",
+        "urllib3.ProtocolError",
+        "builtins.TimeoutError",
+        "builtins.ConnectionError",
+    }
+)
 
 # Wrappers whose cause tells whether the request left; without one, assume it may have.
-_WRAPPERS = frozenset({
-    "openai.APIConnectionError", "anthropic.APIConnectionError", "requests.ConnectionError",
-})
+_WRAPPERS = frozenset(
+    {
+        "openai.APIConnectionError",
+        "anthropic.APIConnectionError",
+        "requests.ConnectionError",
+    }
+)
 
 # Errors that carry the callee's HTTP status: the status decides.
-_STATUS_ERRORS = frozenset({
-    "httpx.HTTPStatusError", "requests.HTTPError", "openai.APIStatusError", "anthropic.APIStatusError",
-})
+_STATUS_ERRORS = frozenset(
+    {
+        "httpx.HTTPStatusError",
+        "requests.HTTPError",
+        "openai.APIStatusError",
+        "anthropic.APIStatusError",
+    }
+)
 
 # Failures retrying cannot fix, with what they mean.
 _FATAL = {
@@ -111,7 +137,10 @@ def classify(exc: BaseException) -> Classification:
         )
     if isinstance(exc, INTERRUPTIONS):
         return Classification(
-            kind="fatal", retry_after=None, uncertain=False, status_code=None,
+            kind="fatal",
+            retry_after=None,
+            uncertain=False,
+            status_code=None,
             reason=f"{exc!r} cannot stop the worker process; the run fails (fatal)",
         )
     for name in _names(exc):
@@ -124,11 +153,17 @@ def classify(exc: BaseException) -> Classification:
             return _transport(exc, uncertain=name in _MAYBE_SENT)
         if name in _FATAL:
             return Classification(
-                kind="fatal", retry_after=None, uncertain=False, status_code=None,
+                kind="fatal",
+                retry_after=None,
+                uncertain=False,
+                status_code=None,
                 reason=f"{_type_name(exc)}: {_FATAL[name]} (fatal)",
             )
     return Classification(
-        kind="fatal", retry_after=None, uncertain=False, status_code=None,
+        kind="fatal",
+        retry_after=None,
+        uncertain=False,
+        status_code=None,
         reason=f"unrecognised exception {_type_name(exc)} (fatal; its traceback is kept in the step row)",
     )
 
@@ -156,13 +191,22 @@ def _names(exc: BaseException):
 
 def _type_name(exc: BaseException) -> str:
     cls = type(exc)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
 
 
 def _transport(exc: BaseException, *, uncertain: bool) -> Classification:
-    when = "after the request may have reached the callee" if uncertain else "before the request reached the callee"
+    when = (
+        "after the request may have reached the callee"
+        if uncertain
+        else "before the request reached the callee"
+    )
     return Classification(
-        kind="retryable", retry_after=None, uncertain=uncertain, status_code=None,
+        kind="retryable",
+        retry_after=None,
+        uncertain=uncertain,
+        status_code=None,
         reason=f"{_type_name(exc)} {when} (retryable)",
     )
 
@@ -188,7 +232,10 @@ def _by_status(exc: BaseException) -> Classification:
     retry_after = _retry_after(getattr(response, "headers", None))
     if not isinstance(status, int):
         return Classification(
-            kind="fatal", retry_after=retry_after, uncertain=False, status_code=None,
+            kind="fatal",
+            retry_after=retry_after,
+            uncertain=False,
+            status_code=None,
             reason=f"{_type_name(exc)} without a status code (fatal)",
         )
     kind = status_kind(status)
@@ -196,7 +243,10 @@ def _by_status(exc: BaseException) -> Classification:
     # out, the handler crashed half-way); 503 and 4xx mean it did not.
     uncertain = status >= 500 and status != 503
     return Classification(
-        kind=kind, retry_after=retry_after, uncertain=uncertain, status_code=status,
+        kind=kind,
+        retry_after=retry_after,
+        uncertain=uncertain,
+        status_code=status,
         reason=f"HTTP {status} from the callee ({kind})",
     )
 

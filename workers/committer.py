@@ -73,8 +73,12 @@ class Committer:
         self.requests = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._serve,),
-                                        name="committer", daemon=True)
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._serve,),
+            name="committer",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -142,7 +146,11 @@ class Committer:
             try:
                 values = self._write(batch)
             except BaseException:  # noqa: BLE001 - written one by one below, each raising its own error
-                logger.debug("a batch of %s writes failed; writing them one by one", len(batch), exc_info=True)
+                logger.debug(
+                    "a batch of %s writes failed; writing them one by one",
+                    len(batch),
+                    exc_info=True,
+                )
                 _release()
             else:
                 for request, value in zip(batch, values, strict=True):
@@ -164,8 +172,18 @@ class Committer:
         with transaction.atomic() if len(batch) > 1 else nullcontext():
             # The checkpoints lock the exits' runs too, all in one order
             # (runs.engine.steps.LOCK_IN_ORDER): a heartbeat could deadlock with this transaction otherwise.
-            done = checkpoint_many([r.item for r in checkpoints], worker_id=self.worker_id, lease=self.lease,
-                                   lock=[r.item["run"] for r in exits]) if checkpoints else []
+            done = (
+                checkpoint_many(
+                    [r.item for r in checkpoints],
+                    worker_id=self.worker_id,
+                    lease=self.lease,
+                    lock=[r.item["run"] for r in exits],
+                )
+                if checkpoints
+                else []
+            )
             left = leave_many([r.item for r in exits]) if exits else []
-        values = dict(zip(map(id, checkpoints), done, strict=True)) | dict(zip(map(id, exits), left, strict=True))
+        values = dict(zip(map(id, checkpoints), done, strict=True)) | dict(
+            zip(map(id, exits), left, strict=True)
+        )
         return [values[id(r)] for r in batch]

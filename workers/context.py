@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 # Steps written as `waiting` while the run sleeps or waits (not ahead of a side effect).
 WAITING_KINDS = frozenset({"sleep", "message", "child"})
 
+
 def current_run() -> RunContext | None:
     """The run whose agent function is executing here, between its steps.
 
@@ -72,7 +73,12 @@ class RunContext(Workflow, StepMachinery):
     """The API an agent function uses: steps, progress, and what it may know of its run."""
 
     def __init__(
-        self, *, claimed: ClaimedRun, recorded: dict[int, RecordedStep], worker: Host, control: RunControl,
+        self,
+        *,
+        claimed: ClaimedRun,
+        recorded: dict[int, RecordedStep],
+        worker: Host,
+        control: RunControl,
         kind: AgentKind,
     ):
         self._claimed = claimed
@@ -169,8 +175,11 @@ class RunContext(Workflow, StepMachinery):
         if message:
             try:
                 held = marks.record_progress(
-                    run_id=self.run_id, token=self._claimed.lease_token, message=str(message),
-                    steps_total=self._steps_total, worker_id=self._worker.id,
+                    run_id=self.run_id,
+                    token=self._claimed.lease_token,
+                    message=str(message),
+                    steps_total=self._steps_total,
+                    worker_id=self._worker.id,
                 )
             finally:
                 release_connection()
@@ -196,11 +205,15 @@ class RunContext(Workflow, StepMachinery):
         TypeError when ``summary`` is not a string.
         """
         if not isinstance(summary, str):
-            raise TypeError(f"ctx.report() needs the summary as a string, not {type(summary).__name__}")
+            raise TypeError(
+                f"ctx.report() needs the summary as a string, not {type(summary).__name__}"
+            )
         value = outcome.value if isinstance(outcome, RunOutcome) else outcome
         if value not in RunOutcome.values or not value:
             choices = ", ".join(repr(v) for v in RunOutcome.values if v)
-            raise ValueError(f"unknown outcome {outcome!r} for ctx.report(); use RunOutcome or one of {choices}")
+            raise ValueError(
+                f"unknown outcome {outcome!r} for ctx.report(); use RunOutcome or one of {choices}"
+            )
         self.reported = (value, one_line(summary, limit=SUMMARY_MAX))
 
     def emit(self, type: str, data: Any = None) -> None:
@@ -266,10 +279,27 @@ class RunContext(Workflow, StepMachinery):
         order of the steps, as a recorded ``compensation`` step with its own
         idempotency key (``ctx.idempotency_key`` inside ``fn``).
         """
-        kwargs = check_step_options(name, fn, kwargs, kind=kind, side_effect=side_effect,
-                                    idempotency_key=idempotency_key, timeout=timeout, compensate=compensate)
-        return self.execute_step(name, fn, args, kwargs, side_effect=side_effect, idempotency_key=idempotency_key,
-                                 timeout=timeout, kind=kind, compensate=compensate)
+        kwargs = check_step_options(
+            name,
+            fn,
+            kwargs,
+            kind=kind,
+            side_effect=side_effect,
+            idempotency_key=idempotency_key,
+            timeout=timeout,
+            compensate=compensate,
+        )
+        return self.execute_step(
+            name,
+            fn,
+            args,
+            kwargs,
+            side_effect=side_effect,
+            idempotency_key=idempotency_key,
+            timeout=timeout,
+            kind=kind,
+            compensate=compensate,
+        )
 
     # The engine's side of the facade (workers.executor, workers.saga, workers.workflow): not for agent code.
     @property
@@ -294,12 +324,29 @@ class RunContext(Workflow, StepMachinery):
         self._control.lease_lost.set()
         return LeaseLost(message)
 
-    def execute_step(self, name, fn, args, kwargs, *, at: Position | None = None, side_effect=False,
-                     idempotency_key=None, timeout=None, kind="custom", consumes_messages=False, started_at=None,
-                     compensate=None, input=None, compensates=None) -> Any:
+    def execute_step(
+        self,
+        name,
+        fn,
+        args,
+        kwargs,
+        *,
+        at: Position | None = None,
+        side_effect=False,
+        idempotency_key=None,
+        timeout=None,
+        kind="custom",
+        consumes_messages=False,
+        started_at=None,
+        compensate=None,
+        input=None,
+        compensates=None,
+    ) -> Any:
         """Run ``fn`` as step ``name`` at the next position, or at ``at`` (a position already taken)."""
         position = at or self._log.take(name)
-        if position.name != name:  # the engine's mistake, not the agent's: the position was checked for another
+        if (
+            position.name != name
+        ):  # the engine's mistake, not the agent's: the position was checked for another
             raise RuntimeError(f"step {position.seq} was taken for {position.name!r}, not {name!r}")
         seq, recorded = position.seq, position.recorded
         if kind == "llm":
@@ -307,10 +354,16 @@ class RunContext(Workflow, StepMachinery):
         key = self._step_idempotency_key(seq, idempotency_key)
         if recorded is not None:
             if recorded.status in ("done", "compensated"):
-                self._remember_compensation(seq, name, compensate, recorded.output, recorded.idempotency_key)
+                self._remember_compensation(
+                    seq, name, compensate, recorded.output, recorded.idempotency_key
+                )
                 return recorded.output
         self._replay_ends_here()
-        if recorded is not None and recorded.status in ("running", "waiting") and recorded.kind not in WAITING_KINDS:
+        if (
+            recorded is not None
+            and recorded.status in ("running", "waiting")
+            and recorded.kind not in WAITING_KINDS
+        ):
             # Written ahead of a side effect whose outcome nobody recorded.
             if not recorded.idempotency_key:
                 self._park_unknown_outcome(seq, name, kind, args, kwargs)
@@ -330,11 +383,21 @@ class RunContext(Workflow, StepMachinery):
             compensates=compensates,
         )
         with observed_step(self, record):
-            return self._execute_step(record, fn, args, kwargs, side_effect=side_effect, key=key, timeout=timeout,
-                                      consumes_messages=consumes_messages, compensate=compensate)
+            return self._execute_step(
+                record,
+                fn,
+                args,
+                kwargs,
+                side_effect=side_effect,
+                key=key,
+                timeout=timeout,
+                consumes_messages=consumes_messages,
+                compensate=compensate,
+            )
 
-    def _execute_step(self, record, fn, args, kwargs, *, side_effect, key, timeout, consumes_messages,
-                      compensate) -> Any:
+    def _execute_step(
+        self, record, fn, args, kwargs, *, side_effect, key, timeout, consumes_messages, compensate
+    ) -> Any:
         """Execute step ``record``: write it ahead if it has a side effect, call ``fn``, checkpoint its output."""
         seq, name, kind = record.seq, record.name, record.kind
         if side_effect:
@@ -346,8 +409,12 @@ class RunContext(Workflow, StepMachinery):
         except Suspend:
             raise
         except BaseException as exc:  # noqa: BLE001 - a step's SystemExit is its failure too (workers.classify)
-            metrics.step_finished(kind=self._claimed.kind, step_kind=kind, status="failed",
-                                  seconds=time.monotonic() - started)
+            metrics.step_finished(
+                kind=self._claimed.kind,
+                step_kind=kind,
+                status="failed",
+                seconds=time.monotonic() - started,
+            )
             self._step_failed(record, exc, uncertain_means_ambiguous=side_effect and not key)
             if self._deadline_left() <= 0:
                 raise StopRun("deadline", self._deadline_message()) from exc
@@ -367,7 +434,9 @@ class RunContext(Workflow, StepMachinery):
             error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
             self._step_failed(record, error, uncertain_means_ambiguous=False)
             raise error from None
-        except REFUSED as exc:  # the database refused the record: writing it again would be refused again
+        except (
+            REFUSED
+        ) as exc:  # the database refused the record: writing it again would be refused again
             release_connection()
             self._checkpoint_refused(record, exc, side_effect=side_effect, key=key)
         except BaseException:
@@ -379,12 +448,25 @@ class RunContext(Workflow, StepMachinery):
         if answer is None:
             raise self.lose_lease(f"lease lost while checkpointing step {seq} ({name})")
         cancel, pause, self._cost, output_json = answer
-        metrics.step_finished(kind=self._claimed.kind, step_kind=kind, status="done", seconds=time.monotonic() - started)
+        metrics.step_finished(
+            kind=self._claimed.kind,
+            step_kind=kind,
+            status="done",
+            seconds=time.monotonic() - started,
+        )
         self.progressed = True  # the checkpoint reset the run's failures to 0
         self._note_flags(cancel, pause)
         result = json.loads(output_json)
-        self._log.note(RecordedStep(seq=seq, name=name, status="done", output=result, kind=kind,
-                                    idempotency_key=key or ""))
+        self._log.note(
+            RecordedStep(
+                seq=seq,
+                name=name,
+                status="done",
+                output=result,
+                kind=kind,
+                idempotency_key=key or "",
+            )
+        )
         self._remember_compensation(seq, name, compensate, result, key or "")
         self._check_budget()
         return result
@@ -393,8 +475,9 @@ class RunContext(Workflow, StepMachinery):
         """Commit the finished step: with the worker's other runs' (workers.committer), or alone."""
         committer = self._worker.committer
         if not consumes_messages and record.compensates is None and committer.running:
-            return committer.checkpoint(checkpoint.Checkpoint(step=record, output=output,
-                                                              steps_total=self._steps_total))
+            return committer.checkpoint(
+                checkpoint.Checkpoint(step=record, output=output, steps_total=self._steps_total)
+            )
         return checkpoint.checkpoint(
             record,
             output=output,
@@ -435,10 +518,18 @@ class RunContext(Workflow, StepMachinery):
         try:
             dumps(proposal)
         except (TypeError, ValueError) as exc:
-            raise Fatal(f"the proposal of approval {name!r} is not JSON-serialisable: {exc}") from None
+            raise Fatal(
+                f"the proposal of approval {name!r} is not JSON-serialisable: {exc}"
+            ) from None
         record = checkpoint.StepRecord(
-            run_id=self.run_id, token=self._claimed.lease_token, generation=self._claimed.generation,
-            seq=seq, name=name, kind="approval", input={"proposal": proposal}, started_at=datetime.now(UTC),
+            run_id=self.run_id,
+            token=self._claimed.lease_token,
+            generation=self._claimed.generation,
+            seq=seq,
+            name=name,
+            kind="approval",
+            input={"proposal": proposal},
+            started_at=datetime.now(UTC),
         )
         try:
             written = marks.record_pending(record)
@@ -455,5 +546,11 @@ class RunContext(Workflow, StepMachinery):
         with this step's checkpoint, so a crash delivers them again and a
         replay sees the same ones.
         """
-        return self.execute_step("messages", unconsumed_messages, (self.run_id,), {}, kind="message",
-                              consumes_messages=True)
+        return self.execute_step(
+            "messages",
+            unconsumed_messages,
+            (self.run_id,),
+            {},
+            kind="message",
+            consumes_messages=True,
+        )

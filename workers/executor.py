@@ -64,8 +64,14 @@ class RunExecutor:
         self.worker = worker
         self.claimed = claimed
         self.control = control
-        self.log_extra = {"run_id": str(claimed.id), "tenant": str(claimed.tenant_id), "kind": claimed.kind}
-        self.ctx: RunContext | None = None  # what the agent reported (ctx.report) goes with the exit
+        self.log_extra = {
+            "run_id": str(claimed.id),
+            "tenant": str(claimed.tenant_id),
+            "kind": claimed.kind,
+        }
+        self.ctx: RunContext | None = (
+            None  # what the agent reported (ctx.report) goes with the exit
+        )
         self.kind: AgentKind | None = None
 
     def execute(self) -> str | None:
@@ -83,27 +89,47 @@ class RunExecutor:
     def _execute(self) -> str | None:
         claimed = self.claimed
         if claimed.run_after is not None:
-            metrics.claimed(queue=claimed.queue, kind=claimed.kind,
-                            waited_seconds=(claimed.claimed_at - claimed.run_after).total_seconds())
+            metrics.claimed(
+                queue=claimed.queue,
+                kind=claimed.kind,
+                waited_seconds=(claimed.claimed_at - claimed.run_after).total_seconds(),
+            )
         # The database's clock against this host's: as good as the two agree.
-        metrics.started(kind=claimed.kind, after_claim_seconds=(datetime.now(UTC) - claimed.claimed_at).total_seconds())
+        metrics.started(
+            kind=claimed.kind,
+            after_claim_seconds=(datetime.now(UTC) - claimed.claimed_at).total_seconds(),
+        )
         kind = self.kind = get_kind(claimed.kind)
         if kind is None or not kind.can_resume(claimed.kind_version):
             # The claim takes only versions this worker can resume; reached
             # only if the registry changed under it. Hand it back, spending
             # nothing, and let a worker with that version take it.
-            logger.warning("cannot resume %s version %s here; releasing", claimed.kind, claimed.kind_version, extra=self.log_extra)
+            logger.warning(
+                "cannot resume %s version %s here; releasing",
+                claimed.kind,
+                claimed.kind_version,
+                extra=self.log_extra,
+            )
             return self._leave("queued", reason="version", delay=self.worker.poll)
         # A first claim has no step log yet (unless it is a fork: its copied steps count as
         # done, or a rollback requested before it ever ran): skip the read.
-        recorded = (load_step_log(run_id=claimed.id, generation=claimed.generation)
-                    if claimed.attempt > 1 or claimed.steps_done or claimed.compensation else {})
-        ctx = self.ctx = RunContext(claimed=claimed, recorded=recorded, worker=self.worker, control=self.control,
-                                    kind=kind)
+        recorded = (
+            load_step_log(run_id=claimed.id, generation=claimed.generation)
+            if claimed.attempt > 1 or claimed.steps_done or claimed.compensation
+            else {}
+        )
+        ctx = self.ctx = RunContext(
+            claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind
+        )
         try:
             agent_input = kind.agent_input(claimed.input)
         except Exception as exc:  # the stored input no longer validates
-            return self._leave("failed", reason="invalid_input", error=f"input does not validate: {exc}", error_kind="fatal")
+            return self._leave(
+                "failed",
+                reason="invalid_input",
+                error=f"input does not validate: {exc}",
+                error_kind="fatal",
+            )
         if claimed.compensation in ("requested", "running"):
             return self._resume_rollback(ctx, kind, agent_input)
 
@@ -119,18 +145,36 @@ class RunExecutor:
         except StopRun as exc:
             logger.info("run stopped (%s): %s", exc.error_kind, exc, extra=self.log_extra)
             if self._rolls_back(ctx, kind, exc.error_kind):
-                return self._roll_back(ctx, kind, reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
-            return self._leave("failed", reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
+                return self._roll_back(
+                    ctx, kind, reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind
+                )
+            return self._leave(
+                "failed", reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind
+            )
         except ParkForHuman as exc:
-            return self._leave("waiting_human", reason="ambiguous", error=str(exc), error_kind="ambiguous")
+            return self._leave(
+                "waiting_human", reason="ambiguous", error=str(exc), error_kind="ambiguous"
+            )
         except AwaitApproval:
             return self._leave("waiting_human", reason="approval", error="", error_kind="")
         except AwaitMessage as exc:
-            return self._leave("waiting", reason="message", error="", error_kind="", wake_on_message=True,
-                               wake_at=exc.wake_at)
+            return self._leave(
+                "waiting",
+                reason="message",
+                error="",
+                error_kind="",
+                wake_on_message=True,
+                wake_at=exc.wake_at,
+            )
         except AwaitChildren as exc:
-            return self._leave("waiting", reason="children", error="", error_kind="", wake_on_children=True,
-                               wake_at=exc.wake_at)
+            return self._leave(
+                "waiting",
+                reason="children",
+                error="",
+                error_kind="",
+                wake_on_children=True,
+                wake_at=exc.wake_at,
+            )
         except Sleep as exc:
             return self._leave("queued", reason="sleep", wake_at=exc.until)
         except Suspend:
@@ -143,23 +187,42 @@ class RunExecutor:
                 # a restart): not the run's fault and no failure of its own,
                 # so it goes back to the queue spending nothing. Whatever
                 # committed is in the step log; the rest runs again.
-                logger.warning("database connection lost (%s); releasing the run", exc, extra=self.log_extra)
-                return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
-                                   delay=self.worker.poll)
+                logger.warning(
+                    "database connection lost (%s); releasing the run", exc, extra=self.log_extra
+                )
+                return self._leave(
+                    "queued",
+                    reason="database_error",
+                    error=f"{type(exc).__name__}: {exc}",
+                    delay=self.worker.poll,
+                )
             # Any other database error of an engine statement (a timeout, a
             # value it refused) would repeat itself: count it, so that the
             # retry budget bounds it.
-            logger.warning("engine statement failed (%s); releasing the run", exc, extra=self.log_extra)
-            return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
-                               error_kind="retryable", add_failure=True, delay=self.worker.poll,
-                               error_class=type(exc).__name__)
+            logger.warning(
+                "engine statement failed (%s); releasing the run", exc, extra=self.log_extra
+            )
+            return self._leave(
+                "queued",
+                reason="database_error",
+                error=f"{type(exc).__name__}: {exc}",
+                error_kind="retryable",
+                add_failure=True,
+                delay=self.worker.poll,
+                error_class=type(exc).__name__,
+            )
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt... of the run's code end the run only
             return self._fail(exc, ctx, kind)
 
         try:
             result_json, _ = dumps_storable(result)
         except TypeError as exc:
-            return self._leave("failed", reason="result", error=f"the agent returned a result that is not JSON-serialisable: {exc}", error_kind="fatal")
+            return self._leave(
+                "failed",
+                reason="result",
+                error=f"the agent returned a result that is not JSON-serialisable: {exc}",
+                error_kind="fatal",
+            )
         return self._leave("done", reason="finished", result_json=result_json)
 
     @staticmethod
@@ -181,18 +244,37 @@ class RunExecutor:
             where, by = "", "the kind's code between steps"
         message = where + (interruption(exc, by=by) or f"{type(exc).__name__}: {exc}")
         if error_kind == "ambiguous":
-            logger.warning("side effect of unknown outcome, waiting for a person: %s", message, extra=self.log_extra)
-            return self._leave("waiting_human", reason="ambiguous", error=message, error_kind="ambiguous")
+            logger.warning(
+                "side effect of unknown outcome, waiting for a person: %s",
+                message,
+                extra=self.log_extra,
+            )
+            return self._leave(
+                "waiting_human", reason="ambiguous", error=message, error_kind="ambiguous"
+            )
         if error_kind == "retryable":
             # Consecutive failures as the database now counts them: a step
             # completed in this attempt started the count again.
             failures = 0 if ctx.progressed else self.claimed.failures
-            if failures + 1 >= self.claimed.max_attempts and self._rolls_back(ctx, kind, "retryable"):
-                return self._roll_back(ctx, kind, reason="retry_budget", error=message, error_kind="retryable")
+            if failures + 1 >= self.claimed.max_attempts and self._rolls_back(
+                ctx, kind, "retryable"
+            ):
+                return self._roll_back(
+                    ctx, kind, reason="retry_budget", error=message, error_kind="retryable"
+                )
             delay = self._backoff(kind, failures + 1, retry_after)
-            logger.info("retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra)
-            return self._leave("queued", reason="retry", error=message, error_kind="retryable", add_failure=True, delay=delay,
-                               error_class=type(exc).__name__)
+            logger.info(
+                "retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra
+            )
+            return self._leave(
+                "queued",
+                reason="retry",
+                error=message,
+                error_kind="retryable",
+                add_failure=True,
+                delay=delay,
+                error_class=type(exc).__name__,
+            )
         logger.info("run failed (%s): %s", error_kind, message, extra=self.log_extra)
         if self._rolls_back(ctx, kind, error_kind):
             return self._roll_back(ctx, kind, reason="error", error=message, error_kind=error_kind)
@@ -201,8 +283,12 @@ class RunExecutor:
     def _backoff(self, kind: AgentKind, failures: int, retry_after: float | None) -> float:
         return backoff_seconds(
             failures,
-            base=kind.backoff_base if kind.backoff_base is not None else settings.RUNS_BACKOFF_BASE_SECONDS,
-            cap=kind.backoff_cap if kind.backoff_cap is not None else settings.RUNS_BACKOFF_CAP_SECONDS,
+            base=kind.backoff_base
+            if kind.backoff_base is not None
+            else settings.RUNS_BACKOFF_BASE_SECONDS,
+            cap=kind.backoff_cap
+            if kind.backoff_cap is not None
+            else settings.RUNS_BACKOFF_CAP_SECONDS,
             retry_after=retry_after,
         )
 
@@ -211,8 +297,16 @@ class RunExecutor:
         """A run that fails for good on an error its kind opts into rolls back what it did, if anything."""
         return error_kind in kind.compensate_on and bool(ctx.compensations)
 
-    def _roll_back(self, ctx: RunContext, kind: AgentKind, *, reason: str, error: str, error_kind: str,
-                   target: str = "failed") -> str | None:
+    def _roll_back(
+        self,
+        ctx: RunContext,
+        kind: AgentKind,
+        *,
+        reason: str,
+        error: str,
+        error_kind: str,
+        target: str = "failed",
+    ) -> str | None:
         logger.info("rolling back (%s): %s", reason, error, extra=self.log_extra)
         rollback = Rollback(ctx)
         try:
@@ -235,7 +329,9 @@ class RunExecutor:
         if plan is None:  # a person cancelled the run with compensate: nothing recorded yet
             if not ctx.compensations:
                 return self._leave("cancelled", reason="cancelled", compensation="done")
-            return self._roll_back(ctx, kind, reason="cancel", error="", error_kind="", target="cancelled")
+            return self._roll_back(
+                ctx, kind, reason="cancel", error="", error_kind="", target="cancelled"
+            )
         return self._compensate(Rollback(ctx), plan, kind)
 
     def _compensate(self, rollback: Rollback, plan, kind: AgentKind) -> str | None:
@@ -245,41 +341,91 @@ class RunExecutor:
         except LeaseLost:
             return None
         except ReleaseRun:
-            return self._leave("queued", reason="released")  # the next claim carries the rollback on
+            return self._leave(
+                "queued", reason="released"
+            )  # the next claim carries the rollback on
         except (ParkForHuman, StopRun) as exc:
-            return self._leave("waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous")
+            return self._leave(
+                "waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous"
+            )
         except Suspend:
             raise
         except BaseException as exc:  # noqa: BLE001 - a compensation's SystemExit too (workers.classify)
-            failure = ctx.last_failure if ctx.last_failure is not None and ctx.last_failure.exc is exc else None
+            failure = (
+                ctx.last_failure
+                if ctx.last_failure is not None and ctx.last_failure.exc is exc
+                else None
+            )
             if failure is None:
                 # An engine statement failed (the database), not a compensation:
                 # released, counted, and carried on by the next claim.
-                logger.warning("rollback interrupted (%s); releasing the run", exc, extra=self.log_extra)
-                return self._leave("queued", reason="database_error", error=f"{type(exc).__name__}: {exc}",
-                                   error_kind="retryable", add_failure=True, delay=self.worker.poll,
-                                   error_class=type(exc).__name__)
+                logger.warning(
+                    "rollback interrupted (%s); releasing the run", exc, extra=self.log_extra
+                )
+                return self._leave(
+                    "queued",
+                    reason="database_error",
+                    error=f"{type(exc).__name__}: {exc}",
+                    error_kind="retryable",
+                    add_failure=True,
+                    delay=self.worker.poll,
+                    error_class=type(exc).__name__,
+                )
             position = failure.seq - plan.seq - 1  # compensation i is step plan.seq + i
-            undoes = plan.plan[position] if 0 <= position < len(plan.plan) else {"seq": "?", "name": failure.name}
-            message = (f"the compensation of step {undoes['seq']} ({undoes['name']}) failed, "
-                       f"at step {failure.seq}: {type(exc).__name__}: {exc}")
+            undoes = (
+                plan.plan[position]
+                if 0 <= position < len(plan.plan)
+                else {"seq": "?", "name": failure.name}
+            )
+            message = (
+                f"the compensation of step {undoes['seq']} ({undoes['name']}) failed, "
+                f"at step {failure.seq}: {type(exc).__name__}: {exc}"
+            )
             if failure.error_kind == "retryable":
                 # Retried with backoff; once the retry budget is spent the run
                 # waits for a person instead (the exit decides, runs.engine.exit).
-                delay = self._backoff(kind, (0 if ctx.progressed else self.claimed.failures) + 1, failure.retry_after)
+                delay = self._backoff(
+                    kind, (0 if ctx.progressed else self.claimed.failures) + 1, failure.retry_after
+                )
                 logger.info("%s; retrying in %.1fs", message, delay, extra=self.log_extra)
-                return self._leave("queued", reason="compensation_retry", error=message, error_kind="retryable",
-                                   add_failure=True, delay=delay, error_class=type(exc).__name__)
+                return self._leave(
+                    "queued",
+                    reason="compensation_retry",
+                    error=message,
+                    error_kind="retryable",
+                    add_failure=True,
+                    delay=delay,
+                    error_class=type(exc).__name__,
+                )
             logger.warning("%s; a person decides", message, extra=self.log_extra)
-            return self._leave("waiting_human", reason="compensation", error=message, error_kind=failure.error_kind)
+            return self._leave(
+                "waiting_human", reason="compensation", error=message, error_kind=failure.error_kind
+            )
         logger.info("rolled back: %s", done.error(), extra=self.log_extra)
-        return self._leave(plan.target, reason="compensated", error=done.error(),
-                           error_kind=plan.error_kind or None, compensation=done.compensation)
+        return self._leave(
+            plan.target,
+            reason="compensated",
+            error=done.error(),
+            error_kind=plan.error_kind or None,
+            compensation=done.compensation,
+        )
 
-    def _leave(self, target: str, *, reason: str, result_json: str | None = None, error: str | None = None,
-               error_kind: str | None = None, add_failure: bool = False, delay: float = 0.0,
-               wake_on_message: bool = False, wake_on_children: bool = False, wake_at=None,
-               compensation: str | None = None, error_class: str | None = None) -> str | None:
+    def _leave(
+        self,
+        target: str,
+        *,
+        reason: str,
+        result_json: str | None = None,
+        error: str | None = None,
+        error_kind: str | None = None,
+        add_failure: bool = False,
+        delay: float = 0.0,
+        wake_on_message: bool = False,
+        wake_on_children: bool = False,
+        wake_at=None,
+        compensation: str | None = None,
+        error_class: str | None = None,
+    ) -> str | None:
         self.control.leaving.set()
         # What the agent reported, stored by the exit only if it ends the run (runs.engine.exit);
         # not after a rollback, which undid what it reported.
@@ -306,7 +452,11 @@ class RunExecutor:
             error_class=error_class,
         )
         committer = self.worker.committer
-        if self.claimed.parent_id is None and not (wake_on_message or wake_on_children) and committer.running:
+        if (
+            self.claimed.parent_id is None
+            and not (wake_on_message or wake_on_children)
+            and committer.running
+        ):
             # With the worker's other writes; a child's exit (which tells its parent) and a
             # wait that re-checks its wake-up under a lock take a transaction of their own.
             row = exit_row(**arguments)
@@ -314,18 +464,28 @@ class RunExecutor:
             def leave():
                 return committer.leave(row)
         else:
+
             def leave():
                 return leave_running(**arguments, parent_id=self.claimed.parent_id)
+
         try:
-            outcome = with_retries(leave, what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2))
+            outcome = with_retries(
+                leave, what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2)
+            )
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.
-            logger.exception("could not leave running (%s); the reaper will rescue the run", target, extra=self.log_extra)
+            logger.exception(
+                "could not leave running (%s); the reaper will rescue the run",
+                target,
+                extra=self.log_extra,
+            )
             return None
         finally:
             release_connection()
         if outcome is None:
-            logger.warning("lease lost before the run could leave running (%s)", target, extra=self.log_extra)
+            logger.warning(
+                "lease lost before the run could leave running (%s)", target, extra=self.log_extra
+            )
             return None
         status, run_queue, left_at = outcome.status, outcome.queue, outcome.at
         if self.worker.defers_slot_returns:
@@ -345,15 +505,24 @@ class RunExecutor:
                 logger.exception("could not cancel the children of the run", extra=self.log_extra)
             finally:
                 release_connection()
-        if status in TERMINAL_STATUSES and self.ctx is not None and self.kind is not None and self.kind.after_exit:
+        if (
+            status in TERMINAL_STATUSES
+            and self.ctx is not None
+            and self.kind is not None
+            and self.kind.after_exit
+        ):
             self._after_exit(status, result_json, left_at)
         return status
 
     def _after_exit(self, status: str, result_json: str | None, at: datetime) -> None:
         """The kind's hook on a run that ended here (runs.registry.AgentKind.after_exit); its errors are logged."""
         try:
-            self.kind.after_exit(self.ctx, status, None if result_json is None else loads(result_json), at)
+            self.kind.after_exit(
+                self.ctx, status, None if result_json is None else loads(result_json), at
+            )
         except Exception:
-            logger.exception("the after_exit hook of kind %s failed", self.claimed.kind, extra=self.log_extra)
+            logger.exception(
+                "the after_exit hook of kind %s failed", self.claimed.kind, extra=self.log_extra
+            )
         finally:
             release_connection()

@@ -19,14 +19,17 @@ logger = logging.getLogger(__name__)
 
 
 class Listener:
-    def __init__(self, *, queues: set[str], on_notify: Callable[[], None], on_control: Callable[[], None]):
+    def __init__(
+        self, *, queues: set[str], on_notify: Callable[[], None], on_control: Callable[[], None]
+    ):
         self.queues = queues
         self.on_notify = on_notify
         self.on_control = on_control  # a person cancelled or paused a run: heartbeat now
         self._stop = threading.Event()
         # With its creator's context: its lines say which worker they come from.
-        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name="listener",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._run,), name="listener", daemon=True
+        )
         self._conn: psycopg.Connection | None = None
 
     def start(self) -> None:

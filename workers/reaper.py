@@ -91,7 +91,14 @@ class Reaper:
                 notify_queues(requeued_queues)
         finally:
             release_connection()
-        if report.rescued or report.failed or report.deadline or report.expired or report.tenants_fixed or report.orphans:
+        if (
+            report.rescued
+            or report.failed
+            or report.deadline
+            or report.expired
+            or report.tenants_fixed
+            or report.orphans
+        ):
             logger.info("reaped: %s", report)
         return report
 
@@ -130,8 +137,13 @@ class Reaper:
             if self.stopping.wait(settings.RUNS_RETENTION_PAUSE_SECONDS):
                 break
         if total.runs:
-            logger.info("pruned runs finished over %g days ago in %.1fs%s: %s", days, time.monotonic() - started,
-                        " (more are due)" if more else "", total)
+            logger.info(
+                "pruned runs finished over %g days ago in %.1fs%s: %s",
+                days,
+                time.monotonic() - started,
+                " (more are due)" if more else "",
+                total,
+            )
         return total.runs
 
     def run(self, *, interval: float, timer_interval: float = 1.0) -> None:

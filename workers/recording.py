@@ -60,7 +60,9 @@ REFUSED = (IntegrityError, DataError)
 
 # The run whose kind code is executing in this context between its steps (set by the executor around
 # the agent function), None inside a step and outside any run: workers.context.current_run().
-BETWEEN_STEPS: contextvars.ContextVar[Any] = contextvars.ContextVar("agentruns_between_steps", default=None)
+BETWEEN_STEPS: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "agentruns_between_steps", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,9 @@ class StepMachinery:
 
     def _remember_compensation(self, seq: int, name: str, fn, output: Any, key: str) -> None:
         if fn is not None:
-            self._compensations[seq] = Compensator(seq=seq, name=name, fn=fn, output=output, key=key)
+            self._compensations[seq] = Compensator(
+                seq=seq, name=name, fn=fn, output=output, key=key
+            )
 
     def _replay_ends_here(self) -> None:
         """While replaying to roll back, the first step that did not finish ends the replay."""
@@ -125,10 +129,13 @@ class StepMachinery:
         if self._worker.stopping.is_set():
             raise ReleaseRun("worker shutting down")
         if seq > self._kind.max_steps:
-            raise StopRun("step_limit", f"the run reached its limit of {self._kind.max_steps} steps")
+            raise StopRun(
+                "step_limit", f"the run reached its limit of {self._kind.max_steps} steps"
+            )
         if kind == "llm" and self._model_steps > self._kind.max_model_iterations:
             raise StopRun(
-                "step_limit", f"the run reached its limit of {self._kind.max_model_iterations} model calls"
+                "step_limit",
+                f"the run reached its limit of {self._kind.max_model_iterations} model calls",
             )
         if self._deadline_left() <= 0:
             raise StopRun("deadline", self._deadline_message())
@@ -139,7 +146,9 @@ class StepMachinery:
             return  # compensations run even when the money ran out
         ceiling = self._claimed.cost_ceiling_cents
         if ceiling is not None and self._cost > ceiling:
-            raise StopRun("budget", f"the run cost {self._cost:.6f}¢, over its ceiling of {ceiling}¢")
+            raise StopRun(
+                "budget", f"the run cost {self._cost:.6f}¢, over its ceiling of {ceiling}¢"
+            )
 
     def _deadline_left(self) -> float:
         used = self._claimed.running_seconds + (time.monotonic() - self._claimed_clock)
@@ -167,7 +176,9 @@ class StepMachinery:
         box, finished = runner.submit(step_context.run, (fn, *args), kwargs)
         if not finished.wait(min(KEEP_CONNECTION_SECONDS, timeout)):
             release_connection()  # a run waiting on its step holds no connection
-        if not finished.wait(max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))):
+        if not finished.wait(
+            max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))
+        ):
             self._announce(record)
             if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
                 StepThread.abandon_this_thread()  # the next step gets a fresh thread
@@ -180,8 +191,13 @@ class StepMachinery:
     def _announce(self, record: checkpoint.StepRecord) -> None:
         try:
             flags = marks.announce_step(
-                run_id=self.run_id, token=self._claimed.lease_token, seq=record.seq, name=record.name,
-                kind=record.kind, steps_total=self._steps_total, worker_id=self._worker.id,
+                run_id=self.run_id,
+                token=self._claimed.lease_token,
+                seq=record.seq,
+                name=record.name,
+                kind=record.kind,
+                steps_total=self._steps_total,
+                worker_id=self._worker.id,
             )
         finally:
             release_connection()
@@ -192,11 +208,15 @@ class StepMachinery:
 
     def _write_ahead(self, record: checkpoint.StepRecord) -> None:
         try:
-            written = marks.begin_side_effect(record, steps_total=self._steps_total, worker_id=self._worker.id)
+            written = marks.begin_side_effect(
+                record, steps_total=self._steps_total, worker_id=self._worker.id
+            )
         except REFUSED as exc:
             # Nothing ran: the run fails now rather than being retried into the same refusal.
-            error = Fatal(f"step {record.name!r} could not be written ahead of its side effect, so it did not run: "
-                          f"{type(exc).__name__}: {exc}")
+            error = Fatal(
+                f"step {record.name!r} could not be written ahead of its side effect, so it did not run: "
+                f"{type(exc).__name__}: {exc}"
+            )
             self._failure_refused_too(record, error)
             raise error from exc
         finally:
@@ -205,7 +225,9 @@ class StepMachinery:
             self._control.lease_lost.set()
             raise LeaseLost(f"lease lost before the side effect of step {record.seq}")
 
-    def _step_failed(self, record: checkpoint.StepRecord, exc: BaseException, *, uncertain_means_ambiguous: bool) -> None:
+    def _step_failed(
+        self, record: checkpoint.StepRecord, exc: BaseException, *, uncertain_means_ambiguous: bool
+    ) -> None:
         found = classify(exc)
         error_kind = found.kind
         if uncertain_means_ambiguous and found.kind == "retryable" and found.uncertain:
@@ -214,13 +236,21 @@ class StepMachinery:
         if usage:
             record.tokens_in, record.tokens_out = usage[0], usage[1]
             record.cost_cents = Decimal(str(usage[2]))
-        self._record(record, exc, error_kind, status="waiting" if error_kind == "ambiguous" else "failed")
+        self._record(
+            record, exc, error_kind, status="waiting" if error_kind == "ambiguous" else "failed"
+        )
         self.last_failure = StepFailure(exc, error_kind, found.retry_after, record.seq, record.name)
         # Money a failed call cost counts against the ceiling too: a bound, not a retry.
         self._check_budget()
 
-    def _checkpoint_refused(self, record: checkpoint.StepRecord, exc: BaseException, *, side_effect: bool,
-                            key: str | None) -> None:
+    def _checkpoint_refused(
+        self,
+        record: checkpoint.StepRecord,
+        exc: BaseException,
+        *,
+        side_effect: bool,
+        key: str | None,
+    ) -> None:
         """The step ran but the database refused its checkpoint: never run it again unasked.
 
         Its output stays unrecorded. A keyed side effect is retried with its
@@ -229,12 +259,20 @@ class StepMachinery:
         """
         what = f"the checkpoint of step {record.seq} ({record.name}) was refused: {type(exc).__name__}: {exc}"
         # What the call cost is kept with the failure, as with any failed execution.
-        usage = {"tokens_in": record.tokens_in, "tokens_out": record.tokens_out, "cost_cents": record.cost_cents}
+        usage = {
+            "tokens_in": record.tokens_in,
+            "tokens_out": record.tokens_out,
+            "cost_cents": record.cost_cents,
+        }
         error: StepError
         if side_effect and key:
-            error = Retryable(f"{what}; the side effect is retried with its idempotency key", **usage)
+            error = Retryable(
+                f"{what}; the side effect is retried with its idempotency key", **usage
+            )
         elif side_effect:
-            error = Ambiguous(f"{what}; the side effect has no idempotency key, so a person decides", **usage)
+            error = Ambiguous(
+                f"{what}; the side effect has no idempotency key, so a person decides", **usage
+            )
         else:
             error = Fatal(what, **usage)
         self._failure_refused_too(record, error)
@@ -246,7 +284,12 @@ class StepMachinery:
             self._step_failed(record, error, uncertain_means_ambiguous=False)
         except REFUSED:
             release_connection()
-            logger.warning("could not record the failure of step %s (%s)", record.seq, record.name, exc_info=True)
+            logger.warning(
+                "could not record the failure of step %s (%s)",
+                record.seq,
+                record.name,
+                exc_info=True,
+            )
             self.last_failure = StepFailure(error, error.error_kind, None, record.seq, record.name)
 
     def _park_unknown_outcome(self, seq: int, name: str, kind: str, args, kwargs) -> None:
@@ -255,17 +298,28 @@ class StepMachinery:
             "the effect may or may not have happened, so a person decides"
         )
         record = checkpoint.StepRecord(
-            run_id=self.run_id, token=self._claimed.lease_token, generation=self._claimed.generation,
-            seq=seq, name=name, kind=kind, input=describe_args(args, kwargs), started_at=datetime.now(UTC),
+            run_id=self.run_id,
+            token=self._claimed.lease_token,
+            generation=self._claimed.generation,
+            seq=seq,
+            name=name,
+            kind=kind,
+            input=describe_args(args, kwargs),
+            started_at=datetime.now(UTC),
         )
         self._record(record, None, "ambiguous", status="waiting", error=message)
         raise ParkForHuman(message)
 
-    def _record(self, record, exc: BaseException | None, error_kind: str, *, status: str, error: str = "") -> None:
+    def _record(
+        self, record, exc: BaseException | None, error_kind: str, *, status: str, error: str = ""
+    ) -> None:
         try:
             cost = checkpoint.record_step_failure(
-                record, error=error or _format_error(exc), error_kind=error_kind,
-                worker_id=self._worker.id, status=status,
+                record,
+                error=error or _format_error(exc),
+                error_kind=error_kind,
+                worker_id=self._worker.id,
+                status=status,
             )
         finally:
             release_connection()
@@ -280,6 +334,7 @@ class StepMachinery:
         if isinstance(requested, str) and requested:
             return requested
         return None
+
 
 def describe_args(args: tuple, kwargs: dict) -> Any:
     """The step input for the audit trail: the arguments when they are JSON, else their repr."""

@@ -38,7 +38,9 @@ class RolledBack:
         said = [f"rolled back: {_steps(self.undone, names) or 'nothing to undo'}"]
         if self.not_undone:
             said.append(f"not undone: {_steps(self.not_undone, names)}")
-        head = self.plan.error or ("cancelled with rollback" if self.plan.target == "cancelled" else "")
+        head = self.plan.error or (
+            "cancelled with rollback" if self.plan.target == "cancelled" else ""
+        )
         return f"{head}\n\n{'; '.join(said)}".strip()
 
 
@@ -49,7 +51,11 @@ def _steps(seqs: list[int], names: dict[int, str]) -> str:
 def recorded_plan(log: StepLog) -> saga.RollbackPlan | None:
     """The rollback plan in a run's step log, if a rollback began."""
     for step in log.newest_first():
-        if step.kind == "compensation" and step.name == saga.ROLLBACK_STEP and step.status == "done":
+        if (
+            step.kind == "compensation"
+            and step.name == saga.ROLLBACK_STEP
+            and step.status == "done"
+        ):
             return saga.RollbackPlan.from_step(step.seq, step.output)
     return None
 
@@ -66,17 +72,32 @@ class Rollback:
         plan = saga.RollbackPlan(
             seq=position.seq,
             plan=[{"seq": c.seq, "name": c.name} for c in ctx.compensations],
-            target=target, reason=reason, error=error, error_kind=error_kind,
+            target=target,
+            reason=reason,
+            error=error,
+            error_kind=error_kind,
         )
         try:
-            began = saga.begin_rollback(run_id=ctx.run_id, token=ctx.claim.lease_token,
-                                        generation=ctx.generation, plan=plan, worker_id=ctx.worker_id)
+            began = saga.begin_rollback(
+                run_id=ctx.run_id,
+                token=ctx.claim.lease_token,
+                generation=ctx.generation,
+                plan=plan,
+                worker_id=ctx.worker_id,
+            )
         finally:
             release_connection()
         if not began:
             raise ctx.lose_lease("lease lost while starting the rollback")
-        log.note(RecordedStep(seq=position.seq, name=saga.ROLLBACK_STEP, status="done",
-                              output=plan.as_output(), kind="compensation"))
+        log.note(
+            RecordedStep(
+                seq=position.seq,
+                name=saga.ROLLBACK_STEP,
+                status="done",
+                output=plan.as_output(),
+                kind="compensation",
+            )
+        )
         return plan
 
     def run(self, plan: saga.RollbackPlan) -> RolledBack:
@@ -96,9 +117,15 @@ class Rollback:
                 )
             key = f"{compensator.key or f'{ctx.run_id}:{ctx.generation}:{seq}'}:undo"
             ctx.execute_step(
-                f"undo {name}", compensator.fn, (compensator.output,), {},
-                at=log.take_at(plan.seq + offset, f"undo {name}", what="compensation"), side_effect=True,
-                idempotency_key=key, kind="compensation", input={"compensates": seq, "name": name},
+                f"undo {name}",
+                compensator.fn,
+                (compensator.output,),
+                {},
+                at=log.take_at(plan.seq + offset, f"undo {name}", what="compensation"),
+                side_effect=True,
+                idempotency_key=key,
+                kind="compensation",
+                input={"compensates": seq, "name": name},
                 compensates=seq,
             )
         seqs = [entry["seq"] for entry in plan.plan]

@@ -29,41 +29,64 @@ STEP_KINDS = ("llm", "tool", "custom")
 def _column_limits() -> tuple[int, int]:
     from runs.models import Step  # models: loaded after the app registry
 
-    return Step._meta.get_field("name").max_length, Step._meta.get_field("idempotency_key").max_length
+    return Step._meta.get_field("name").max_length, Step._meta.get_field(
+        "idempotency_key"
+    ).max_length
 
 
 def check_step_options(
-    name: Any, fn: Any, kwargs: Any, *, kind: Any, side_effect: Any, idempotency_key: Any, timeout: Any,
+    name: Any,
+    fn: Any,
+    kwargs: Any,
+    *,
+    kind: Any,
+    side_effect: Any,
+    idempotency_key: Any,
+    timeout: Any,
     compensate: Any,
 ) -> dict[str, Any]:
     """Raise ``StepOptionTypeError``/``StepOptionValueError`` naming the first bad option; return ``fn``'s kwargs."""
     name_max, key_max = _column_limits()
     if not isinstance(name, str):
-        raise StepOptionTypeError(f"ctx.step() needs the step's name as a string, not {type(name).__name__}")
+        raise StepOptionTypeError(
+            f"ctx.step() needs the step's name as a string, not {type(name).__name__}"
+        )
     where = f"ctx.step({name[:80]!r})"
     if not name.strip():
         raise StepOptionValueError("ctx.step() needs a non-empty step name")
     if len(name) > name_max:
-        raise StepOptionValueError(f"{where}: name is {len(name)} characters long, at most {name_max} are allowed")
+        raise StepOptionValueError(
+            f"{where}: name is {len(name)} characters long, at most {name_max} are allowed"
+        )
     _callable(fn, "fn", where)
     if kwargs is None:
         kwargs = {}
     elif not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise StepOptionTypeError(f"{where}: kwargs= must be a dict of fn's keyword arguments, "
-                                  f"not {type(kwargs).__name__}")
+        raise StepOptionTypeError(
+            f"{where}: kwargs= must be a dict of fn's keyword arguments, "
+            f"not {type(kwargs).__name__}"
+        )
     if not isinstance(kind, str):
         raise StepOptionTypeError(f"{where}: kind= must be a string, not {type(kind).__name__}")
     if kind not in STEP_KINDS:
         allowed = ", ".join(repr(k) for k in STEP_KINDS)
-        raise StepOptionValueError(f"{where}: unknown kind={kind!r}; a step's kind is one of {allowed}")
+        raise StepOptionValueError(
+            f"{where}: unknown kind={kind!r}; a step's kind is one of {allowed}"
+        )
     if not isinstance(side_effect, bool):
-        raise StepOptionTypeError(f"{where}: side_effect= must be True or False, not {type(side_effect).__name__}")
+        raise StepOptionTypeError(
+            f"{where}: side_effect= must be True or False, not {type(side_effect).__name__}"
+        )
     if idempotency_key is not None and not isinstance(idempotency_key, bool | str):
-        raise StepOptionTypeError(f"{where}: idempotency_key= must be a string, True or None, "
-                                  f"not {type(idempotency_key).__name__}")
+        raise StepOptionTypeError(
+            f"{where}: idempotency_key= must be a string, True or None, "
+            f"not {type(idempotency_key).__name__}"
+        )
     if isinstance(idempotency_key, str) and not 0 < len(idempotency_key) <= key_max:
-        raise StepOptionValueError(f"{where}: idempotency_key= must be 1 to {key_max} characters "
-                                   f"(or True for the default key)")
+        raise StepOptionValueError(
+            f"{where}: idempotency_key= must be 1 to {key_max} characters "
+            f"(or True for the default key)"
+        )
     check_timeout(timeout, where)
     if compensate is not None:
         _callable(compensate, "compensate", where)
@@ -75,12 +98,18 @@ def check_timeout(timeout: Any, where: str) -> None:
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise StepOptionTypeError(f"{where}: timeout= must be a number of seconds, not {type(timeout).__name__}")
+        raise StepOptionTypeError(
+            f"{where}: timeout= must be a number of seconds, not {type(timeout).__name__}"
+        )
     if not math.isfinite(timeout) or timeout <= 0:
-        raise StepOptionValueError(f"{where}: timeout={timeout!r} must be a positive, finite number of seconds")
+        raise StepOptionValueError(
+            f"{where}: timeout={timeout!r} must be a positive, finite number of seconds"
+        )
 
 
 def _callable(value: Any, option: str, where: str) -> Callable[..., Any]:
     if not callable(value):
-        raise StepOptionTypeError(f"{where}: {option}= must be callable, not {type(value).__name__}")
+        raise StepOptionTypeError(
+            f"{where}: {option}= must be callable, not {type(value).__name__}"
+        )
     return value

@@ -80,7 +80,9 @@ class StepLog:
     def commit(self, position: Position) -> Position:
         """Take ``position``, which ``peek`` returned; nothing may have taken a position meanwhile."""
         if position.seq != self.next_seq:
-            raise RuntimeError(f"step {position.seq} is not the next position ({self.next_seq}): peeked too early")
+            raise RuntimeError(
+                f"step {position.seq} is not the next position ({self.next_seq}): peeked too early"
+            )
         self._last = position.seq
         return position
 
@@ -99,7 +101,9 @@ class StepLog:
     def note(self, step: RecordedStep) -> None:
         """``step`` was checkpointed at a position taken in this execution."""
         if step.seq > self._last:
-            raise RuntimeError(f"step {step.seq} was not taken (the last position taken is {self._last})")
+            raise RuntimeError(
+                f"step {step.seq} was not taken (the last position taken is {self._last})"
+            )
         self._recorded[step.seq] = step
 
     def _check(self, seq: int, name: str, what: str) -> Position:

@@ -55,19 +55,28 @@ def _opentelemetry() -> tuple[Any, Any, Any] | None:
     if api is None:
         return None
     trace = api[0]
-    if isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+    if isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    ):
         return None
     return api
 
 
-def observed_run(claimed: ClaimedRun, *, worker_id: UUID, execute: Callable[[], str | None]) -> str | None:
+def observed_run(
+    claimed: ClaimedRun, *, worker_id: UUID, execute: Callable[[], str | None]
+) -> str | None:
     """``execute()`` in a context of its own, its lines carrying the run's fields, inside the span ``run <kind>``."""
     return contextvars.copy_context().run(_observed_run, claimed, worker_id, execute)
 
 
-def _observed_run(claimed: ClaimedRun, worker_id: UUID, execute: Callable[[], str | None]) -> str | None:
+def _observed_run(
+    claimed: ClaimedRun, worker_id: UUID, execute: Callable[[], str | None]
+) -> str | None:
     structlog.contextvars.bind_contextvars(
-        run_id=str(claimed.id), tenant=str(claimed.tenant_id), kind=claimed.kind, attempt=claimed.attempt,
+        run_id=str(claimed.id),
+        tenant=str(claimed.tenant_id),
+        kind=claimed.kind,
+        attempt=claimed.attempt,
         worker=str(worker_id),
     )
     otel = _opentelemetry()
@@ -76,13 +85,17 @@ def _observed_run(claimed: ClaimedRun, worker_id: UUID, execute: Callable[[], st
     trace, propagate, tracer = otel
     parent = propagate.extract(claimed.trace_context) if claimed.trace_context else None
     attributes = {
-        "agentruns.run_id": str(claimed.id), "agentruns.tenant": str(claimed.tenant_id),
-        "agentruns.kind": claimed.kind, "agentruns.attempt": claimed.attempt, "agentruns.queue": claimed.queue,
+        "agentruns.run_id": str(claimed.id),
+        "agentruns.tenant": str(claimed.tenant_id),
+        "agentruns.kind": claimed.kind,
+        "agentruns.attempt": claimed.attempt,
+        "agentruns.queue": claimed.queue,
         "agentruns.worker": str(worker_id),
     }
     # A consumer span: the run was queued by whoever submitted it, and is processed here.
-    with tracer.start_as_current_span(f"run {claimed.kind}", context=parent, kind=trace.SpanKind.CONSUMER,
-                                      attributes=attributes) as span:
+    with tracer.start_as_current_span(
+        f"run {claimed.kind}", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
+    ) as span:
         status = execute()
         span.set_attribute("agentruns.run.status", status or "lease_lost")
         if status == "failed":
@@ -101,11 +114,18 @@ def observed_step(ctx: StepMachinery, record: StepRecord) -> Iterator[None]:
             return
         trace, _, tracer = otel
         failed_before = ctx.last_failure
-        attributes = {"agentruns.step.seq": record.seq, "agentruns.step.name": record.name,
-                      "agentruns.step.kind": record.kind}
+        attributes = {
+            "agentruns.step.seq": record.seq,
+            "agentruns.step.name": record.name,
+            "agentruns.step.kind": record.kind,
+        }
         # Exceptions are recorded below, not by the span: a signal (a lost lease, a release) is no error.
-        with tracer.start_as_current_span(f"step {record.name}", attributes=attributes, record_exception=False,
-                                          set_status_on_exception=False) as span:
+        with tracer.start_as_current_span(
+            f"step {record.name}",
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
             try:
                 yield
             except BaseException as exc:
@@ -120,7 +140,9 @@ def observed_step(ctx: StepMachinery, record: StepRecord) -> Iterator[None]:
 def _step_failed(trace: Any, span: Any, exc: BaseException, failure: Any) -> None:
     if failure is not None:  # the step raised, and was recorded failed, or waiting for a person
         error: BaseException = failure.exc
-        span.set_attribute(STEP_STATUS, "waiting" if failure.error_kind == "ambiguous" else "failed")
+        span.set_attribute(
+            STEP_STATUS, "waiting" if failure.error_kind == "ambiguous" else "failed"
+        )
         span.set_attribute("agentruns.step.error_kind", failure.error_kind)
     elif isinstance(exc, Exception):  # an engine statement failed around it
         error = exc

@@ -59,7 +59,9 @@ class Sent:
 
     status: int | None  # the HTTP status, None when there was no response
     body: str  # the first MAX_BODY_BYTES of the answer, NULs removed
-    error: str  # why it was not delivered; "" when it was (operators read it: it may name addresses)
+    error: (
+        str  # why it was not delivered; "" when it was (operators read it: it may name addresses)
+    )
     delivered: bool  # the receiver answered 2xx
     permanent: bool  # retrying cannot help (a refused target, 410 Gone)
     failure: str = ""  # a DeliveryFailure: what the tenant is told
@@ -70,15 +72,24 @@ class Sent:
         return self.failure in (DeliveryFailure.TIMEOUT, DeliveryFailure.CONNECT)
 
 
-def send(url: str, *, body: bytes, headers: dict[str, str], timeout: float = 10.0,
-         connect_timeout: float | None = None) -> Sent:
+def send(
+    url: str,
+    *,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: float = 10.0,
+    connect_timeout: float | None = None,
+) -> Sent:
     """POST body to url with headers, to the address checked once by `resolve`, all within ``timeout``."""
     if connect_timeout is None:
         connect_timeout = settings.RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS
     connect_timeout = min(connect_timeout, timeout)
     try:
-        return asyncio.run(_attempt(url, body=body, headers=headers, timeout=timeout,
-                                    connect_timeout=connect_timeout))
+        return asyncio.run(
+            _attempt(
+                url, body=body, headers=headers, timeout=timeout, connect_timeout=connect_timeout
+            )
+        )
     except Refused as exc:
         return _failed(str(exc), DeliveryFailure.REFUSED, permanent=True)
     except Unresolvable as exc:
@@ -86,7 +97,9 @@ def send(url: str, *, body: bytes, headers: dict[str, str], timeout: float = 10.
     except httpx.ConnectTimeout:
         return _failed(f"could not connect within {connect_timeout:g} s", DeliveryFailure.CONNECT)
     except httpx.TimeoutException as exc:
-        return _failed(f"timed out after {timeout:g} s ({type(exc).__name__})", DeliveryFailure.TIMEOUT)
+        return _failed(
+            f"timed out after {timeout:g} s ({type(exc).__name__})", DeliveryFailure.TIMEOUT
+        )
     except httpx.ConnectError as exc:
         return _failed(_connect_error(exc), DeliveryFailure.CONNECT)
     except httpx.RemoteProtocolError as exc:
@@ -95,8 +108,9 @@ def send(url: str, *, body: bytes, headers: dict[str, str], timeout: float = 10.
         return _failed(f"the request failed ({exc})", DeliveryFailure.CONNECT)
 
 
-async def _attempt(url: str, *, body: bytes, headers: dict[str, str], timeout: float,
-                   connect_timeout: float) -> Sent:
+async def _attempt(
+    url: str, *, body: bytes, headers: dict[str, str], timeout: float, connect_timeout: float
+) -> Sent:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     phase = "resolving the name"
@@ -110,13 +124,23 @@ async def _attempt(url: str, *, body: bytes, headers: dict[str, str], timeout: f
     # carry a request for another name on the same address. trust_env=False:
     # no proxy from the environment, which would connect by name again and
     # undo the pinning.
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=_SSL_CONTEXT,
-                                 limits=httpx.Limits(max_keepalive_connections=0)) as client:
+    async with httpx.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        verify=_SSL_CONTEXT,
+        limits=httpx.Limits(max_keepalive_connections=0),
+    ) as client:
         try:
             async with asyncio.timeout_at(deadline):
                 target = await loop.run_in_executor(_RESOLVERS, resolve, url)
-                request = _request(client, target, body=body, headers=headers,
-                                   timeout=httpx.Timeout(timeout, connect=connect_timeout), trace=trace)
+                request = _request(
+                    client,
+                    target,
+                    body=body,
+                    headers=headers,
+                    timeout=httpx.Timeout(timeout, connect=connect_timeout),
+                    trace=trace,
+                )
                 response = await client.send(request, stream=True)
         except TimeoutError:
             return _failed(f"timed out after {timeout:g} s ({phase})", DeliveryFailure.TIMEOUT)
@@ -129,8 +153,15 @@ async def _attempt(url: str, *, body: bytes, headers: dict[str, str], timeout: f
     return _answered(response, received)
 
 
-def _request(client: httpx.AsyncClient, target: Target, *, body: bytes, headers: dict[str, str],
-             timeout: httpx.Timeout, trace) -> httpx.Request:
+def _request(
+    client: httpx.AsyncClient,
+    target: Target,
+    *,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: httpx.Timeout,
+    trace,
+) -> httpx.Request:
     request_headers = httpx.Headers(headers)
     request_headers["Host"] = target.host_header
     # Uncompressed, so that the bytes read are the bytes kept (no gzip bomb).
@@ -138,8 +169,14 @@ def _request(client: httpx.AsyncClient, target: Target, *, body: bytes, headers:
     extensions = {"trace": trace}
     if target.scheme == "https":
         extensions["sni_hostname"] = target.tls_name
-    return client.build_request("POST", target.request_url, content=body, headers=request_headers,
-                                extensions=extensions, timeout=timeout)
+    return client.build_request(
+        "POST",
+        target.request_url,
+        content=body,
+        headers=request_headers,
+        extensions=extensions,
+        timeout=timeout,
+    )
 
 
 async def _read_capped(response: httpx.Response, deadline: float) -> bytes:
@@ -169,8 +206,14 @@ def _answered(response: httpx.Response, received: bytes) -> Sent:
         error = "the receiver answered 410 Gone; it wants no more deliveries"
     else:
         error = f"the receiver answered {status}"
-    return Sent(status=status, body=text, error=error, delivered=False, permanent=status == 410,
-                failure=DeliveryFailure.HTTP)
+    return Sent(
+        status=status,
+        body=text,
+        error=error,
+        delivered=False,
+        permanent=status == 410,
+        failure=DeliveryFailure.HTTP,
+    )
 
 
 def _connect_error(exc: httpx.ConnectError) -> str:

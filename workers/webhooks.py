@@ -66,7 +66,9 @@ class DeliveryLoop:
                 if once and not jobs and not in_flight:
                     break
                 if in_flight:
-                    done, _ = wait(in_flight, timeout=self.poll if not jobs else 0, return_when=FIRST_COMPLETED)
+                    done, _ = wait(
+                        in_flight, timeout=self.poll if not jobs else 0, return_when=FIRST_COMPLETED
+                    )
                     for future in done:
                         del in_flight[future]
                 elif not jobs:
@@ -85,9 +87,15 @@ class DeliveryLoop:
 
     def _claim(self, free: int, in_flight: Counter[UUID]) -> list[DeliveryJob]:
         try:
-            return with_retries(lambda: deliveries.claim(batch=free, lease_seconds=self.lease,
-                                                         slots=self.concurrency, in_flight=dict(in_flight)),
-                                what="claim deliveries")
+            return with_retries(
+                lambda: deliveries.claim(
+                    batch=free,
+                    lease_seconds=self.lease,
+                    slots=self.concurrency,
+                    in_flight=dict(in_flight),
+                ),
+                what="claim deliveries",
+            )
         except Exception:
             logger.exception("claiming webhook deliveries failed")
             self.stopping.wait(self.poll)
@@ -103,20 +111,41 @@ class DeliveryLoop:
             "user-agent": USER_AGENT,
             "webhook-id": job.webhook_id,
             "webhook-timestamp": str(int(timestamp.timestamp())),
-            "webhook-signature": signature(secrets_=job.secrets, webhook_id=job.webhook_id,
-                                           timestamp=timestamp, body=job.body),
+            "webhook-signature": signature(
+                secrets_=job.secrets, webhook_id=job.webhook_id, timestamp=timestamp, body=job.body
+            ),
         }
-        sent = webhook_http.send(job.url, body=job.body.encode(), headers=headers,
-                                 timeout=settings.RUNS_WEBHOOK_TIMEOUT_SECONDS,
-                                 connect_timeout=settings.RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS)
+        sent = webhook_http.send(
+            job.url,
+            body=job.body.encode(),
+            headers=headers,
+            timeout=settings.RUNS_WEBHOOK_TIMEOUT_SECONDS,
+            connect_timeout=settings.RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS,
+        )
         try:
-            status = with_retries(lambda: deliveries.record(
-                job, delivered=sent.delivered, permanent=sent.permanent, code=sent.status, body=sent.body,
-                error=sent.error, failure=sent.failure, unanswered=sent.unanswered,
-            ), what="record a delivery")
+            status = with_retries(
+                lambda: deliveries.record(
+                    job,
+                    delivered=sent.delivered,
+                    permanent=sent.permanent,
+                    code=sent.status,
+                    body=sent.body,
+                    error=sent.error,
+                    failure=sent.failure,
+                    unanswered=sent.unanswered,
+                ),
+                what="record a delivery",
+            )
         finally:
             release_connection()
         level = logging.INFO if sent.delivered else logging.WARNING
-        logger.log(level, "webhook %s %s to %s (attempt %s): %s", job.event_type, job.webhook_id, job.url,
-                   job.attempt, status if sent.delivered else f"{status}: {sent.error}")
+        logger.log(
+            level,
+            "webhook %s %s to %s (attempt %s): %s",
+            job.event_type,
+            job.webhook_id,
+            job.url,
+            job.attempt,
+            status if sent.delivered else f"{status}: {sent.error}",
+        )
         return status

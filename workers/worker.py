@@ -52,7 +52,9 @@ class WorkerOptions:
         if self.lease <= 0 or self.heartbeat <= 0 or self.poll <= 0:
             raise ValueError("lease, heartbeat and poll must be positive")
         if self.heartbeat > self.lease / 3:
-            raise ValueError(f"heartbeat ({self.heartbeat}s) must be at most a third of the lease ({self.lease}s)")
+            raise ValueError(
+                f"heartbeat ({self.heartbeat}s) must be at most a third of the lease ({self.lease}s)"
+            )
         if not self.queues:
             raise ValueError("at least one queue is needed")
 
@@ -82,7 +84,11 @@ class Worker:
         self.lease = options.lease
         self.poll = options.poll
         self.kinds = {kind.name: kind.version for kind in all_kinds()}
-        self.resumes = {kind.name: sorted(kind.resumes_versions) for kind in all_kinds() if kind.resumes_versions}
+        self.resumes = {
+            kind.name: sorted(kind.resumes_versions)
+            for kind in all_kinds()
+            if kind.resumes_versions
+        }
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._beat_now = threading.Event()
@@ -125,15 +131,24 @@ class Worker:
             self._install_signal_handlers()
         if self.options.listen and not self.options.burst:
             self._listener = Listener(
-                queues=set(self.options.queues), on_notify=self._wake.set, on_control=self._beat_now.set
+                queues=set(self.options.queues),
+                on_notify=self._wake.set,
+                on_control=self._beat_now.set,
             )
             self._listener.start()
-        self._heartbeat_thread = threading.Thread(target=contextvars.copy_context().run, args=(self._heartbeat_loop,),
-                                                  name="heartbeat", daemon=True)
+        self._heartbeat_thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._heartbeat_loop,),
+            name="heartbeat",
+            daemon=True,
+        )
         self._heartbeat_thread.start()
         logger.info(
             "worker %s started: queues=%s concurrency=%s kinds=%s",
-            self.id, ",".join(self.options.queues), self.options.concurrency, ",".join(sorted(self.kinds)),
+            self.id,
+            ",".join(self.options.queues),
+            self.options.concurrency,
+            ",".join(sorted(self.kinds)),
         )
         self.defers_slot_returns = True
         self.committer.start()
@@ -145,7 +160,9 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; in-flight steps finish, then their runs are released."""
         if not self.stopping.is_set():
-            logger.info("worker %s stopping: finishing in-flight steps, then releasing runs", self.id)
+            logger.info(
+                "worker %s stopping: finishing in-flight steps, then releasing runs", self.id
+            )
         self.stopping.set()
         self._wake.set()
         self._beat_now.set()
@@ -172,7 +189,12 @@ class Worker:
                         continue
                 short_since = None
                 claimed = self._claim(free)
-            if self.options.burst and claimed == 0 and self.in_flight() == 0 and not self._claim_errors:
+            if (
+                self.options.burst
+                and claimed == 0
+                and self.in_flight() == 0
+                and not self._claim_errors
+            ):
                 # Claim once more after the last run finished: a run it
                 # released may be claimable again.
                 if self._claim(self.options.concurrency) == 0:
@@ -206,8 +228,13 @@ class Worker:
             # the first gave them back. Left counted, they are a leak the
             # reaper's reconciliation ends, never a slot counted twice.
             return adopted + claims.claim(
-                worker_id=self.id, queues=self.options.queues, kinds=self.kinds, n=n - len(adopted),
-                lease=self.lease, resumes=self.resumes, returned=returned if tries == 1 else (),
+                worker_id=self.id,
+                queues=self.options.queues,
+                kinds=self.kinds,
+                n=n - len(adopted),
+                lease=self.lease,
+                resumes=self.resumes,
+                returned=returned if tries == 1 else (),
             )
 
         try:
@@ -217,7 +244,9 @@ class Worker:
             logger.exception("claim failed; retrying after the poll interval")
             if self.options.burst and self._claim_errors >= 5:
                 # "Nothing claimable" must not be mistaken for "cannot claim".
-                raise RuntimeError("claims keep failing; giving up (see the errors above)") from None
+                raise RuntimeError(
+                    "claims keep failing; giving up (see the errors above)"
+                ) from None
             return 0
         finally:
             release_connection()
@@ -266,8 +295,12 @@ class Worker:
 
     def _register(self) -> None:
         try:
-            register_worker(worker_id=self.id, queues=self.options.queues, kinds=list(self.kinds),
-                            concurrency=self.options.concurrency)
+            register_worker(
+                worker_id=self.id,
+                queues=self.options.queues,
+                kinds=list(self.kinds),
+                concurrency=self.options.concurrency,
+            )
         finally:
             release_connection()
 
@@ -286,7 +319,10 @@ class Worker:
         if hopeless and not self.poisoned:
             # A thread cannot be killed: release the other runs and exit, so
             # that the supervisor starts a clean process.
-            logger.error("step thread %s never returned; releasing runs and exiting for a restart", hopeless[0].name)
+            logger.error(
+                "step thread %s never returned; releasing runs and exiting for a restart",
+                hopeless[0].name,
+            )
             self.poisoned = True
             self.stop()
 

@@ -64,9 +64,14 @@ class ChildOutcome:
 
     @classmethod
     def from_output(cls, output: dict) -> ChildOutcome:
-        return cls(run_id=UUID(output["run_id"]), kind=output["kind"], status=output["status"],
-                   result=output.get("result"), error=output.get("error", ""),
-                   error_kind=output.get("error_kind", ""))
+        return cls(
+            run_id=UUID(output["run_id"]),
+            kind=output["kind"],
+            status=output["status"],
+            result=output.get("result"),
+            error=output.get("error", ""),
+            error_kind=output.get("error_kind", ""),
+        )
 
 
 # Longer than any run may wait (expires_at), short of what an interval column holds.
@@ -108,8 +113,13 @@ class Workflow:
             return
         if recorded is None:
             self._before_step(position.seq, "sleep")
-            until = self._start_timer(position, "sleep", {"seconds": seconds, "until": until and until.isoformat()},
-                                      seconds=seconds, until=until)
+            until = self._start_timer(
+                position,
+                "sleep",
+                {"seconds": seconds, "until": until and until.isoformat()},
+                seconds=seconds,
+                until=until,
+            )
         else:
             until = datetime.fromisoformat(recorded.output["until"])
         if self._claimed.claimed_at >= until:
@@ -140,17 +150,28 @@ class Workflow:
                 if recorded is not None and recorded.kind == "message" and recorded.output:
                     until = datetime.fromisoformat(recorded.output["until"])
                     if self._claimed.claimed_at >= until:
-                        return self._finish_waiting(self._log.commit(position), "message", [], consumes=True)
+                        return self._finish_waiting(
+                            self._log.commit(position), "message", [], consumes=True
+                        )
                     raise AwaitMessage("waiting for a message", wake_at=until)
                 if timeout is None:
                     raise AwaitMessage("waiting for a message")
-                until = self._start_timer(position, "message", {"timeout": timeout}, seconds=timeout, until=None)
+                until = self._start_timer(
+                    position, "message", {"timeout": timeout}, seconds=timeout, until=None
+                )
                 raise AwaitMessage("waiting for a message", wake_at=until)
         return self.messages()
 
     # Child runs.
-    def spawn(self, kind: str, input: dict, *, key: str | None = None, queue: str | None = None,
-              priority: int | None = None) -> ChildRun:
+    def spawn(
+        self,
+        kind: str,
+        input: dict,
+        *,
+        key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> ChildRun:
         """Start a child run of ``kind`` (same tenant, inside this run's budget) in a recorded step.
 
         Returns a handle for ``gather``. A replayed run never spawns twice:
@@ -169,20 +190,41 @@ class Workflow:
             from runs.services import spawn_child  # models: loaded after the app registry
 
             try:
-                made = spawn_child(parent_id=self.run_id, kind=kind, input=input, key=key,
-                                   budget_left_cents=budget, queue=queue, priority=priority)
+                made = spawn_child(
+                    parent_id=self.run_id,
+                    kind=kind,
+                    input=input,
+                    key=key,
+                    budget_left_cents=budget,
+                    queue=queue,
+                    priority=priority,
+                )
             except QueueFull as exc:
-                raise Retryable(f"cannot spawn {kind!r}: {exc}", retry_after=exc.retry_after) from None
+                raise Retryable(
+                    f"cannot spawn {kind!r}: {exc}", retry_after=exc.retry_after
+                ) from None
             except (UnknownKind, InvalidRunInput, IdempotencyConflict) as exc:
                 raise Fatal(f"cannot spawn {kind!r}: {exc}") from None
             return {"run_id": str(made.run.pk), "kind": kind, "key": child_key}
 
-        output = self.execute_step(position.name, make_child, (), {"kind": kind, "input": input, "key": child_key},
-                                   at=self._log.commit(position), kind="child")
+        output = self.execute_step(
+            position.name,
+            make_child,
+            (),
+            {"kind": kind, "input": input, "key": child_key},
+            at=self._log.commit(position),
+            kind="child",
+        )
         return ChildRun.from_output(output)
 
-    def gather(self, children: Iterable[ChildRun | UUID | str], *, min_success: int | None = None,
-               timeout: float | None = None, name: str = "gather") -> list[ChildOutcome]:
+    def gather(
+        self,
+        children: Iterable[ChildRun | UUID | str],
+        *,
+        min_success: int | None = None,
+        timeout: float | None = None,
+        name: str = "gather",
+    ) -> list[ChildOutcome]:
         """Wait (in ``waiting``, holding no worker) until the children finished; return their outcomes.
 
         With ``min_success=N`` it returns as soon as N succeeded, or as soon
@@ -191,19 +233,32 @@ class Workflow:
         cancelling the stragglers. Outcomes come in the order given.
         """
         ids = [c.run_id if isinstance(c, ChildRun) else UUID(str(c)) for c in children]
-        if min_success is not None and (isinstance(min_success, bool) or not 1 <= min_success <= len(ids)):
-            raise ValueError(f"min_success must be between 1 and the number of children ({len(ids)})")
+        if min_success is not None and (
+            isinstance(min_success, bool) or not 1 <= min_success <= len(ids)
+        ):
+            raise ValueError(
+                f"min_success must be between 1 and the number of children ({len(ids)})"
+            )
         if timeout is not None:
             timeout = _seconds(timeout, "timeout")
         position = self._log.take(name, what="gather")
         seq = position.seq
         if position.done:
             return [ChildOutcome.from_output(o) for o in position.recorded.output]
-        self._before_step(seq, "child")  # with the budget, which what finished children spent counts in
+        self._before_step(
+            seq, "child"
+        )  # with the budget, which what finished children spent counts in
         try:
             state = family.begin_gather(
-                run_id=self.run_id, token=self._claimed.lease_token, generation=self.generation, seq=seq,
-                name=name, children=ids, min_success=min_success, timeout=timeout, worker_id=self._worker.id,
+                run_id=self.run_id,
+                token=self._claimed.lease_token,
+                generation=self.generation,
+                seq=seq,
+                name=name,
+                children=ids,
+                min_success=min_success,
+                timeout=timeout,
+                worker_id=self._worker.id,
             )
         finally:
             release_connection()
@@ -218,7 +273,10 @@ class Workflow:
         stragglers = set(state.pending)
         for child_id in state.pending:
             self._cancel_child(child_id)
-        outcomes = [c.as_json() | ({"status": "cancelled"} if c.run_id in stragglers else {}) for c in state.children]
+        outcomes = [
+            c.as_json() | ({"status": "cancelled"} if c.run_id in stragglers else {})
+            for c in state.children
+        ]
         result = self._finish_waiting(position, "child", outcomes)
         return [ChildOutcome.from_output(o) for o in result]
 
@@ -231,13 +289,28 @@ class Workflow:
             release_connection()
 
     # Shared by the waiting steps.
-    def _start_timer(self, position: Position, kind: str, input: Any, *, seconds: float | None,
-                     until: datetime | None) -> datetime:
+    def _start_timer(
+        self,
+        position: Position,
+        kind: str,
+        input: Any,
+        *,
+        seconds: float | None,
+        until: datetime | None,
+    ) -> datetime:
         seq, name = position.seq, position.name
         try:
             end = timers.start_timer_step(
-                run_id=self.run_id, token=self._claimed.lease_token, generation=self.generation, seq=seq,
-                name=name, kind=kind, input=dumps(input), seconds=seconds, until=until, worker_id=self._worker.id,
+                run_id=self.run_id,
+                token=self._claimed.lease_token,
+                generation=self.generation,
+                seq=seq,
+                name=name,
+                kind=kind,
+                input=dumps(input),
+                seconds=seconds,
+                until=until,
+                worker_id=self._worker.id,
             )
         finally:
             release_connection()
@@ -245,10 +318,20 @@ class Workflow:
             raise self.lose_lease(f"lease lost while starting step {seq} ({name})")
         return end
 
-    def _finish_waiting(self, position: Position, kind: str, output: Any, *, consumes: bool = False) -> Any:
+    def _finish_waiting(
+        self, position: Position, kind: str, output: Any, *, consumes: bool = False
+    ) -> Any:
         """Record a waiting step (sleep, timed wait, gather) as done with ``output``, at the position it took."""
-        return self.execute_step(position.name, lambda: output, (), {}, at=position, kind=kind,
-                                 consumes_messages=consumes, started_at=_since(position))
+        return self.execute_step(
+            position.name,
+            lambda: output,
+            (),
+            {},
+            at=position,
+            kind=kind,
+            consumes_messages=consumes,
+            started_at=_since(position),
+        )
 
 
 def _since(position: Position) -> datetime | None:

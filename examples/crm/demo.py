@@ -7,12 +7,27 @@ from typing import Any
 from examples.crm.models import Lead
 
 LEADS = [
-    {"name": "Ada Byron", "company": "Analytical Engines Ltd", "email": "ada@engines.example", "stage": "contacted",
-     "notes": "Intro call went well; wants pricing for 20 seats."},
-    {"name": "Grace Hopper", "company": "Compiler Works", "email": "grace@compilers.example", "stage": "proposal",
-     "notes": "Proposal sent; decision expected this month."},
-    {"name": "Alan Turing", "company": "Bletchley Analytics", "email": "alan@bletchley.example", "stage": "new",
-     "notes": ""},
+    {
+        "name": "Ada Byron",
+        "company": "Analytical Engines Ltd",
+        "email": "ada@engines.example",
+        "stage": "contacted",
+        "notes": "Intro call went well; wants pricing for 20 seats.",
+    },
+    {
+        "name": "Grace Hopper",
+        "company": "Compiler Works",
+        "email": "grace@compilers.example",
+        "stage": "proposal",
+        "notes": "Proposal sent; decision expected this month.",
+    },
+    {
+        "name": "Alan Turing",
+        "company": "Bletchley Analytics",
+        "email": "alan@bletchley.example",
+        "stage": "new",
+        "notes": "",
+    },
 ]
 
 

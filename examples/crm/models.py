@@ -37,8 +37,13 @@ class Lead(models.Model):
 
     def as_dict(self) -> dict:
         return {
-            "id": self.pk, "name": self.name, "company": self.company, "email": self.email,
-            "stage": self.stage, "notes": self.notes, "updated_at": self.updated_at.isoformat(),
+            "id": self.pk,
+            "name": self.name,
+            "company": self.company,
+            "email": self.email,
+            "stage": self.stage,
+            "notes": self.notes,
+            "updated_at": self.updated_at.isoformat(),
         }
 
 
@@ -57,6 +62,9 @@ class LeadUpdate(models.Model):
 
     def as_dict(self) -> dict:
         return {
-            "update_id": self.pk, "lead_id": self.lead_id, "changes": self.changes, "previous": self.previous,
+            "update_id": self.pk,
+            "lead_id": self.lead_id,
+            "changes": self.changes,
+            "previous": self.previous,
             "applied_at": self.applied_at.isoformat(),
         }

@@ -24,7 +24,12 @@ def get_lead(*, tenant_id: UUID, lead_id: int) -> Lead:
 
 @transaction.atomic
 def apply_lead_update(
-    *, tenant_id: UUID, lead_id: int, idempotency_key: str, stage: str | None = None, note: str = "",
+    *,
+    tenant_id: UUID,
+    lead_id: int,
+    idempotency_key: str,
+    stage: str | None = None,
+    note: str = "",
     run_id: UUID | None = None,
 ) -> LeadUpdate:
     """Apply a stage change and/or a note to one of the tenant's leads, once per ``idempotency_key``.
@@ -52,5 +57,10 @@ def apply_lead_update(
     lead.updated_at = now
     lead.save(update_fields=["stage", "notes", "updated_at"])
     return LeadUpdate.objects.create(
-        idempotency_key=idempotency_key, lead=lead, changes=changes, previous=previous, run_id=run_id, applied_at=now
+        idempotency_key=idempotency_key,
+        lead=lead,
+        changes=changes,
+        previous=previous,
+        run_id=run_id,
+        applied_at=now,
     )

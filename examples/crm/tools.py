@@ -34,7 +34,9 @@ def get_lead(ctx: RunContext, lead_id: int) -> dict:
     return _lead(ctx, lead_id).as_dict()
 
 
-def describe_update(ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = "") -> Proposal:
+def describe_update(
+    ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = ""
+) -> Proposal:
     """What an update would do ("Update lead Ana Lopez (Acme)"): the stage from its current value, the note added."""
     lead = _lead(ctx, lead_id)
     changes = []
@@ -44,21 +46,35 @@ def describe_update(ctx: RunContext, lead_id: int, stage: StageName | None = Non
         # Added as a new dated line: the notes already there stay.
         changes.append(Change("note", None, note.strip()))
     if not changes:
-        raise ToolError(f"nothing to update: lead {lead_id} is already at stage {lead.stage} and no note was given")
-    return Proposal(summary=f"Update lead {lead}", target=f"Lead {lead.pk} ({lead.email})", changes=changes)
+        raise ToolError(
+            f"nothing to update: lead {lead_id} is already at stage {lead.stage} and no note was given"
+        )
+    return Proposal(
+        summary=f"Update lead {lead}", target=f"Lead {lead.pk} ({lead.email})", changes=changes
+    )
 
 
 @tool(side_effect=True, needs_approval=True, propose=describe_update)
-def update_lead(ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = "") -> dict:
+def update_lead(
+    ctx: RunContext, lead_id: int, stage: StageName | None = None, note: str = ""
+) -> dict:
     """Change a lead's stage and/or add a dated note. A person approves every update before it is written."""
     if stage is None and not note.strip():
         raise ToolError("nothing to update: give a stage, a note, or both")
     key = ctx.idempotency_key
-    if not key:  # the loop runs side-effect tools as keyed steps; anything else is a programming error
+    if (
+        not key
+    ):  # the loop runs side-effect tools as keyed steps; anything else is a programming error
         raise Fatal("update_lead must run as a step with an idempotency key")
     try:
-        update = services.apply_lead_update(tenant_id=ctx.tenant_id, lead_id=lead_id, stage=stage,
-                                            note=note.strip(), idempotency_key=key, run_id=ctx.run_id)
+        update = services.apply_lead_update(
+            tenant_id=ctx.tenant_id,
+            lead_id=lead_id,
+            stage=stage,
+            note=note.strip(),
+            idempotency_key=key,
+            run_id=ctx.run_id,
+        )
     except LeadNotFound as exc:
         raise ToolError(str(exc)) from None
     return update.as_dict()

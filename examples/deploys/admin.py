@@ -9,4 +9,13 @@ class ResourceAdmin(admin.ModelAdmin):
     list_filter = ["kind", "state", "tenant"]
     list_select_related = ["tenant"]
     search_fields = ["name", "key"]
-    readonly_fields = ["tenant", "kind", "name", "state", "key", "run_id", "created_at", "deleted_at"]
+    readonly_fields = [
+        "tenant",
+        "kind",
+        "name",
+        "state",
+        "key",
+        "run_id",
+        "created_at",
+        "deleted_at",
+    ]

@@ -27,9 +27,16 @@ Stage = Literal["dns", "certificate", "container", "monitoring"]
 
 
 class DeployIn(BaseModel):
-    app: str = Field(pattern=r"^[a-z][a-z0-9-]{1,39}$", description="The application's name (lowercase, digits, '-')")
-    region: str = Field(default="eu-west", pattern=r"^[a-z]{2}-[a-z]{3,10}$", description="Where to deploy it")
-    fail_at: Stage | None = Field(default=None, description="Make this step fail, to watch the rollback")
+    app: str = Field(
+        pattern=r"^[a-z][a-z0-9-]{1,39}$",
+        description="The application's name (lowercase, digits, '-')",
+    )
+    region: str = Field(
+        default="eu-west", pattern=r"^[a-z]{2}-[a-z]{3,10}$", description="Where to deploy it"
+    )
+    fail_at: Stage | None = Field(
+        default=None, description="Make this step fail, to watch the rollback"
+    )
 
 
 def _pause(seconds: float) -> None:
@@ -53,17 +60,21 @@ def _creator(ctx: RunContext, stage: Stage, kind: str, fail_at: Stage | None):
 def _deleter(ctx: RunContext):
     def delete(created: dict) -> dict:
         _pause(0.4)
-        gone = Resource.objects.filter(tenant_id=ctx.tenant_id, pk=created["id"], state=ResourceState.ACTIVE).update(
-            state=ResourceState.DELETED, deleted_at=timezone.now()
-        )
+        gone = Resource.objects.filter(
+            tenant_id=ctx.tenant_id, pk=created["id"], state=ResourceState.ACTIVE
+        ).update(state=ResourceState.DELETED, deleted_at=timezone.now())
         return {"deleted": created["name"], "was_active": bool(gone)}
 
     return delete
 
 
-@agent("deploy_app", input_schema=DeployIn, max_attempts=3,
-       compensate_on=("fatal", "retryable", "budget", "deadline"),
-       title=lambda data: f"Deploy {data['app']} to {data['region']}")
+@agent(
+    "deploy_app",
+    input_schema=DeployIn,
+    max_attempts=3,
+    compensate_on=("fatal", "retryable", "budget", "deadline"),
+    title=lambda data: f"Deploy {data['app']} to {data['region']}",
+)
 def deploy_app(ctx: RunContext, data: DeployIn) -> dict:
     """Deploy an app: DNS record, certificate, container, monitoring; a failure rolls the done steps back."""
     host = f"{data.app}.{data.region}.example.test"
@@ -76,7 +87,16 @@ def deploy_app(ctx: RunContext, data: DeployIn) -> dict:
         ("container", "container", "start container", f"{data.app}-web-1"),
         ("monitoring", "monitor", "register monitoring", f"https://{host}/health"),
     ):
-        made.append(ctx.step(title, _creator(ctx, stage, kind, data.fail_at), name, side_effect=True,
-                             idempotency_key=True, compensate=undo, kind="tool"))
+        made.append(
+            ctx.step(
+                title,
+                _creator(ctx, stage, kind, data.fail_at),
+                name,
+                side_effect=True,
+                idempotency_key=True,
+                compensate=undo,
+                kind="tool",
+            )
+        )
     ctx.report(f"Deployed {data.app} to {data.region} at https://{host} ({len(made)} resources)")
     return {"url": f"https://{host}", "resources": made}

@@ -24,7 +24,9 @@ class Resource(models.Model):
     tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=16, choices=ResourceKind.choices)
     name = models.CharField(max_length=200)
-    state = models.CharField(max_length=16, choices=ResourceState.choices, default=ResourceState.ACTIVE)
+    state = models.CharField(
+        max_length=16, choices=ResourceState.choices, default=ResourceState.ACTIVE
+    )
     # The step's idempotency key: creating or deleting twice with it changes nothing.
     key = models.CharField(max_length=255, unique=True)
     run_id = models.UUIDField()
@@ -33,8 +35,12 @@ class Resource(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(kind__in=ResourceKind.values), name="resource_kind_valid"),
-            models.CheckConstraint(condition=Q(state__in=ResourceState.values), name="resource_state_valid"),
+            models.CheckConstraint(
+                condition=Q(kind__in=ResourceKind.values), name="resource_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=ResourceState.values), name="resource_state_valid"
+            ),
         ]
         indexes = [models.Index(fields=["run_id"], name="resource_run_idx")]
 

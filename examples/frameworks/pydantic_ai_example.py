@@ -45,8 +45,12 @@ class DemoIn(BaseModel):
 def look_up_order(order_id: int) -> dict:
     """Look up an order: what was bought, what it cost (in cents) and where it is."""
     seed = zlib.crc32(str(order_id).encode())
-    return {"order_id": order_id, "item": ITEMS[seed % len(ITEMS)], "amount_cents": 1500 + seed % 8500,
-            "status": "shipped"}
+    return {
+        "order_id": order_id,
+        "item": ITEMS[seed % len(ITEMS)],
+        "amount_cents": 1500 + seed % 8500,
+        "status": "shipped",
+    }
 
 
 def refund_order(order_id: int, amount_cents: int, reason: str) -> dict:
@@ -65,7 +69,11 @@ def offline_brain(messages: list[ModelMessage], info: AgentInfo) -> ModelRespons
         return ModelResponse(parts=[ToolCallPart("look_up_order", {"order_id": order_id})])
     order = results["look_up_order"].content
     if "refund_order" not in results:
-        arguments = {"order_id": order_id, "amount_cents": order["amount_cents"], "reason": prompt.split(": ", 1)[-1]}
+        arguments = {
+            "order_id": order_id,
+            "amount_cents": order["amount_cents"],
+            "reason": prompt.split(": ", 1)[-1],
+        }
         return ModelResponse(parts=[ToolCallPart("refund_order", arguments)])
     refund = results["refund_order"]
     if refund.outcome == "denied":
@@ -101,13 +109,22 @@ def support_agent(provider: str, model_name: str, base_url: str = "", api_key: s
         model = OpenAIChatModel(model_name, provider=OpenAIProvider(openai_client=client))
     else:
         model = FunctionModel(offline_brain, model_name=model_name)
-    built = Agent(model, name="pydantic_ai_demo", instructions=INSTRUCTIONS, capabilities=[AgentRunsDurability()])
+    built = Agent(
+        model,
+        name="pydantic_ai_demo",
+        instructions=INSTRUCTIONS,
+        capabilities=[AgentRunsDurability()],
+    )
     built.tool_plain(look_up_order)
     built.tool_plain(requires_approval=True)(refund_order)
     return built
 
 
-@agent("pydantic_ai_demo", input_schema=DemoIn, title=lambda data: f"Order {data['order_id']}: {data['request']}")
+@agent(
+    "pydantic_ai_demo",
+    input_schema=DemoIn,
+    title=lambda data: f"Order {data['order_id']}: {data['request']}",
+)
 def pydantic_ai_demo(ctx: RunContext, data: DemoIn) -> dict:
     """A Pydantic AI support agent: looks an order up, refunds it once a person approves, answers."""
     from pydantic_ai.messages import ToolReturnPart
@@ -115,14 +132,24 @@ def pydantic_ai_demo(ctx: RunContext, data: DemoIn) -> dict:
     from workers.frameworks.pydantic_ai import run_agent
 
     setup = ctx.step("Choosing the model", choose_model)
-    chosen = support_agent(setup["provider"], setup["model"], conf.get("LLM_BASE_URL") or "",
-                           conf.get("LLM_API_KEY") or "")
+    chosen = support_agent(
+        setup["provider"],
+        setup["model"],
+        conf.get("LLM_BASE_URL") or "",
+        conf.get("LLM_API_KEY") or "",
+    )
     result = run_agent(ctx, chosen, f"Order {data.order_id}: {data.request}")
-    refunds = [p for m in result.all_messages() for p in m.parts
-               if isinstance(p, ToolReturnPart) and p.tool_name == "refund_order"]
+    refunds = [
+        p
+        for m in result.all_messages()
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_name == "refund_order"
+    ]
     refunded = any(p.outcome != "denied" for p in refunds)
     if refunded:
         ctx.report(f"Refunded order {data.order_id}")
     else:
-        ctx.report(f"Answered about order {data.order_id} without a refund", outcome=RunOutcome.UNCHANGED)
+        ctx.report(
+            f"Answered about order {data.order_id} without a refund", outcome=RunOutcome.UNCHANGED
+        )
     return {"answer": result.output, "model": setup["model"], "refunded": refunded}

@@ -38,24 +38,42 @@ def bar_chart(done: list[int], failed: list[int], since: datetime, bucket: timed
 
     bars = []
     for i, (d, f) in enumerate(zip(done, failed, strict=True)):
-        bars.append({
-            "x": round(LEFT + i * step + BAR_GAP / 2, 1), "width": round(step - BAR_GAP, 1),
-            "done": d, "failed": f, "start": since + i * bucket,
-            "y_done": y(d), "h_done": round(base - y(d), 1),
-            "y_failed": y(d + f), "h_failed": round(y(d) - y(d + f), 1),
-        })
+        bars.append(
+            {
+                "x": round(LEFT + i * step + BAR_GAP / 2, 1),
+                "width": round(step - BAR_GAP, 1),
+                "done": d,
+                "failed": f,
+                "start": since + i * bucket,
+                "y_done": y(d),
+                "h_done": round(base - y(d), 1),
+                "y_failed": y(d + f),
+                "h_failed": round(y(d) - y(d + f), 1),
+            }
+        )
     ticks = sorted({0, top // 2, top} if top % 2 == 0 else {0, top})
     y_ticks = [{"y": y(value), "label": value} for value in ticks]
     x_ticks = [
-        {"x": round(LEFT + i * step, 1), "label": timezone.localtime(since + i * bucket).strftime("%H:%M")}
+        {
+            "x": round(LEFT + i * step, 1),
+            "label": timezone.localtime(since + i * bucket).strftime("%H:%M"),
+        }
         for i in range(0, len(done) + 1, X_LABEL_EVERY)
     ]
     return {
-        "bars": bars, "y_ticks": y_ticks, "x_ticks": x_ticks,
-        "width": LEFT + PLOT_WIDTH + RIGHT, "height": TOP + PLOT_HEIGHT + BOTTOM,
-        "left": LEFT, "right": LEFT + PLOT_WIDTH, "top": TOP, "base": base,
+        "bars": bars,
+        "y_ticks": y_ticks,
+        "x_ticks": x_ticks,
+        "width": LEFT + PLOT_WIDTH + RIGHT,
+        "height": TOP + PLOT_HEIGHT + BOTTOM,
+        "left": LEFT,
+        "right": LEFT + PLOT_WIDTH,
+        "top": TOP,
+        "base": base,
         "x_title": f"finished at ({timezone.get_current_timezone_name()}), {int(bucket.total_seconds() // 60)} "
-                   f"minutes a bar",
-        "y_title_x": 12, "y_title_y": TOP + PLOT_HEIGHT / 2,
-        "x_title_x": LEFT + PLOT_WIDTH / 2, "x_title_y": base + 34,
+        f"minutes a bar",
+        "y_title_x": 12,
+        "y_title_y": TOP + PLOT_HEIGHT / 2,
+        "x_title_x": LEFT + PLOT_WIDTH / 2,
+        "x_title_y": base + 34,
     }

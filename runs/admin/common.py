@@ -61,8 +61,12 @@ def timestamp(value):
         return None
     moment = timezone.localtime(value)
     # Two parts a narrow column may put on two lines, never breaking the date at its hyphens.
-    return format_html('<time datetime="{}"><span>{}</span> <span>{}</span></time>', moment.isoformat(),
-                       format_date(moment, DATE_FORMAT), format_date(moment, TIME_FORMAT))
+    return format_html(
+        '<time datetime="{}"><span>{}</span> <span>{}</span></time>',
+        moment.isoformat(),
+        format_date(moment, DATE_FORMAT),
+        format_date(moment, TIME_FORMAT),
+    )
 
 
 def timestamp_column(field: str, description: str):
@@ -157,11 +161,15 @@ class Tally:
     later: int = 0  # accepted, carried out by the worker at the run's next step boundary
     skipped: Counter = field(default_factory=Counter)
 
-    def report(self, modeladmin: admin.ModelAdmin, request: HttpRequest, verb: str, later: str = "") -> None:
+    def report(
+        self, modeladmin: admin.ModelAdmin, request: HttpRequest, verb: str, later: str = ""
+    ) -> None:
         if self.done:
             noun = "run" if self.done == 1 else "runs"
             detail = f" ({self.later} {later})" if self.later and later else ""
-            modeladmin.message_user(request, f"{verb} {self.done} {noun}{detail}.", messages.SUCCESS)
+            modeladmin.message_user(
+                request, f"{verb} {self.done} {noun}{detail}.", messages.SUCCESS
+            )
         for reason, count in self.skipped.most_common(5):
             noun = "run" if count == 1 else "runs"
             modeladmin.message_user(request, f"Skipped {count} {noun}: {reason}.", messages.WARNING)

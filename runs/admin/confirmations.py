@@ -36,9 +36,9 @@ def seen_step(request: HttpRequest, run: Run) -> int | None:
 def pending_approvals(runs: list[Run]) -> dict[UUID, Step]:
     """Each run's pending approval step, in one query (the step ``control.approve_run`` would decide)."""
     generations = {run.pk: run.generation for run in runs if run.status == RunStatus.WAITING_HUMAN}
-    steps = Step.objects.filter(run_id__in=generations, kind="approval", status=StepStatus.WAITING).order_by(
-        "run_id", "-seq"
-    )
+    steps = Step.objects.filter(
+        run_id__in=generations, kind="approval", status=StepStatus.WAITING
+    ).order_by("run_id", "-seq")
     pending: dict[UUID, Step] = {}
     for step in steps:
         if step.generation == generations[step.run_id]:
@@ -46,8 +46,18 @@ def pending_approvals(runs: list[Run]) -> dict[UUID, Step]:
     return pending
 
 
-def confirmation_page(modeladmin, request: HttpRequest, queryset, *, action: str, title: str, button: str,
-                      intro: str, decision: bool = False, across: bool = True) -> TemplateResponse:
+def confirmation_page(
+    modeladmin,
+    request: HttpRequest,
+    queryset,
+    *,
+    action: str,
+    title: str,
+    button: str,
+    intro: str,
+    decision: bool = False,
+    across: bool = True,
+) -> TemplateResponse:
     """The confirmation page of ``action`` for the selected runs (the first ``SHOWN`` of them listed).
 
     ``decision``: show and pin each run's pending approval. ``across``: a
@@ -62,10 +72,20 @@ def confirmation_page(modeladmin, request: HttpRequest, queryset, *, action: str
         step = pending.get(run.pk)
         # Read as the dashboard's approval card reads it: summary, target, before/after rows, else JSON.
         proposal = proposal_view((step.input or {}).get("proposal")) if step is not None else None
-        rows.append({"run": run, "step": step, "proposal": proposal,
-                     "step_field": STEP_FIELD.format(run.pk)})
+        rows.append(
+            {
+                "run": run,
+                "step": step,
+                "proposal": proposal,
+                "step_field": STEP_FIELD.format(run.pk),
+            }
+        )
     select_across = across and request.POST.get("select_across") == "1"
-    selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if select_across else [str(r.pk) for r in listed]
+    selected = (
+        request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if select_across
+        else [str(r.pk) for r in listed]
+    )
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": title,

@@ -31,12 +31,33 @@ class WorkerStateFilter(admin.SimpleListFilter):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ("short_id", "host", "pid", "state", "load", "queue_list", "last_seen", "started", "stopped")
+    list_display = (
+        "short_id",
+        "host",
+        "pid",
+        "state",
+        "load",
+        "queue_list",
+        "last_seen",
+        "started",
+        "stopped",
+    )
     list_filter = (WorkerStateFilter,)
     search_fields = ("host",)
     ordering = ("-last_seen_at",)
-    readonly_fields = ("id", "host", "pid", "state", "queues", "kinds", "concurrency", "runs_held", "started",
-                       "last_seen", "stopped")
+    readonly_fields = (
+        "id",
+        "host",
+        "pid",
+        "state",
+        "queues",
+        "kinds",
+        "concurrency",
+        "runs_held",
+        "started",
+        "last_seen",
+        "stopped",
+    )
     fields = readonly_fields
 
     started = timestamp_column("started_at", "started")
@@ -98,7 +119,9 @@ class PausableAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # resume instead: the row keeps when it was last paused
 
-    @admin.action(description="Pause: workers stop claiming (running runs finish)", permissions=["change"])
+    @admin.action(
+        description="Pause: workers stop claiming (running runs finish)", permissions=["change"]
+    )
     def pause(self, request, queryset):
         self._set(request, queryset, paused=True)
 
@@ -121,7 +144,9 @@ class QueueForm(forms.ModelForm):
     def clean_name(self) -> str:
         name = self.cleaned_data["name"]
         if not QUEUE_NAME.match(name):
-            raise forms.ValidationError("lowercase letters, digits, '_', '.', '-'; at most 64 characters")
+            raise forms.ValidationError(
+                "lowercase letters, digits, '_', '.', '-'; at most 64 characters"
+            )
         return name
 
 
@@ -142,7 +167,9 @@ class KindStateForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["name"].choices = [(k.name, k.name) for k in sorted(all_kinds(), key=lambda k: k.name)]
+        self.fields["name"].choices = [
+            (k.name, k.name) for k in sorted(all_kinds(), key=lambda k: k.name)
+        ]
 
 
 @admin.register(KindState)

@@ -31,7 +31,13 @@ from runs.admin.chart import bar_chart
 from runs.admin.common import money, worker_lease
 from runs.models import MONEY, KindState, Queue, Run, RunStatus, Tenant, TenantDailyCost, Worker
 
-LIVE_STATUSES = [RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_HUMAN, RunStatus.WAITING, RunStatus.PAUSED]
+LIVE_STATUSES = [
+    RunStatus.QUEUED,
+    RunStatus.RUNNING,
+    RunStatus.WAITING_HUMAN,
+    RunStatus.WAITING,
+    RunStatus.PAUSED,
+]
 BUCKET = timedelta(minutes=5)
 WINDOW = timedelta(hours=1)
 SHOWN = 20  # rows per panel: the worst offenders, not an inventory
@@ -43,11 +49,18 @@ def queues_panel() -> dict:
     """Live runs by queue and status, and how long the oldest claimable run of each queue has waited."""
     now = timezone.now()
     depth: dict[str, dict] = {}
-    for row in Run.objects.filter(status__in=LIVE_STATUSES).values("queue", "status").annotate(n=Count("*")):
+    for row in (
+        Run.objects.filter(status__in=LIVE_STATUSES)
+        .values("queue", "status")
+        .annotate(n=Count("*"))
+    ):
         depth.setdefault(row["queue"], {})[row["status"]] = row["n"]
     # run_claim_order_idx holds (queue, run_after) of queued runs: an index-only aggregate.
     oldest = dict(
-        Run.objects.claimable().values("queue").annotate(oldest=Min("run_after")).values_list("queue", "oldest")
+        Run.objects.claimable()
+        .values("queue")
+        .annotate(oldest=Min("run_after"))
+        .values_list("queue", "oldest")
     )
     paused = set(Queue.objects.filter(paused=True).values_list("name", flat=True))
     rows = [
@@ -60,7 +73,11 @@ def queues_panel() -> dict:
         for name in sorted(set(depth) | paused)
     ]
     kinds_paused = sorted(KindState.objects.filter(paused=True).values_list("name", flat=True))
-    return {"queue_rows": rows, "statuses": [s.label for s in LIVE_STATUSES], "kinds_paused": kinds_paused}
+    return {
+        "queue_rows": rows,
+        "statuses": [s.label for s in LIVE_STATUSES],
+        "kinds_paused": kinds_paused,
+    }
 
 
 def age(delta: timedelta) -> str:
@@ -74,15 +91,23 @@ def age(delta: timedelta) -> str:
 def tenants_panel() -> dict:
     """The busiest tenants: running against max_running, queued, money spent today (UTC) against the cap."""
     today = timezone.now().astimezone(UTC).date()
-    spent = TenantDailyCost.objects.filter(tenant=OuterRef("pk"), day=today).values("cost_cents")[:1]
+    spent = TenantDailyCost.objects.filter(tenant=OuterRef("pk"), day=today).values("cost_cents")[
+        :1
+    ]
     tenants = (
-        Tenant.objects.annotate(cost_today=Coalesce(Subquery(spent), Value(0), output_field=MONEY_FIELD))
+        Tenant.objects.annotate(
+            cost_today=Coalesce(Subquery(spent), Value(0), output_field=MONEY_FIELD)
+        )
         .filter(Q(running__gt=0) | Q(queued__gt=0) | Q(cost_today__gt=0) | Q(paused=True))
         .order_by("-running", "-cost_today", "slug")[:SHOWN]
     )
     rows = [
-        {"tenant": t, "load": min(100, round(100 * t.running / t.max_running)) if t.max_running else 100,
-         "cost_today": money(t.cost_today), "cap": money(t.daily_cost_cap_cents)}
+        {
+            "tenant": t,
+            "load": min(100, round(100 * t.running / t.max_running)) if t.max_running else 100,
+            "cost_today": money(t.cost_today),
+            "cap": money(t.daily_cost_cap_cents),
+        }
         for t in tenants
     ]
     return {"tenant_rows": rows}
@@ -92,10 +117,19 @@ def throughput_panel() -> dict:
     """Runs finished in the last hour, by 5-minute bucket: done and failed, and the failure rate."""
     now = timezone.now()
     since = now - WINDOW
-    bucket = Func(Value(BUCKET), F("finished_at"), Value(since), function="date_bin", output_field=DateTimeField())
+    bucket = Func(
+        Value(BUCKET),
+        F("finished_at"),
+        Value(since),
+        function="date_bin",
+        output_field=DateTimeField(),
+    )
     counts = (
         Run.objects.filter(finished_at__gte=since, status__in=[RunStatus.DONE, RunStatus.FAILED])
-        .annotate(bucket=bucket).values("bucket", "status").annotate(n=Count("*")).order_by()
+        .annotate(bucket=bucket)
+        .values("bucket", "status")
+        .annotate(n=Count("*"))
+        .order_by()
     )
     slots = int(WINDOW / BUCKET)
     done, failed = [0] * slots, [0] * slots
@@ -107,7 +141,9 @@ def throughput_panel() -> dict:
         "chart": bar_chart(done, failed, since, BUCKET),
         "finished": total_done + total_failed,
         "failed": total_failed,
-        "failure_rate": round(100 * total_failed / (total_done + total_failed), 1) if total_failed else 0,
+        "failure_rate": round(100 * total_failed / (total_done + total_failed), 1)
+        if total_failed
+        else 0,
     }
 
 
@@ -125,7 +161,9 @@ def workers_panel() -> dict:
     workers = Worker.objects.filter(stopped_at__isnull=True)
     return {
         "workers": list(workers.filter(last_seen_at__gte=alive_since).order_by("host", "pid")),
-        "workers_lost": workers.filter(last_seen_at__lt=alive_since, last_seen_at__gte=now - timedelta(days=1)).count(),
+        "workers_lost": workers.filter(
+            last_seen_at__lt=alive_since, last_seen_at__gte=now - timedelta(days=1)
+        ).count(),
     }
 
 
@@ -144,7 +182,9 @@ def overview_view(site):
             raise PermissionDenied
         panel = request.GET.get("panel")
         if panel in PANELS:
-            return TemplateResponse(request, f"admin/runs/overview.html#{panel}", {"poll": POLL, **PANELS[panel]()})
+            return TemplateResponse(
+                request, f"admin/runs/overview.html#{panel}", {"poll": POLL, **PANELS[panel]()}
+            )
         context = {**site.each_context(request), "title": "Operations overview", "poll": POLL}
         for build in PANELS.values():
             context.update(build())

@@ -62,8 +62,20 @@ class QueueFilter(admin.SimpleListFilter):
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ("generation", "seq", "name", "kind", "status", "executions", "tokens_in", "tokens_out",
-              "cost", "started", "ended", "error")
+    fields = (
+        "generation",
+        "seq",
+        "name",
+        "kind",
+        "status",
+        "executions",
+        "tokens_in",
+        "tokens_out",
+        "cost",
+        "started",
+        "ended",
+        "error",
+    )
     readonly_fields = fields
     ordering = ("generation", "seq")
     show_change_link = True
@@ -87,8 +99,18 @@ class EventInline(ReadOnlyInline):
 class RunAdmin(admin.ModelAdmin):
     # Narrow columns first: at 1280 px the key ones (status, cost, times) fit beside the filters;
     # admin-extra.css drops the secondary ones on smaller screens.
-    list_display = ("short_id", "kind_name", "tenant", "queue", "status_column", "progress", "attempt", "cost",
-                    "created", "finished")
+    list_display = (
+        "short_id",
+        "kind_name",
+        "tenant",
+        "queue",
+        "status_column",
+        "progress",
+        "attempt",
+        "cost",
+        "created",
+        "finished",
+    )
     list_filter = ("status", KindFilter, QueueFilter, "tenant", "error_kind", "created_at")
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "idempotency_key__exact")
@@ -102,20 +124,85 @@ class RunAdmin(admin.ModelAdmin):
     raw_id_fields = ("tenant", "parent")
     inlines = (StepInline, EventInline)
     actions = (
-        run_actions.cancel_runs, run_actions.retry_runs, run_actions.retry_from_step, run_actions.fork_from_step,
-        run_actions.requeue_stuck_runs, run_actions.approve_runs, run_actions.reject_runs,
+        run_actions.cancel_runs,
+        run_actions.retry_runs,
+        run_actions.retry_from_step,
+        run_actions.fork_from_step,
+        run_actions.requeue_stuck_runs,
+        run_actions.approve_runs,
+        run_actions.reject_runs,
         run_actions.resolve_runs,
     )
     fieldsets = (
-        (None, {"fields": ("id", "tenant", "kind", "kind_version", "queue", "priority", "status", "waiting_for",
-                           "error_kind", "error", "parent", "children_pending", "origin", "origin_step")}),
-        ("Progress", {"fields": ("current_step", "steps_done", "steps_total", "generation", "attempt", "failures",
-                                 "max_attempts", "cost", "cost_ceiling", "running_seconds", "deadline_seconds")}),
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "tenant",
+                    "kind",
+                    "kind_version",
+                    "queue",
+                    "priority",
+                    "status",
+                    "waiting_for",
+                    "error_kind",
+                    "error",
+                    "parent",
+                    "children_pending",
+                    "origin",
+                    "origin_step",
+                )
+            },
+        ),
+        (
+            "Progress",
+            {
+                "fields": (
+                    "current_step",
+                    "steps_done",
+                    "steps_total",
+                    "generation",
+                    "attempt",
+                    "failures",
+                    "max_attempts",
+                    "cost",
+                    "cost_ceiling",
+                    "running_seconds",
+                    "deadline_seconds",
+                )
+            },
+        ),
         ("Data", {"fields": ("input_json", "result_json", "idempotency_key", "callback_url")}),
-        ("Lease (written by the worker)", {"classes": ("collapse",), "fields": (
-            "lease_token", "locked_by", "lease_until", "claimed", "heartbeat", "last_event_seq")}),
-        ("Times", {"fields": ("created", "not_before", "started", "finished", "expires", "updated",
-                              "cancel_requested", "pause_requested")}),
+        (
+            "Lease (written by the worker)",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "lease_token",
+                    "locked_by",
+                    "lease_until",
+                    "claimed",
+                    "heartbeat",
+                    "last_event_seq",
+                ),
+            },
+        ),
+        (
+            "Times",
+            {
+                "fields": (
+                    "created",
+                    "not_before",
+                    "started",
+                    "finished",
+                    "expires",
+                    "updated",
+                    "cancel_requested",
+                    "pause_requested",
+                )
+            },
+        ),
     )
 
     cost = money_column("cost_cents", "cost")
@@ -167,7 +254,9 @@ class RunAdmin(admin.ModelAdmin):
         kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
         if isinstance(inline, EventInline) and obj is not None:
             # A long run has thousands of events; the page shows the latest, by the (run, seq) index.
-            kwargs["queryset"] = kwargs["queryset"].filter(seq__gt=obj.last_event_seq - EVENTS_SHOWN)
+            kwargs["queryset"] = kwargs["queryset"].filter(
+                seq__gt=obj.last_event_seq - EVENTS_SHOWN
+            )
         return kwargs
 
     # Nobody adds, edits or deletes runs here: submits go through the API, changes through the actions.
@@ -203,7 +292,9 @@ class RunAdmin(admin.ModelAdmin):
     def kind_name(self, run: Run) -> str:
         # A narrow column may break a long kind after its underscores and dots ("approve_<wbr>then_<wbr>act",
         # a task's "crm.<wbr>tasks.<wbr>pipeline_<wbr>report").
-        return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in re.split(r"(?<=[_.])", run.kind)))
+        return format_html_join(
+            mark_safe("<wbr>"), "{}", ((part,) for part in re.split(r"(?<=[_.])", run.kind))
+        )
 
     @admin.display(description="status", ordering="status")
     def status_column(self, run: Run) -> str:
@@ -230,7 +321,17 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(admin.ModelAdmin):
-    list_display = ("step", "run_link", "name", "kind", "status", "tokens", "cost", "started", "ended")
+    list_display = (
+        "step",
+        "run_link",
+        "name",
+        "kind",
+        "status",
+        "tokens",
+        "cost",
+        "started",
+        "ended",
+    )
     list_filter = ("status", "kind")
     search_fields = ("run__id__exact",)
     search_help_text = "A run id (exact)."
@@ -238,8 +339,24 @@ class StepAdmin(admin.ModelAdmin):
     show_full_result_count = False
     list_per_page = 50
     raw_id_fields = ("run",)
-    fields = ("run", "generation", "seq", "name", "kind", "status", "executions", "idempotency_key", "tokens_in",
-              "tokens_out", "cost", "started", "ended", "error", "input_json", "output_json")
+    fields = (
+        "run",
+        "generation",
+        "seq",
+        "name",
+        "kind",
+        "status",
+        "executions",
+        "idempotency_key",
+        "tokens_in",
+        "tokens_out",
+        "cost",
+        "started",
+        "ended",
+        "error",
+        "input_json",
+        "output_json",
+    )
     readonly_fields = fields
 
     cost = money_column("cost_cents", "cost")
@@ -257,7 +374,11 @@ class StepAdmin(admin.ModelAdmin):
 
     @admin.display(description="step")
     def step(self, step: Step) -> str:
-        return f"#{step.seq}" if step.generation == 1 else f"#{step.seq} (generation {step.generation})"
+        return (
+            f"#{step.seq}"
+            if step.generation == 1
+            else f"#{step.seq} (generation {step.generation})"
+        )
 
     @admin.display(description="tokens in / out")
     def tokens(self, step: Step) -> str:

@@ -16,8 +16,15 @@ from runs.admin.common import money, money_column, operator, timestamp_column
 from runs.keys import ALL_SCOPES, create_api_key
 from runs.models import MONEY, ApiKey, Membership, Tenant, TenantDailyCost
 
-TENANT_EDITABLE = ("name", "slug", "max_running", "max_queued", "default_cost_ceiling_cents", "daily_cost_cap_cents",
-                   "allowed_kinds")
+TENANT_EDITABLE = (
+    "name",
+    "slug",
+    "max_running",
+    "max_queued",
+    "default_cost_ceiling_cents",
+    "daily_cost_cap_cents",
+    "allowed_kinds",
+)
 
 
 class AllowedKindsField(forms.CharField):
@@ -27,7 +34,11 @@ class AllowedKindsField(forms.CharField):
         return ", ".join(value) if isinstance(value, list | tuple) else value
 
     def to_python(self, value):
-        names = list(dict.fromkeys(n.strip() for n in (super().to_python(value) or "").split(",") if n.strip()))
+        names = list(
+            dict.fromkeys(
+                n.strip() for n in (super().to_python(value) or "").split(",") if n.strip()
+            )
+        )
         return names or None
 
     def validate(self, value):
@@ -40,7 +51,8 @@ class AllowedKindsField(forms.CharField):
 
 class TenantForm(forms.ModelForm):
     allowed_kinds = AllowedKindsField(
-        required=False, label="Kinds it may start",
+        required=False,
+        label="Kinds it may start",
         help_text="Kind names separated by commas; blank: every kind (task kinds and kinds registered with "
         "public=False never). `manage.py allowkinds` sets it too.",
         widget=forms.TextInput(attrs={"size": 80}),
@@ -54,14 +66,32 @@ class TenantForm(forms.ModelForm):
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     form = TenantForm
-    list_display = ("slug", "name", "paused", "running_now", "queued_now", "cost_today", "daily_cap")
+    list_display = (
+        "slug",
+        "name",
+        "paused",
+        "running_now",
+        "queued_now",
+        "cost_today",
+        "daily_cap",
+    )
     list_filter = ("paused",)
     search_fields = ("slug", "name")
     ordering = ("slug",)
     actions = ("pause_tenants", "resume_tenants")
     fieldsets = (
         (None, {"fields": ("name", "slug", "paused")}),
-        ("Limits", {"fields": ("max_running", "max_queued", "default_cost_ceiling_cents", "daily_cost_cap_cents")}),
+        (
+            "Limits",
+            {
+                "fields": (
+                    "max_running",
+                    "max_queued",
+                    "default_cost_ceiling_cents",
+                    "daily_cost_cap_cents",
+                )
+            },
+        ),
         ("Kinds", {"fields": ("allowed_kinds",)}),
         ("Usage now", {"fields": ("running", "queued", "cost_today", "created")}),
     )
@@ -69,9 +99,15 @@ class TenantAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         today = timezone.now().astimezone(UTC).date()  # the day the checkpoints add to (UTC)
-        spent = TenantDailyCost.objects.filter(tenant=OuterRef("pk"), day=today).values("cost_cents")[:1]
-        return super().get_queryset(request).annotate(
-            spent_today=Coalesce(Subquery(spent), Value(0), output_field=DecimalField(**MONEY))
+        spent = TenantDailyCost.objects.filter(tenant=OuterRef("pk"), day=today).values(
+            "cost_cents"
+        )[:1]
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                spent_today=Coalesce(Subquery(spent), Value(0), output_field=DecimalField(**MONEY))
+            )
         )
 
     def save_model(self, request, obj, form, change) -> None:
@@ -147,7 +183,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return ("name", "tenant", "prefix", "scope_list", "created", "last_used", "revoked")
 
     def get_readonly_fields(self, request, obj=None):
-        return () if obj is None else ("tenant", "prefix", "scope_list", "created", "last_used", "revoked")
+        return (
+            ()
+            if obj is None
+            else ("tenant", "prefix", "scope_list", "created", "last_used", "revoked")
+        )
 
     created = timestamp_column("created_at", "created")
     last_used = timestamp_column("last_used_at", "last used")
@@ -158,14 +198,25 @@ class ApiKeyAdmin(admin.ModelAdmin):
             if "name" in form.changed_data:
                 obj.save(update_fields=["name"])  # last_used_at is written concurrently by the API
             return
-        issued = create_api_key(tenant=obj.tenant, name=obj.name, scopes=form.cleaned_data["scopes"])
-        obj.pk, obj.prefix, obj.secret_sha256 = issued.api_key.pk, issued.api_key.prefix, issued.api_key.secret_sha256
+        issued = create_api_key(
+            tenant=obj.tenant, name=obj.name, scopes=form.cleaned_data["scopes"]
+        )
+        obj.pk, obj.prefix, obj.secret_sha256 = (
+            issued.api_key.pk,
+            issued.api_key.prefix,
+            issued.api_key.secret_sha256,
+        )
         obj.created_at = issued.api_key.created_at
         obj.issued_secret = issued.secret  # shown on the next page only; never stored
 
     def response_add(self, request, obj, post_url_continue=None):
-        context = {**self.admin_site.each_context(request), "title": "API key created", "opts": self.opts,
-                   "api_key": obj, "secret": obj.issued_secret}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "API key created",
+            "opts": self.opts,
+            "api_key": obj,
+            "secret": obj.issued_secret,
+        }
         response = TemplateResponse(request, "admin/runs/apikey/secret.html", context)
         response["Cache-Control"] = "no-store"
         return response
@@ -184,7 +235,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
 # What each role may do, said where a role is chosen (the dashboard's and the API's checks enforce it).
 ROLE_CHOICES = [
     (Membership.Role.VIEWER, "Viewer: reads the tenant's runs, steps and results"),
-    (Membership.Role.OPERATOR, "Operator: also submits, cancels, pauses, resumes, retries and sends messages"),
+    (
+        Membership.Role.OPERATOR,
+        "Operator: also submits, cancels, pauses, resumes, retries and sends messages",
+    ),
     (Membership.Role.APPROVER, "Approver: also approves, rejects and resolves"),
 ]
 
@@ -192,7 +246,9 @@ ROLE_CHOICES = [
 class MembershipForm(forms.ModelForm):
     # In the form, not the model: the descriptions are words for people, not schema.
     role = forms.ChoiceField(
-        choices=ROLE_CHOICES, initial=Membership.Role.VIEWER, widget=forms.RadioSelect,
+        choices=ROLE_CHOICES,
+        initial=Membership.Role.VIEWER,
+        widget=forms.RadioSelect,
         help_text="Each role can do everything the one above it can.",
     )
 

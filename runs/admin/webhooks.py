@@ -28,7 +28,8 @@ from runs.webhooks import deliveries, receivers, targets
 
 class WebhookEndpointForm(forms.ModelForm):
     event_types = forms.MultipleChoiceField(
-        choices=[(t, t) for t in WEBHOOK_EVENT_TYPES], widget=forms.CheckboxSelectMultiple,
+        choices=[(t, t) for t in WEBHOOK_EVENT_TYPES],
+        widget=forms.CheckboxSelectMultiple,
         initial=list(WEBHOOK_EVENT_TYPES),
     )
 
@@ -46,13 +47,20 @@ class WebhookEndpointForm(forms.ModelForm):
 
 
 def paused_text(paused_at, reason: str) -> str:
-    return f"paused since {timezone.localtime(paused_at):%Y-%m-%d %H:%M:%S}: {reason}" if paused_at else ""
+    return (
+        f"paused since {timezone.localtime(paused_at):%Y-%m-%d %H:%M:%S}: {reason}"
+        if paused_at
+        else ""
+    )
 
 
 def resume_message(admin_: admin.ModelAdmin, request, resumed: int, due: int) -> None:
     if resumed:
-        admin_.message_user(request, f"{resumed} receiver(s) resumed; {due} waiting delivery(ies) are due now.",
-                            messages.SUCCESS)
+        admin_.message_user(
+            request,
+            f"{resumed} receiver(s) resumed; {due} waiting delivery(ies) are due now.",
+            messages.SUCCESS,
+        )
     else:
         admin_.message_user(request, "None of the selected receivers was paused.", messages.WARNING)
 
@@ -70,12 +78,17 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         # Paused or not is the receiver's (its scheme, host and port), shared with the tenant's other URLs there.
-        health = WebhookReceiver.objects.filter(tenant=OuterRef("tenant"), receiver=ReceiverOf(OuterRef("url")),
-                                                paused_at__isnull=False)
-        return super().get_queryset(request).annotate(
-            receiver_id=Subquery(health.values("pk")[:1]),
-            paused_at=Subquery(health.values("paused_at")[:1]),
-            paused_reason=Subquery(health.values("paused_reason")[:1]),
+        health = WebhookReceiver.objects.filter(
+            tenant=OuterRef("tenant"), receiver=ReceiverOf(OuterRef("url")), paused_at__isnull=False
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                receiver_id=Subquery(health.values("pk")[:1]),
+                paused_at=Subquery(health.values("paused_at")[:1]),
+                paused_reason=Subquery(health.values("paused_reason")[:1]),
+            )
         )
 
     @admin.display(description="event types")
@@ -86,7 +99,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def paused(self, endpoint: WebhookEndpoint) -> str:
         return paused_text(endpoint.paused_at, endpoint.paused_reason)
 
-    @admin.action(description="Resume the selected endpoints' paused receivers", permissions=["change"])
+    @admin.action(
+        description="Resume the selected endpoints' paused receivers", permissions=["change"]
+    )
     def resume(self, request, queryset) -> None:
         ids = [e.receiver_id for e in queryset[:500] if e.receiver_id is not None]
         resume_message(self, request, *receivers.resume(ids=ids, actor=operator(request)))
@@ -114,8 +129,16 @@ class WebhookReceiverAdmin(admin.ModelAdmin):
     search_fields = ("receiver",)
     list_select_related = ("tenant",)
     actions = ("resume",)
-    readonly_fields = ("tenant", "receiver", "state", "silent_attempts", "last_error", "last_failure",
-                       "resumed", "resumed_by")
+    readonly_fields = (
+        "tenant",
+        "receiver",
+        "state",
+        "silent_attempts",
+        "last_error",
+        "last_failure",
+        "resumed",
+        "resumed_by",
+    )
     fields = readonly_fields
 
     last_failure = timestamp_column("last_failure_at", "last failure")
@@ -131,8 +154,10 @@ class WebhookReceiverAdmin(admin.ModelAdmin):
     def state(self, health: WebhookReceiver) -> str:
         return paused_text(health.paused_at, health.paused_reason) or "active"
 
-    @admin.action(description="Resume the selected receivers (their waiting deliveries are due at once)",
-                  permissions=["change"])
+    @admin.action(
+        description="Resume the selected receivers (their waiting deliveries are due at once)",
+        permissions=["change"],
+    )
     def resume(self, request, queryset) -> None:
         ids = list(queryset.values_list("pk", flat=True)[:500])
         resume_message(self, request, *receivers.resume(ids=ids, actor=operator(request)))
@@ -140,15 +165,40 @@ class WebhookReceiverAdmin(admin.ModelAdmin):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
-    list_display = ("id", "event_type", "run_link", "status_column", "url", "short_error", "next_attempt", "created")
+    list_display = (
+        "id",
+        "event_type",
+        "run_link",
+        "status_column",
+        "url",
+        "short_error",
+        "next_attempt",
+        "created",
+    )
     list_filter = ("status", "event_type")
     search_fields = ("=webhook_id", "=run__id", "url")
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     actions = ("redeliver",)
-    readonly_fields = ("event", "run", "tenant", "endpoint", "url", "event_type", "webhook_id", "status", "attempts",
-                       "next_attempt", "last_attempt", "response_code", "response_body", "last_error", "failure",
-                       "created", "delivered")
+    readonly_fields = (
+        "event",
+        "run",
+        "tenant",
+        "endpoint",
+        "url",
+        "event_type",
+        "webhook_id",
+        "status",
+        "attempts",
+        "next_attempt",
+        "last_attempt",
+        "response_code",
+        "response_body",
+        "last_error",
+        "failure",
+        "created",
+        "delivered",
+    )
     raw_id_fields = ("event", "run", "endpoint")
 
     next_attempt = timestamp_column("next_attempt_at", "next attempt")
@@ -169,17 +219,25 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
 
     @admin.display(description="last answer")
     def short_error(self, delivery: WebhookDelivery) -> str:
-        error = (delivery.last_error[:80] + "…") if len(delivery.last_error) > 80 else delivery.last_error
+        error = (
+            (delivery.last_error[:80] + "…")
+            if len(delivery.last_error) > 80
+            else delivery.last_error
+        )
         if delivery.response_code is None:
             return error
-        return f"HTTP {delivery.response_code}: {error}" if error else f"HTTP {delivery.response_code}"
+        return (
+            f"HTTP {delivery.response_code}: {error}" if error else f"HTTP {delivery.response_code}"
+        )
 
     @admin.display(description="run")
     def run_link(self, delivery: WebhookDelivery):
         url = reverse("admin:runs_run_change", args=[delivery.run_id])
         return format_html('<a href="{}">{}</a>', url, str(delivery.run_id)[:8])
 
-    @admin.action(description="Redeliver the selected deliveries (delivered or dead)", permissions=["change"])
+    @admin.action(
+        description="Redeliver the selected deliveries (delivered or dead)", permissions=["change"]
+    )
     def redeliver(self, request, queryset) -> None:
         sent, refused = 0, []
         for delivery in queryset[:500]:

@@ -27,29 +27,42 @@ class ArtifactOut(Schema):
 
 def _steps_by_artifact(run) -> dict[int, int]:
     """Seq of the step that produced each artifact (tool steps record the artifact id in their output)."""
-    rows = Step.objects.filter(run=run, generation=run.generation, output__has_key="artifact_id").values_list(
-        "output__artifact_id", "seq"
-    )
+    rows = Step.objects.filter(
+        run=run, generation=run.generation, output__has_key="artifact_id"
+    ).values_list("output__artifact_id", "seq")
     return {int(artifact_id): seq for artifact_id, seq in rows if artifact_id is not None}
 
 
-@router.get("/runs/{run_id}/artifacts", response={200: list[ArtifactOut]} | ERRORS, summary="A run's artifacts")
+@router.get(
+    "/runs/{run_id}/artifacts",
+    response={200: list[ArtifactOut]} | ERRORS,
+    summary="A run's artifacts",
+)
 def list_artifacts(request: HttpRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
     producing = _steps_by_artifact(run)
     return [
         {
-            "id": a.pk, "name": a.name, "content_type": a.content_type, "size": a.size, "sha256": a.sha256,
-            "summary": a.summary, "step": a.step.seq if a.step_id else producing.get(a.pk),
-            "created_at": a.created_at, "download_url": f"/api/runs/{run.pk}/artifacts/{a.pk}",
+            "id": a.pk,
+            "name": a.name,
+            "content_type": a.content_type,
+            "size": a.size,
+            "sha256": a.sha256,
+            "summary": a.summary,
+            "step": a.step.seq if a.step_id else producing.get(a.pk),
+            "created_at": a.created_at,
+            "download_url": f"/api/runs/{run.pk}/artifacts/{a.pk}",
         }
         for a in Artifact.objects.filter(run=run).select_related("step").order_by("id")
     ]
 
 
-@router.get("/runs/{run_id}/artifacts/{artifact_id}", response={200: None} | ERRORS,
-            summary="Download an artifact")
+@router.get(
+    "/runs/{run_id}/artifacts/{artifact_id}",
+    response={200: None} | ERRORS,
+    summary="Download an artifact",
+)
 def download_artifact(request: HttpRequest, run_id: UUID, artifact_id: int):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
@@ -57,7 +70,9 @@ def download_artifact(request: HttpRequest, run_id: UUID, artifact_id: int):
     if artifact is None:
         raise Http404("artifact not found")
     response = FileResponse(
-        artifact.file.open("rb"), as_attachment=True, filename=f"artifact-{artifact.pk}.{'json' if 'json' in artifact.content_type else 'txt'}",
+        artifact.file.open("rb"),
+        as_attachment=True,
+        filename=f"artifact-{artifact.pk}.{'json' if 'json' in artifact.content_type else 'txt'}",
         content_type=artifact.content_type,
     )
     # Model and tool output is untrusted: never let a browser sniff it into HTML.

@@ -67,8 +67,10 @@ def actor_of(caller: ApiKey | SessionCaller) -> Actor:
 def refusal_of(caller: ApiKey | SessionCaller, scope: str) -> str:
     """The 403's detail when ``caller`` lacks ``scope``."""
     if isinstance(caller, SessionCaller):
-        return (f"your role in {caller.tenant.name} ({caller.access.role_label}) does not allow this "
-                f"(it needs the '{scope}' scope)")
+        return (
+            f"your role in {caller.tenant.name} ({caller.access.role_label}) does not allow this "
+            f"(it needs the '{scope}' scope)"
+        )
     # str(), not repr(): a Scope member's repr is "ApiKey.Scope.WRITE", not its value.
     return f"this API key lacks the '{scope}' scope"
 

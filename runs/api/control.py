@@ -27,14 +27,22 @@ def _answer(outcome: control.Outcome):
     return Status(202 if outcome.later else 200, outcome.run)
 
 
-@router.post("/runs/{run_id}/cancel", response=RESPONSES, summary="Cancel a run (202: at its next step boundary)")
+@router.post(
+    "/runs/{run_id}/cancel",
+    response=RESPONSES,
+    summary="Cancel a run (202: at its next step boundary)",
+)
 def cancel(request: HttpRequest, run_id: UUID, payload: CancelIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     payload = payload or CancelIn()
     return _answer(control.cancel_run(run=run, actor=actor, compensate=payload.compensate))
 
 
-@router.post("/runs/{run_id}/pause", response=RESPONSES, summary="Pause a run (202: at its next step boundary)")
+@router.post(
+    "/runs/{run_id}/pause",
+    response=RESPONSES,
+    summary="Pause a run (202: at its next step boundary)",
+)
 def pause(request: HttpRequest, run_id: UUID):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     return _answer(control.pause_run(run=run, actor=actor))
@@ -50,20 +58,28 @@ def resume(request: HttpRequest, run_id: UUID):
 def approve(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
     payload = payload or DecisionIn()
-    return _answer(control.approve_run(run=run, actor=actor, comment=payload.comment, step=payload.step))
+    return _answer(
+        control.approve_run(run=run, actor=actor, comment=payload.comment, step=payload.step)
+    )
 
 
 @router.post("/runs/{run_id}/reject", response=RESPONSES, summary="Reject the pending approval")
 def reject(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
     payload = payload or DecisionIn()
-    return _answer(control.reject_run(run=run, actor=actor, comment=payload.comment, step=payload.step))
+    return _answer(
+        control.reject_run(run=run, actor=actor, comment=payload.comment, step=payload.step)
+    )
 
 
-@router.post("/runs/{run_id}/resolve", response=RESPONSES, summary="Resolve an ambiguous side effect")
+@router.post(
+    "/runs/{run_id}/resolve", response=RESPONSES, summary="Resolve an ambiguous side effect"
+)
 def resolve(request: HttpRequest, run_id: UUID, payload: ResolveIn):
     run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
-    return _answer(control.resolve_run(run=run, actor=actor, action=payload.action, output=payload.output))
+    return _answer(
+        control.resolve_run(run=run, actor=actor, action=payload.action, output=payload.output)
+    )
 
 
 @router.post("/runs/{run_id}/messages", response=RESPONSES, summary="Send a message to a run")
@@ -76,14 +92,22 @@ def message(request: HttpRequest, run_id: UUID, payload: MessageIn):
 def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     payload = payload or RetryIn()
-    return _answer(control.retry_run(
-        run=run, actor=actor, from_step=payload.from_step,
-        deadline_seconds=payload.deadline_seconds, cost_ceiling_cents=payload.cost_ceiling_cents,
-    ))
+    return _answer(
+        control.retry_run(
+            run=run,
+            actor=actor,
+            from_step=payload.from_step,
+            deadline_seconds=payload.deadline_seconds,
+            cost_ceiling_cents=payload.cost_ceiling_cents,
+        )
+    )
 
 
-@router.post("/runs/{run_id}/fork", response={202: RunOut} | ERRORS,
-             summary="Fork a run: a new run that replays steps before N and runs from N (202, queued)")
+@router.post(
+    "/runs/{run_id}/fork",
+    response={202: RunOut} | ERRORS,
+    summary="Fork a run: a new run that replays steps before N and runs from N (202, queued)",
+)
 def fork(request: HttpRequest, response: HttpResponse, run_id: UUID, payload: ForkIn):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     # A fork starts a new run of the kind: only of a kind the tenant may start (a retry is not a new run).

@@ -27,7 +27,15 @@ from runs.exceptions import InvalidRunInput
 from runs.models import ApiKey, RunStatus
 
 router = Router(auth=ApiAuth())
-ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut, 429: ErrorOut}
+ERRORS = {
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+    429: ErrorOut,
+}
 
 
 def require_scope(request: HttpRequest, scope: str) -> None:
@@ -47,7 +55,9 @@ def submit_run(
     key = payload.idempotency_key
     if headers.idempotency_key is not None:
         if key is not None and key != headers.idempotency_key:
-            raise InvalidRunInput("the Idempotency-Key header and the body's idempotency_key differ")
+            raise InvalidRunInput(
+                "the Idempotency-Key header and the body's idempotency_key differ"
+            )
         key = headers.idempotency_key
     kinds.require_startable(request.auth.tenant, payload.kind)
     submitted = services.submit(
@@ -82,17 +92,27 @@ class RunFilters(StorableIn):
     cursor: str | None = None
 
 
-@router.get("/runs", response={200: RunPage} | ERRORS, summary="List the tenant's runs, newest first")
+@router.get(
+    "/runs", response={200: RunPage} | ERRORS, summary="List the tenant's runs, newest first"
+)
 def list_runs(request: HttpRequest, filters: Query[RunFilters]):
     require_scope(request, ApiKey.Scope.READ)
     page = selectors.list_runs(
-        tenant=request.auth.tenant, limit=filters.limit, cursor=filters.cursor,
-        status=filters.status, kind=filters.kind, queue=filters.queue, parent=filters.parent, search=filters.q,
+        tenant=request.auth.tenant,
+        limit=filters.limit,
+        cursor=filters.cursor,
+        status=filters.status,
+        kind=filters.kind,
+        queue=filters.queue,
+        parent=filters.parent,
+        search=filters.q,
     )
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
-@router.get("/runs/{run_id}", response={200: RunOut} | ERRORS, summary="A run's status and progress")
+@router.get(
+    "/runs/{run_id}", response={200: RunOut} | ERRORS, summary="A run's status and progress"
+)
 def get_run(request: HttpRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
@@ -104,7 +124,11 @@ class StepFilters(StorableIn):
     cursor: str | None = None
 
 
-@router.get("/runs/{run_id}/steps", response={200: StepPage} | ERRORS, summary="A run's audit trail, in pages")
+@router.get(
+    "/runs/{run_id}/steps",
+    response={200: StepPage} | ERRORS,
+    summary="A run's audit trail, in pages",
+)
 def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
     """Every step of every generation, oldest first: ``?limit=&cursor=`` pages like the run list."""
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
@@ -113,7 +137,9 @@ def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
-@router.get("/kinds", response={200: list[KindOut]} | ERRORS, summary="The kinds this tenant may start")
+@router.get(
+    "/kinds", response={200: list[KindOut]} | ERRORS, summary="The kinds this tenant may start"
+)
 def list_kinds(request: HttpRequest):
     """Registered kinds the caller's tenant may start, with their input JSON schema (``runs.kinds``)."""
     require_scope(request, ApiKey.Scope.READ)
@@ -129,7 +155,12 @@ def list_kinds(request: HttpRequest):
     ]
 
 
-@router.get("/health", auth=None, response={200: HealthOut, 503: ErrorOut}, summary="Liveness of the database")
+@router.get(
+    "/health",
+    auth=None,
+    response={200: HealthOut, 503: ErrorOut},
+    summary="Liveness of the database",
+)
 def health(request: HttpRequest):
     try:
         with connection.cursor() as cursor:

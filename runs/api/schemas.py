@@ -42,19 +42,25 @@ class RunIn(StorableIn):
     priority: int | None = Field(default=None, ge=0, le=9, strict=True)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
     max_attempts: int | None = Field(default=None, ge=1, le=100, strict=True)
-    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False)
+    cost_ceiling_cents: float | None = Field(
+        default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False
+    )
     deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_DEADLINE_SECONDS, strict=True)
     callback_url: str | None = Field(default=None, max_length=2000)
 
 
 class SubmitHeaders(StorableIn):
-    idempotency_key: str | None = Field(default=None, alias="Idempotency-Key", min_length=1, max_length=255)
+    idempotency_key: str | None = Field(
+        default=None, alias="Idempotency-Key", min_length=1, max_length=255
+    )
 
 
 class RunOut(Schema):
     id: UUID
     kind: str
-    title: str = Field(description="a few words from the input telling the run apart (the kind's title=)")
+    title: str = Field(
+        description="a few words from the input telling the run apart (the kind's title=)"
+    )
     queue: str
     priority: int
     status: str
@@ -68,9 +74,13 @@ class RunOut(Schema):
     result: Any = None
     error: str
     error_kind: str
-    outcome: str = Field(description="what the agent reported it achieved: succeeded, unchanged, partial, "
-                         "or '' when it did not say (ctx.report)")
-    summary: str = Field(description="the agent's one-line account of what it did ('' when it did not say)")
+    outcome: str = Field(
+        description="what the agent reported it achieved: succeeded, unchanged, partial, "
+        "or '' when it did not say (ctx.report)"
+    )
+    summary: str = Field(
+        description="the agent's one-line account of what it did ('' when it did not say)"
+    )
     waiting_for: Any = None
     cancel_requested: bool
     pause_requested: bool
@@ -80,7 +90,9 @@ class RunOut(Schema):
     origin_id: UUID | None
     origin_step: int | None
     compensation: str = Field(description="'' (no rollback), requested, running, done or partial")
-    compensated: bool = Field(description="true when a rollback undid every finished step it had to")
+    compensated: bool = Field(
+        description="true when a rollback undid every finished step it had to"
+    )
     run_after: datetime
     created_at: datetime
     started_at: datetime | None
@@ -164,7 +176,11 @@ class ErrorOut(Schema):
 
 class DecisionIn(StorableIn):
     comment: str = Field(default="", max_length=5000)
-    step: int | None = Field(default=None, ge=1, description="the pending approval's step number; 409 if another is pending")
+    step: int | None = Field(
+        default=None,
+        ge=1,
+        description="the pending approval's step number; 409 if another is pending",
+    )
 
 
 class MessageIn(StorableIn):
@@ -172,11 +188,15 @@ class MessageIn(StorableIn):
 
 
 class CancelIn(StorableIn):
-    compensate: bool = Field(default=False, strict=True, description="roll back the finished steps first (a saga)")
+    compensate: bool = Field(
+        default=False, strict=True, description="roll back the finished steps first (a saga)"
+    )
 
 
 class ForkIn(StorableIn):
-    from_step: int = Field(ge=1, le=1_000_000, strict=True, description="steps before it are copied as done")
+    from_step: int = Field(
+        ge=1, le=1_000_000, strict=True, description="steps before it are copied as done"
+    )
 
 
 class ResolveIn(StorableIn):
@@ -187,4 +207,6 @@ class ResolveIn(StorableIn):
 class RetryIn(StorableIn):
     from_step: int | None = Field(default=None, ge=1)
     deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_DEADLINE_SECONDS)
-    cost_ceiling_cents: float | None = Field(default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False)
+    cost_ceiling_cents: float | None = Field(
+        default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False
+    )

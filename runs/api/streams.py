@@ -42,9 +42,15 @@ KEY_IN_QUERY = (
 
 
 class StreamQuery(StorableIn):
-    last_event_id: int | None = Field(default=None, ge=0, le=MAX_INT,
-                                      description="Resume after this Event seq (or send the Last-Event-ID header).")
-    token: str | None = Field(default=None, max_length=1000, description="A stream token for this run.")
+    last_event_id: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INT,
+        description="Resume after this Event seq (or send the Last-Event-ID header).",
+    )
+    token: str | None = Field(
+        default=None, max_length=1000, description="A stream token for this run."
+    )
 
 
 class StreamTokenOut(Schema):
@@ -61,10 +67,18 @@ class _Opened:
 
 
 @router.get(
-    "/runs/{run_id}/events", auth=None, response={200: None, 204: None} | ERRORS,
+    "/runs/{run_id}/events",
+    auth=None,
+    response={200: None, 204: None} | ERRORS,
     summary="A run's events as Server-Sent Events (resumable with Last-Event-ID)",
-    openapi_extra={"responses": {"200": {"description": "text/event-stream",
-                                         "content": {"text/event-stream": {"schema": {"type": "string"}}}}}},
+    openapi_extra={
+        "responses": {
+            "200": {
+                "description": "text/event-stream",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            }
+        }
+    },
 )
 async def events(request: HttpRequest, run_id: UUID, query: Query[StreamQuery]):
     """Every Event of the run after ``Last-Event-ID``, then new ones as they commit, until a terminal one.
@@ -79,12 +93,20 @@ async def events(request: HttpRequest, run_id: UUID, query: Query[StreamQuery]):
     after = _last_event_id(request, query)  # after the credentials: 401 and 404 come first
     if opened.terminal and after >= opened.last_seq:
         return HttpResponse(status=204)
-    return stream_response(run_id=run_id, after=after, last_seq=opened.last_seq, terminal=opened.terminal,
-                           grant=opened.grant)
+    return stream_response(
+        run_id=run_id,
+        after=after,
+        last_seq=opened.last_seq,
+        terminal=opened.terminal,
+        grant=opened.grant,
+    )
 
 
-@router.post("/runs/{run_id}/stream-token", response={200: StreamTokenOut} | ERRORS,
-             summary="A token for the run's event stream, valid 60 s (for EventSource)")
+@router.post(
+    "/runs/{run_id}/stream-token",
+    response={200: StreamTokenOut} | ERRORS,
+    summary="A token for the run's event stream, valid 60 s (for EventSource)",
+)
 def stream_token(request: HttpRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
@@ -94,7 +116,11 @@ def stream_token(request: HttpRequest, run_id: UUID):
     else:
         grant = Grant(tenant_id=run.tenant_id, user_id=request.user.pk)
     token, expires_at = tokens.issue(run_id=run.pk, grant=grant)
-    return {"token": token, "expires_at": expires_at, "url": f"/api/runs/{run.pk}/events?token={token}"}
+    return {
+        "token": token,
+        "expires_at": expires_at,
+        "url": f"/api/runs/{run.pk}/events?token={token}",
+    }
 
 
 def _last_event_id(request: HttpRequest, query: StreamQuery) -> int:
@@ -120,7 +146,9 @@ def _open(request: HttpRequest, run_id: UUID, token: str | None) -> _Opened:
             scheme, _, secret = authorization.partition(" ")
             api_key = authenticate_key(secret.strip()) if scheme.lower() == "bearer" else None
             if api_key is None:
-                raise HttpError(401, "a valid API key is required: send 'Authorization: Bearer <key>'")
+                raise HttpError(
+                    401, "a valid API key is required: send 'Authorization: Bearer <key>'"
+                )
             run = _find(run_id, tenant_id=api_key.tenant_id)
             require_scope(_AuthOnly(api_key), ApiKey.Scope.READ)
             grant = Grant(tenant_id=api_key.tenant_id, key_id=api_key.pk)
@@ -130,19 +158,30 @@ def _open(request: HttpRequest, run_id: UUID, token: str | None) -> _Opened:
             except tokens.InvalidToken as exc:
                 raise HttpError(401, str(exc)) from None
             if not live([grant]):
-                raise HttpError(401, "the API key this stream token was issued under has been revoked"
-                                if grant.key_id is not None else
-                                "the user this stream token was issued to is no longer a member of the run's tenant")
+                raise HttpError(
+                    401,
+                    "the API key this stream token was issued under has been revoked"
+                    if grant.key_id is not None
+                    else "the user this stream token was issued to is no longer a member of the run's tenant",
+                )
             run = _find(run_id, tenant_id=grant.tenant_id)
         elif request.user.is_authenticated:
             run = _find(run_id, tenant_id=None)
             # Like the dashboard: a member of the run's tenant, whatever the role (superusers too).
             if not Membership.objects.filter(user=request.user, tenant_id=run.tenant_id).exists():
                 raise Http404("run not found")
-            grant = Grant(tenant_id=run.tenant_id, user_id=request.user.pk, session_key=request.session.session_key)
+            grant = Grant(
+                tenant_id=run.tenant_id,
+                user_id=request.user.pk,
+                session_key=request.session.session_key,
+            )
         else:
-            raise HttpError(401, "send 'Authorization: Bearer <key>', a stream token (?token=), or log in")
-        return _Opened(last_seq=run.last_event_seq, terminal=run.status in TERMINAL_STATUSES, grant=grant)
+            raise HttpError(
+                401, "send 'Authorization: Bearer <key>', a stream token (?token=), or log in"
+            )
+        return _Opened(
+            last_seq=run.last_event_seq, terminal=run.status in TERMINAL_STATUSES, grant=grant
+        )
     finally:
         release_connection()
 

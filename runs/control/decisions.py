@@ -24,16 +24,27 @@ def _pending_step(run: Run, *, approval: bool) -> Step | None:
         return steps.filter(status=StepStatus.WAITING, kind="approval").order_by("-seq").first()
     if run.compensation == Compensation.RUNNING:
         # A rollback parked on a compensation that failed (or was interrupted).
-        return (steps.filter(kind="compensation", status__in=[StepStatus.WAITING, StepStatus.FAILED,
-                                                                StepStatus.RUNNING])
-                .order_by("-seq").first())
+        return (
+            steps.filter(
+                kind="compensation",
+                status__in=[StepStatus.WAITING, StepStatus.FAILED, StepStatus.RUNNING],
+            )
+            .order_by("-seq")
+            .first()
+        )
     # Steps that wait for time, messages or children are not a person's to resolve.
-    return (steps.filter(status=StepStatus.WAITING).exclude(kind__in=["approval", "sleep", "message", "child"])
-            .order_by("-seq").first())
+    return (
+        steps.filter(status=StepStatus.WAITING)
+        .exclude(kind__in=["approval", "sleep", "message", "child"])
+        .order_by("-seq")
+        .first()
+    )
 
 
 @transaction.atomic
-def decide_approval(*, run: Run, actor: Actor, approved: bool, comment: str = "", step: int | None = None) -> Outcome:
+def decide_approval(
+    *, run: Run, actor: Actor, approved: bool, comment: str = "", step: int | None = None
+) -> Outcome:
     """Approve or reject the pending approval; the run is queued and ``ctx.approval`` returns the decision."""
     if problem := find_unstorable(comment, where="comment"):
         raise InvalidRunInput(problem)
@@ -45,15 +56,29 @@ def decide_approval(*, run: Run, actor: Actor, approved: bool, comment: str = ""
         raise InvalidTransition(f"step {step} is not the pending approval (step {pending.seq} is)")
     now = db_now()
     # The name as it is now: a replay tells the agent the same words even after a rename.
-    decision = {"approved": approved, "comment": comment, "by": f"{actor.type}:{actor.id}",
-                "by_name": describe_actor(actor.type, actor.id, tenant_id=run.tenant_id), "at": now.isoformat()}
-    Step.objects.filter(pk=pending.pk, status=StepStatus.WAITING).update(status=StepStatus.DONE, output=decision, ended_at=now)
+    decision = {
+        "approved": approved,
+        "comment": comment,
+        "by": f"{actor.type}:{actor.id}",
+        "by_name": describe_actor(actor.type, actor.id, tenant_id=run.tenant_id),
+        "at": now.isoformat(),
+    }
+    Step.objects.filter(pk=pending.pk, status=StepStatus.WAITING).update(
+        status=StepStatus.DONE, output=decision, ended_at=now
+    )
     verb = "approved" if approved else "rejected"
     # A decided approval is a finished step, like one the engine checkpoints.
-    return Outcome(transition(
-        run, to=RunStatus.QUEUED, event=f"run.{verb}", actor=actor, run_after=Now(),
-        payload={"step": pending.seq, "name": pending.name, "comment": comment}, steps_done=F("steps_done") + 1,
-    ))
+    return Outcome(
+        transition(
+            run,
+            to=RunStatus.QUEUED,
+            event=f"run.{verb}",
+            actor=actor,
+            run_after=Now(),
+            payload={"step": pending.seq, "name": pending.name, "comment": comment},
+            steps_done=F("steps_done") + 1,
+        )
+    )
 
 
 def approve_run(*, run: Run, actor: Actor, comment: str = "", step: int | None = None) -> Outcome:
@@ -98,43 +123,101 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     rolling_back = run.compensation == Compensation.RUNNING
     if action == "skip" and (pending is None or not rolling_back):
         raise InvalidTransition("only a compensation can be skipped")
-    payload = {"step": pending.seq if pending else None, "name": pending.name if pending else None, "action": action}
+    payload = {
+        "step": pending.seq if pending else None,
+        "name": pending.name if pending else None,
+        "action": action,
+    }
     if rolling_back and pending is not None:
-        return _resolve_compensation(run, pending, actor=actor, action=action, output=output, payload=payload)
+        return _resolve_compensation(
+            run, pending, actor=actor, action=action, output=output, payload=payload
+        )
     if pending is None:
         if action == "done":
-            return Outcome(transition(run, to=RunStatus.DONE, event="run.done", actor=actor,
-                                      payload=payload | {"result": output}, result=output, error="",
-                                      error_kind=""))
+            return Outcome(
+                transition(
+                    run,
+                    to=RunStatus.DONE,
+                    event="run.done",
+                    actor=actor,
+                    payload=payload | {"result": output},
+                    result=output,
+                    error="",
+                    error_kind="",
+                )
+            )
     elif action == "done":
-        Step.objects.filter(pk=pending.pk).update(status=StepStatus.DONE, output=output, ended_at=Now())
+        Step.objects.filter(pk=pending.pk).update(
+            status=StepStatus.DONE, output=output, ended_at=Now()
+        )
     else:
         Step.objects.filter(pk=pending.pk).update(status=StepStatus.FAILED, ended_at=Now())
     if action in ("done", "retry"):
         counted = {"failures": 0} if action == "retry" else {}
         if action == "done" and pending is not None:
             counted["steps_done"] = F("steps_done") + 1  # the person finished the step
-        return Outcome(transition(run, to=RunStatus.QUEUED, event="run.resolved", actor=actor, payload=payload,
-                                  run_after=Now(), error="", error_kind="", **counted))
+        return Outcome(
+            transition(
+                run,
+                to=RunStatus.QUEUED,
+                event="run.resolved",
+                actor=actor,
+                payload=payload,
+                run_after=Now(),
+                error="",
+                error_kind="",
+                **counted,
+            )
+        )
     # Terminal events keep their type (webhooks listen for run.failed).
-    failed = transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
-                        error_kind="ambiguous")
+    failed = transition(
+        run,
+        to=RunStatus.FAILED,
+        event="run.failed",
+        actor=actor,
+        payload=payload,
+        error_kind="ambiguous",
+    )
     cancel_children_after_commit(failed)
     return Outcome(failed)
 
 
-def _resolve_compensation(run: Run, pending: Step, *, actor: Actor, action: str, output: Any, payload: dict) -> Outcome:
+def _resolve_compensation(
+    run: Run, pending: Step, *, actor: Actor, action: str, output: Any, payload: dict
+) -> Outcome:
     if action == "fail":
-        failed = transition(run, to=RunStatus.FAILED, event="run.failed", actor=actor, payload=payload,
-                            compensation=Compensation.PARTIAL)
+        failed = transition(
+            run,
+            to=RunStatus.FAILED,
+            event="run.failed",
+            actor=actor,
+            payload=payload,
+            compensation=Compensation.PARTIAL,
+        )
         cancel_children_after_commit(failed)
         return Outcome(failed)
     if action in ("done", "skip"):
-        recorded = output if action == "done" else {"skipped": True, "by": f"{actor.type}:{actor.id}"}
-        Step.objects.filter(pk=pending.pk).update(status=StepStatus.DONE, output=recorded, error="", ended_at=Now())
-        undoes = (pending.input or {}).get("compensates") if isinstance(pending.input, dict) else None
+        recorded = (
+            output if action == "done" else {"skipped": True, "by": f"{actor.type}:{actor.id}"}
+        )
+        Step.objects.filter(pk=pending.pk).update(
+            status=StepStatus.DONE, output=recorded, error="", ended_at=Now()
+        )
+        undoes = (
+            (pending.input or {}).get("compensates") if isinstance(pending.input, dict) else None
+        )
         if action == "done" and undoes is not None:
-            Step.objects.filter(run=run, generation=run.generation, seq=undoes, status=StepStatus.DONE).update(
-                status=StepStatus.COMPENSATED)
-    return Outcome(transition(run, to=RunStatus.QUEUED, event="run.resolved", actor=actor, payload=payload,
-                              run_after=Now(), failures=0))
+            Step.objects.filter(
+                run=run, generation=run.generation, seq=undoes, status=StepStatus.DONE
+            ).update(status=StepStatus.COMPENSATED)
+    return Outcome(
+        transition(
+            run,
+            to=RunStatus.QUEUED,
+            event="run.resolved",
+            actor=actor,
+            payload=payload,
+            run_after=Now(),
+            failures=0,
+        )
+    )

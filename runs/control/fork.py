@@ -48,11 +48,19 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
     (``callback_url``) and the idempotency key are not carried over. Subject
     to the tenant's queue limit like a submit (``QueueFull``).
     """
-    origin = locked(run)  # a consistent generation, and no retry of the origin while its steps are copied
+    origin = locked(
+        run
+    )  # a consistent generation, and no retry of the origin while its steps are copied
     steps = Step.objects.filter(run=origin, generation=origin.generation)
     last = steps.order_by("-seq").values_list("seq", flat=True).first() or 0
-    if isinstance(from_step, bool) or not isinstance(from_step, int) or not 1 <= from_step <= last + 1:
-        raise InvalidRunInput(f"from_step must be between 1 and {last + 1} (the run has {last} steps)")
+    if (
+        isinstance(from_step, bool)
+        or not isinstance(from_step, int)
+        or not 1 <= from_step <= last + 1
+    ):
+        raise InvalidRunInput(
+            f"from_step must be between 1 and {last + 1} (the run has {last} steps)"
+        )
     _require_replayable(steps, from_step)
     steps_done = steps.filter(seq__lt=from_step).count()
     check_queue_room(origin.tenant)
@@ -66,13 +74,16 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
         priority=origin.priority,
         input=origin.input,
         title=origin.title,
-        request_hash=request_hash(kind=origin.kind, input=origin.input, queue=origin.queue, priority=origin.priority),
+        request_hash=request_hash(
+            kind=origin.kind, input=origin.input, queue=origin.queue, priority=origin.priority
+        ),
         max_attempts=origin.max_attempts,
         deadline_seconds=origin.deadline_seconds,
         cost_ceiling_cents=origin.cost_ceiling_cents,
         origin=origin,
         origin_step=from_step,
-        trace_context=current_trace_context() or origin.trace_context,  # the forking request's, else the origin's
+        trace_context=current_trace_context()
+        or origin.trace_context,  # the forking request's, else the origin's
         steps_done=steps_done,
         created_at=now,
         updated_at=now,
@@ -81,13 +92,28 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
     )
     fork.save(force_insert=True)
     with connection.cursor() as cursor:
-        cursor.execute(_COPY_STEPS_SQL, [fork.pk, StepStatus.DONE, origin.pk, origin.generation, from_step])
-    append_event(run_id=fork.pk, type="run.queued", actor=actor, first=True, payload={
-        "kind": fork.kind, "queue": fork.queue, "priority": fork.priority,
-        "forked_from": str(origin.pk), "from_step": from_step,
-    })
-    append_event(run_id=origin.pk, type="run.forked", actor=actor,
-                 payload={"fork": str(fork.pk), "from_step": from_step})
+        cursor.execute(
+            _COPY_STEPS_SQL, [fork.pk, StepStatus.DONE, origin.pk, origin.generation, from_step]
+        )
+    append_event(
+        run_id=fork.pk,
+        type="run.queued",
+        actor=actor,
+        first=True,
+        payload={
+            "kind": fork.kind,
+            "queue": fork.queue,
+            "priority": fork.priority,
+            "forked_from": str(origin.pk),
+            "from_step": from_step,
+        },
+    )
+    append_event(
+        run_id=origin.pk,
+        type="run.forked",
+        actor=actor,
+        payload={"fork": str(fork.pk), "from_step": from_step},
+    )
     count_and_notify_after_commit(tenant_id=fork.tenant_id, queue=fork.queue)
     return fork
 
@@ -100,8 +126,13 @@ def _require_replayable(steps, from_step: int) -> None:
     children (a fork's gather of it fails the fork), so a fork may begin
     before the spawn or after the gather, not in between.
     """
-    blocking = (steps.filter(seq__lt=from_step).exclude(status=StepStatus.DONE)
-                .order_by("seq").values_list("seq", "status").first())
+    blocking = (
+        steps.filter(seq__lt=from_step)
+        .exclude(status=StepStatus.DONE)
+        .order_by("seq")
+        .values_list("seq", "status")
+        .first()
+    )
     if blocking is not None:
         seq, status = blocking
         raise InvalidTransition(
@@ -109,7 +140,9 @@ def _require_replayable(steps, from_step: int) -> None:
         )
     spawned: dict[str, int] = {}
     gathered: dict[str, int] = {}
-    child_steps = steps.filter(kind=StepKind.CHILD).order_by("seq").values_list("seq", "input", "output")
+    child_steps = (
+        steps.filter(kind=StepKind.CHILD).order_by("seq").values_list("seq", "input", "output")
+    )
     for seq, step_input, output in child_steps:
         if seq < from_step and isinstance(output, dict) and "run_id" in output:  # a spawn
             spawned.setdefault(str(output["run_id"]), seq)
@@ -122,17 +155,25 @@ def _require_replayable(steps, from_step: int) -> None:
                 f"step {seq} spawned child run {child}, which step {gathered[child]} gathers, and a fork cannot "
                 f"gather its origin's children: fork from step {seq} or earlier, or after step {gathered[child]}"
             )
-    live = Run.objects.filter(pk__in=list(spawned), status__in=LIVE_STATUSES).values_list("pk", flat=True)
+    live = Run.objects.filter(pk__in=list(spawned), status__in=LIVE_STATUSES).values_list(
+        "pk", flat=True
+    )
     unfinished = sorted((spawned[str(pk)], pk) for pk in live)
     if unfinished:
         seq, child = unfinished[0]
-        raise InvalidTransition(f"step {seq} spawned child run {child} which has not finished; fork after it finishes")
+        raise InvalidTransition(
+            f"step {seq} spawned child run {child} which has not finished; fork after it finishes"
+        )
 
 
 def _gathered(step_input, output) -> list:
     """The children a gather step awaits: its outcomes once done, its input while it waits."""
     if isinstance(output, list):
-        return [outcome["run_id"] for outcome in output if isinstance(outcome, dict) and "run_id" in outcome]
+        return [
+            outcome["run_id"]
+            for outcome in output
+            if isinstance(outcome, dict) and "run_id" in outcome
+        ]
     if isinstance(step_input, dict) and isinstance(step_input.get("children"), list):
         return step_input["children"]
     return []

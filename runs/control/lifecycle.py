@@ -31,19 +31,47 @@ def cancel_run(*, run: Run, actor: Actor, compensate: bool = False) -> Outcome:
     if run.status == RunStatus.RUNNING:
         if rolls_back:
             Run.objects.filter(pk=run.pk).update(compensation=Compensation.REQUESTED)
-        return Outcome(request(run, field="cancel_requested_at", event="run.cancel_requested", actor=actor,
-                               payload={"compensate": True} if rolls_back else None), later=True)
+        return Outcome(
+            request(
+                run,
+                field="cancel_requested_at",
+                event="run.cancel_requested",
+                actor=actor,
+                payload={"compensate": True} if rolls_back else None,
+            ),
+            later=True,
+        )
     if rolls_back:
         # A worker replays the run to learn its compensations, runs them, and cancels it.
-        return Outcome(transition(run, to=RunStatus.QUEUED, event="run.cancel_requested", actor=actor,
-                                  payload={"compensate": True}, cancel_requested_at=Now(), run_after=Now(),
-                                  compensation=Compensation.REQUESTED), later=True)
+        return Outcome(
+            transition(
+                run,
+                to=RunStatus.QUEUED,
+                event="run.cancel_requested",
+                actor=actor,
+                payload={"compensate": True},
+                cancel_requested_at=Now(),
+                run_after=Now(),
+                compensation=Compensation.REQUESTED,
+            ),
+            later=True,
+        )
     # A run parked in the middle of its rollback stops there: not everything was undone. A
     # plain cancel of one queued for a rollback that has not begun withdraws the rollback.
-    partial = {"compensation": {Compensation.RUNNING: Compensation.PARTIAL,
-                                Compensation.REQUESTED: Compensation.NONE}.get(run.compensation, run.compensation)}
-    cancelled = transition(run, to=RunStatus.CANCELLED, event="run.cancelled", actor=actor,
-                           cancel_requested_at=Now(), **partial)
+    partial = {
+        "compensation": {
+            Compensation.RUNNING: Compensation.PARTIAL,
+            Compensation.REQUESTED: Compensation.NONE,
+        }.get(run.compensation, run.compensation)
+    }
+    cancelled = transition(
+        run,
+        to=RunStatus.CANCELLED,
+        event="run.cancelled",
+        actor=actor,
+        cancel_requested_at=Now(),
+        **partial,
+    )
     cancel_children_after_commit(cancelled)
     return Outcome(cancelled)
 
@@ -69,7 +97,9 @@ def cancel_runs(run_ids, *, actor: Actor = SYSTEM) -> int:
 
 def cancel_children(run_id) -> int:
     """Cancel the live children of a run that failed or was cancelled (a running one at its next step)."""
-    return cancel_runs(family.live_children(run_id), actor=Actor(type="system", id=f"parent:{run_id}"))
+    return cancel_runs(
+        family.live_children(run_id), actor=Actor(type="system", id=f"parent:{run_id}")
+    )
 
 
 def _has_finished_steps(run: Run) -> bool:
@@ -81,13 +111,22 @@ def pause_run(*, run: Run, actor: Actor) -> Outcome:
     """Pause a queued run at once, or a running one at its next step boundary (it releases its worker)."""
     run = locked(run)
     if run.status == RunStatus.RUNNING:
-        return Outcome(request(run, field="pause_requested_at", event="run.pause_requested", actor=actor), later=True)
+        return Outcome(
+            request(run, field="pause_requested_at", event="run.pause_requested", actor=actor),
+            later=True,
+        )
     if run.status != RunStatus.QUEUED:
         raise refuse(run, "pause")
-    return Outcome(transition(
-        run, to=RunStatus.PAUSED, event="run.paused", actor=actor, pause_requested_at=Now(),
-        expires_at=expires_from_now(),
-    ))
+    return Outcome(
+        transition(
+            run,
+            to=RunStatus.PAUSED,
+            event="run.paused",
+            actor=actor,
+            pause_requested_at=Now(),
+            expires_at=expires_from_now(),
+        )
+    )
 
 
 @transaction.atomic
@@ -98,15 +137,24 @@ def resume_run(*, run: Run, actor: Actor) -> Outcome:
         # Withdraw a pause the worker has not honoured yet; its heartbeat
         # (woken now) clears the flag it holds.
         Run.objects.filter(pk=run.pk).update(pause_requested_at=None, updated_at=Now())
-        append_event(run_id=run.pk, type="run.resumed", actor=actor, payload={"withdrawn": "pause_requested"})
+        append_event(
+            run_id=run.pk, type="run.resumed", actor=actor, payload={"withdrawn": "pause_requested"}
+        )
         run.refresh_from_db()
         transaction.on_commit(notify_control)
         return Outcome(run)
     if run.status != RunStatus.PAUSED:
         raise refuse(run, "resume")
-    return Outcome(transition(
-        run, to=RunStatus.QUEUED, event="run.resumed", actor=actor, pause_requested_at=None, run_after=Now(),
-    ))
+    return Outcome(
+        transition(
+            run,
+            to=RunStatus.QUEUED,
+            event="run.resumed",
+            actor=actor,
+            pause_requested_at=None,
+            run_after=Now(),
+        )
+    )
 
 
 @transaction.atomic
@@ -121,11 +169,19 @@ def post_message(*, run: Run, actor: Actor, text: str) -> Outcome:
     if run.status in TERMINAL_STATUSES:
         raise refuse(run, "message")
     message = Message.objects.create(run=run, author_type=actor.type, author_id=actor.id, text=text)
-    append_event(run_id=run.pk, type="message.received", actor=actor,
-                 payload={"message": message.pk, "text": text[:500]})
+    append_event(
+        run_id=run.pk,
+        type="message.received",
+        actor=actor,
+        payload={"message": message.pk, "text": text[:500]},
+    )
     if run.status == RunStatus.WAITING and run.children_pending == 0:
-        transition(run, to=RunStatus.QUEUED, event="run.queued", actor=actor, payload={"reason": "message"},
-                   run_after=Now())
+        transition(
+            run,
+            to=RunStatus.QUEUED,
+            event="run.queued",
+            actor=actor,
+            payload={"reason": "message"},
+            run_after=Now(),
+        )
     return Outcome(run)
-
-

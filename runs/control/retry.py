@@ -51,23 +51,43 @@ def retry_run(
         fields["compensation"] = ""
     if from_step is not None:
         fields.update(_archive_from(run, from_step))
-    return Outcome(transition(
-        run, to=RunStatus.QUEUED, event="run.retried", actor=actor, payload={"from_step": from_step},
-        failures=0, error="", error_kind="", finished_at=None, run_after=Now(), cancel_requested_at=None,
-        # What it reported describes the attempt that ended; the next ending reports again.
-        outcome="", summary="",
-        pause_requested_at=None, expires_at=expires_from_now(), **fields,
-    ))
+    return Outcome(
+        transition(
+            run,
+            to=RunStatus.QUEUED,
+            event="run.retried",
+            actor=actor,
+            payload={"from_step": from_step},
+            failures=0,
+            error="",
+            error_kind="",
+            finished_at=None,
+            run_after=Now(),
+            cancel_requested_at=None,
+            # What it reported describes the attempt that ended; the next ending reports again.
+            outcome="",
+            summary="",
+            pause_requested_at=None,
+            expires_at=expires_from_now(),
+            **fields,
+        )
+    )
 
 
 def _before_rollback(run: Run, from_step: int | None) -> int | None:
     steps = Step.objects.filter(run=run, generation=run.generation)
-    first = (steps.filter(Q(status=StepStatus.COMPENSATED) | Q(kind="compensation"))
-             .order_by("seq").values_list("seq", flat=True).first())
+    first = (
+        steps.filter(Q(status=StepStatus.COMPENSATED) | Q(kind="compensation"))
+        .order_by("seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
     if first is None:
         return from_step
     if from_step is not None and from_step > first:
-        raise InvalidTransition(f"step {first} and later were rolled back: retry from step {first} or earlier")
+        raise InvalidTransition(
+            f"step {first} and later were rolled back: retry from step {first} or earlier"
+        )
     return first if from_step is None else from_step
 
 
@@ -85,12 +105,20 @@ def _require_new_bound(run: Run, fields: dict, from_step: int | None) -> None:
                 "retry with a larger cost_ceiling_cents"
             )
     if run.error_kind == "step_limit" and from_step is None:
-        raise InvalidTransition("the run reached its kind's step limit: raise the limit, or retry from an earlier step")
+        raise InvalidTransition(
+            "the run reached its kind's step limit: raise the limit, or retry from an earlier step"
+        )
 
 
 def _archive_from(run: Run, from_step: int) -> dict[str, Any]:
     """Start generation g+1 with steps 1..N-1 of generation g; steps N.. stay behind in g."""
-    last = Step.objects.filter(run=run, generation=run.generation).order_by("-seq").values_list("seq", flat=True).first() or 0
+    last = (
+        Step.objects.filter(run=run, generation=run.generation)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+        or 0
+    )
     if not isinstance(from_step, int) or not 1 <= from_step <= last + 1:
         raise InvalidRunInput(f"from_step must be between 1 and {last + 1}")
     new_generation = run.generation + 1

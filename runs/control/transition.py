@@ -23,7 +23,9 @@ from runs.notify import count_and_notify_after_commit
 @dataclass(frozen=True)
 class Outcome:
     run: Run
-    later: bool = False  # True when a worker carries the request out at its next step boundary (202)
+    later: bool = (
+        False  # True when a worker carries the request out at its next step boundary (202)
+    )
 
 
 def locked(run: Run) -> Run:
@@ -39,7 +41,9 @@ def refuse(run: Run, action: str) -> InvalidTransition:
     return InvalidTransition(f"cannot {action} a run that is {run.status}")
 
 
-def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | None = None, **fields: Any) -> Run:
+def transition(
+    run: Run, *, to: str, event: str, actor: Actor, payload: dict | None = None, **fields: Any
+) -> Run:
     """One guarded UPDATE of a locked run plus its Event; ``run`` is read back after it.
 
     Times are the database's (``Now()``), like the engine's: an app server's
@@ -55,7 +59,12 @@ def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | N
     if updated != 1:  # cannot happen under the row lock; never overwrite silently
         raise InvalidTransition(f"the run changed state while {event} was being applied")
     previous = run.status
-    append_event(run_id=run.pk, type=event, actor=actor, payload={"from": previous, "to": to, **(payload or {})})
+    append_event(
+        run_id=run.pk,
+        type=event,
+        actor=actor,
+        payload={"from": previous, "to": to, **(payload or {})},
+    )
     run.refresh_from_db()
     if to == RunStatus.QUEUED:
         count_and_notify_after_commit(tenant_id=run.tenant_id, queue=run.queue)
@@ -71,8 +80,11 @@ def transition(run: Run, *, to: str, event: str, actor: Actor, payload: dict | N
 def _family_after(run: Run, to: str) -> None:
     """A finished child tells its parent, in this transaction (a parent's own children: ``cancel_children``)."""
     if run.parent_id is not None:
-        family.wake_after_commit(family.child_finished(
-            child_id=run.pk, parent_id=run.parent_id, succeeded=to == RunStatus.DONE))
+        family.wake_after_commit(
+            family.child_finished(
+                child_id=run.pk, parent_id=run.parent_id, succeeded=to == RunStatus.DONE
+            )
+        )
 
 
 def request(run: Run, *, field: str, event: str, actor: Actor, payload: dict | None = None) -> Run:

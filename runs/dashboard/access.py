@@ -112,7 +112,9 @@ def current_access(request: HttpRequest) -> Access:
         )
     selected = request.session.get(SESSION_TENANT)
     chosen = next((m for m in memberships if str(m.tenant_id) == selected), memberships[0])
-    return Access(tenant=chosen.tenant, role=chosen.role, user=request.user, memberships=memberships)
+    return Access(
+        tenant=chosen.tenant, role=chosen.role, user=request.user, memberships=memberships
+    )
 
 
 def require(access: Access, action: Action) -> None:
@@ -129,7 +131,9 @@ def select_tenant(request: HttpRequest, tenant_id: str) -> Tenant:
     except ValueError:
         raise Http404("you are not a member of that tenant") from None
     membership = (
-        Membership.objects.select_related("tenant").filter(user=request.user, tenant_id=tenant_uuid).first()
+        Membership.objects.select_related("tenant")
+        .filter(user=request.user, tenant_id=tenant_uuid)
+        .first()
     )
     if membership is None:
         raise Http404("you are not a member of that tenant")

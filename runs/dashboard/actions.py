@@ -39,7 +39,9 @@ def _target(request: HttpRequest, run_id: UUID, action: Action) -> tuple[Access,
     return access, run
 
 
-def _apply(request: HttpRequest, run: Run, call: Callable[[], Outcome], *, done: str, later: str = "") -> HttpResponse:
+def _apply(
+    request: HttpRequest, run: Run, call: Callable[[], Outcome], *, done: str, later: str = ""
+) -> HttpResponse:
     try:
         outcome = call()
     except InvalidTransition as exc:
@@ -49,12 +51,15 @@ def _apply(request: HttpRequest, run: Run, call: Callable[[], Outcome], *, done:
     return redirect("runs:detail", run_id=run.id)
 
 
-def _invalid(request: HttpRequest, access: Access, run: Run, name: str, form: django_forms.Form) -> HttpResponse:
+def _invalid(
+    request: HttpRequest, access: Access, run: Run, name: str, form: django_forms.Form
+) -> HttpResponse:
     return render_run_page(request, access, run, forms={name: form}, status=422)
 
 
-def _unconfirmed(request: HttpRequest, access: Access, run: Run, *, title: str, message: str,
-                 button: str) -> HttpResponse | None:
+def _unconfirmed(
+    request: HttpRequest, access: Access, run: Run, *, title: str, message: str, button: str
+) -> HttpResponse | None:
     """A page asking to confirm a destructive action, unless the POST says it was confirmed.
 
     The run page's dialog confirms before posting (static/js/confirm.js);
@@ -62,11 +67,25 @@ def _unconfirmed(request: HttpRequest, access: Access, run: Run, *, title: str, 
     """
     if request.POST.get("confirmed") == "1":
         return None
-    fields = [(name, value) for name, value in request.POST.items() if name not in ("csrfmiddlewaretoken", "confirmed")]
-    return render(request, "runs/confirm.html", {
-        "access": access, "tenant": access.tenant, "run": run, "title": title, "message": message,
-        "button": button, "fields": fields, "action": request.path,
-    })
+    fields = [
+        (name, value)
+        for name, value in request.POST.items()
+        if name not in ("csrfmiddlewaretoken", "confirmed")
+    ]
+    return render(
+        request,
+        "runs/confirm.html",
+        {
+            "access": access,
+            "tenant": access.tenant,
+            "run": run,
+            "title": title,
+            "message": message,
+            "button": button,
+            "fields": fields,
+            "action": request.path,
+        },
+    )
 
 
 @require_POST
@@ -75,16 +94,24 @@ def cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
     access, run = _target(request, run_id, Action.CANCEL)
     compensate = request.POST.get("compensate") == "1"
     if asked := _unconfirmed(
-        request, access, run, button="Cancel and roll back" if compensate else "Cancel run",
+        request,
+        access,
+        run,
+        button="Cancel and roll back" if compensate else "Cancel run",
         title="Cancel and roll back this run?" if compensate else "Cancel this run?",
         message=(CONFIRM_ROLL_BACK if compensate else CONFIRM_CANCEL),
     ):
         return asked
     return _apply(
-        request, run, lambda: control.cancel_run(run=run, actor=actor_of(request), compensate=compensate),
+        request,
+        run,
+        lambda: control.cancel_run(run=run, actor=actor_of(request), compensate=compensate),
         done="Run cancelled.",
-        later=("Rollback requested: the finished steps are undone, newest first, then the run is cancelled."
-               if compensate else "Cancel requested: the run stops at the end of its current step."),
+        later=(
+            "Rollback requested: the finished steps are undone, newest first, then the run is cancelled."
+            if compensate
+            else "Cancel requested: the run stops at the end of its current step."
+        ),
     )
 
 
@@ -93,8 +120,11 @@ def cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
 def pause(request: HttpRequest, run_id: UUID) -> HttpResponse:
     _, run = _target(request, run_id, Action.PAUSE)
     return _apply(
-        request, run, lambda: control.pause_run(run=run, actor=actor_of(request)),
-        done="Run paused.", later="Pause requested: the run pauses at the end of its current step.",
+        request,
+        run,
+        lambda: control.pause_run(run=run, actor=actor_of(request)),
+        done="Run paused.",
+        later="Pause requested: the run pauses at the end of its current step.",
     )
 
 
@@ -102,7 +132,12 @@ def pause(request: HttpRequest, run_id: UUID) -> HttpResponse:
 @login_required
 def resume(request: HttpRequest, run_id: UUID) -> HttpResponse:
     _, run = _target(request, run_id, Action.RESUME)
-    return _apply(request, run, lambda: control.resume_run(run=run, actor=actor_of(request)), done="Run resumed.")
+    return _apply(
+        request,
+        run,
+        lambda: control.resume_run(run=run, actor=actor_of(request)),
+        done="Run resumed.",
+    )
 
 
 def _decide(request: HttpRequest, run_id: UUID, *, approved: bool) -> HttpResponse:
@@ -110,17 +145,31 @@ def _decide(request: HttpRequest, run_id: UUID, *, approved: bool) -> HttpRespon
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return _invalid(request, access, run, "decision", form)
-    if not approved and (asked := _unconfirmed(
-        request, access, run, title="Reject this proposal?", message=CONFIRM_REJECT, button="Reject",
-    )):
+    if not approved and (
+        asked := _unconfirmed(
+            request,
+            access,
+            run,
+            title="Reject this proposal?",
+            message=CONFIRM_REJECT,
+            button="Reject",
+        )
+    ):
         return asked
     service = control.approve_run if approved else control.reject_run
     try:
         return _apply(
-            request, run,
-            lambda: service(run=run, actor=actor_of(request), comment=form.cleaned_data["comment"],
-                            step=form.cleaned_data["step"]),
-            done="Approved: the run continues." if approved else "Rejected: the run continues without it.",
+            request,
+            run,
+            lambda: service(
+                run=run,
+                actor=actor_of(request),
+                comment=form.cleaned_data["comment"],
+                step=form.cleaned_data["step"],
+            ),
+            done="Approved: the run continues."
+            if approved
+            else "Rejected: the run continues without it.",
         )
     except InvalidRunInput as exc:
         form.add_error("comment", str(exc))
@@ -149,9 +198,17 @@ def resolve(request: HttpRequest, run_id: UUID) -> HttpResponse:
     action, output = form.cleaned_data["action"], form.cleaned_data["output"]
     try:
         return _apply(
-            request, run, lambda: control.resolve_run(run=run, actor=actor_of(request), action=action, output=output),
-            done={"done": "Marked done: the run continues.", "retry": "The step runs again.",
-                  "fail": "The run failed.", "skip": "Skipped: the rollback goes on."}[action],
+            request,
+            run,
+            lambda: control.resolve_run(
+                run=run, actor=actor_of(request), action=action, output=output
+            ),
+            done={
+                "done": "Marked done: the run continues.",
+                "retry": "The step runs again.",
+                "fail": "The run failed.",
+                "skip": "Skipped: the rollback goes on.",
+            }[action],
         )
     except InvalidRunInput as exc:
         form.add_error("output", str(exc))
@@ -167,7 +224,11 @@ def post_message(request: HttpRequest, run_id: UUID) -> HttpResponse:
         return _invalid(request, access, run, "message", form)
     try:
         return _apply(
-            request, run, lambda: control.post_message(run=run, actor=actor_of(request), text=form.cleaned_data["text"]),
+            request,
+            run,
+            lambda: control.post_message(
+                run=run, actor=actor_of(request), text=form.cleaned_data["text"]
+            ),
             done="Message sent.",
         )
     except InvalidRunInput as exc:
@@ -185,10 +246,14 @@ def retry(request: HttpRequest, run_id: UUID) -> HttpResponse:
     wanted = form.cleaned_data
     try:
         return _apply(
-            request, run,
+            request,
+            run,
             lambda: control.retry_run(
-                run=run, actor=actor_of(request), from_step=wanted["from_step"],
-                deadline_seconds=wanted["deadline_seconds"], cost_ceiling_cents=wanted["cost_ceiling_cents"],
+                run=run,
+                actor=actor_of(request),
+                from_step=wanted["from_step"],
+                deadline_seconds=wanted["deadline_seconds"],
+                cost_ceiling_cents=wanted["cost_ceiling_cents"],
             ),
             done="Run queued again.",
         )
@@ -210,4 +275,6 @@ def redeliver(request: HttpRequest, run_id: UUID, delivery_id: int) -> HttpRespo
         deliveries.redeliver(delivery=delivery, actor=actor_of(request))
         return Outcome(run=run)  # the run itself does not change
 
-    return _apply(request, run, send_again, done=f"The {delivery.event_type} webhook will be sent again.")
+    return _apply(
+        request, run, send_again, done=f"The {delivery.event_type} webhook will be sent again."
+    )

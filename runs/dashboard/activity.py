@@ -34,9 +34,23 @@ DEFAULT_LIMIT = 50
 
 # The Event types of people's actions and of the ends of a run: always shown.
 ALWAYS_SHOWN = (
-    "run.cancel_requested", "run.cancelled", "run.pause_requested", "run.paused", "run.resumed",
-    "run.approved", "run.rejected", "run.resolved", "run.retried", "run.forked", "message.received",
-    "run.done", "run.failed", "run.waiting", "approval.requested", "rollback.started", "webhook.redelivered",
+    "run.cancel_requested",
+    "run.cancelled",
+    "run.pause_requested",
+    "run.paused",
+    "run.resumed",
+    "run.approved",
+    "run.rejected",
+    "run.resolved",
+    "run.retried",
+    "run.forked",
+    "message.received",
+    "run.done",
+    "run.failed",
+    "run.waiting",
+    "approval.requested",
+    "rollback.started",
+    "webhook.redelivered",
 )
 # Why a run went back to the queue, when a person watching would want to know.
 QUEUED_REASONS = ("retry", "compensation_retry", "lease_expired", "requeued", "children", "sleep")
@@ -53,8 +67,24 @@ SHOWN = (
 
 # The payload keys the wording reads; fetched as ``payload__<key>``.
 PAYLOAD_KEYS = (
-    "step", "name", "comment", "text", "from_step", "reason", "error_kind", "error", "compensation",
-    "compensate", "withdrawn", "action", "fork", "forked_from", "parent", "wake_at", "event_type", "seq",
+    "step",
+    "name",
+    "comment",
+    "text",
+    "from_step",
+    "reason",
+    "error_kind",
+    "error",
+    "compensation",
+    "compensate",
+    "withdrawn",
+    "action",
+    "fork",
+    "forked_from",
+    "parent",
+    "wake_at",
+    "event_type",
+    "seq",
 )
 
 PEOPLE = (ActorType.USER, ActorType.API_KEY)
@@ -82,7 +112,9 @@ class ActivityEntry:
     text: str  # "approved step 2 “pay”", or "Finished."
     comment: str = ""  # a person's own words (their comment, their message): untrusted text
     detail: str = ""  # what went wrong, as the engine recorded it: untrusted text
-    tone: str = ""  # "", "person", "ok", "error", "waiting": a marker's colour, always with its words
+    tone: str = (
+        ""  # "", "person", "ok", "error", "waiting": a marker's colour, always with its words
+    )
     run_link: str = ""  # a run the sentence ends with, as a link: its fork, its origin, its parent
 
     @property
@@ -104,20 +136,41 @@ class Activity:
 
 def activity(run: Run, *, limit: int = DEFAULT_LIMIT) -> Activity:
     """The run's latest ``limit`` activity entries, oldest first, and how many earlier ones are not shown."""
-    columns = ("seq", "type", "actor_type", "actor_id", "created_at", *(f"payload__{k}" for k in PAYLOAD_KEYS))
-    rows = list(Event.objects.filter(run=run).filter(SHOWN).order_by("-seq").values(*columns)[:limit + 1])
+    columns = (
+        "seq",
+        "type",
+        "actor_type",
+        "actor_id",
+        "created_at",
+        *(f"payload__{k}" for k in PAYLOAD_KEYS),
+    )
+    rows = list(
+        Event.objects.filter(run=run).filter(SHOWN).order_by("-seq").values(*columns)[: limit + 1]
+    )
     earlier = 0
     if len(rows) > limit:
         rows = rows[:limit]
         earlier = Event.objects.filter(run=run, seq__lt=rows[-1]["seq"]).filter(SHOWN).count()
     rows.reverse()
-    names = describe_actors(((r["actor_type"], r["actor_id"]) for r in rows), tenant_id=run.tenant_id)
+    names = describe_actors(
+        ((r["actor_type"], r["actor_id"]) for r in rows), tenant_id=run.tenant_id
+    )
     entries = []
     for row in rows:
         payload = {key: row[f"payload__{key}"] for key in PAYLOAD_KEYS}
         name = names[(row["actor_type"], row["actor_id"] or "")]
-        said = _Said(type=row["type"], seq=row["seq"], actor_type=row["actor_type"], name=name, payload=payload)
-        entries.append(ActivityEntry(seq=row["seq"], at=row["created_at"], actor=name, **_WORDING[row["type"]](said)))
+        said = _Said(
+            type=row["type"],
+            seq=row["seq"],
+            actor_type=row["actor_type"],
+            name=name,
+            payload=payload,
+        )
+        entries.append(
+            ActivityEntry(
+                seq=row["seq"], at=row["created_at"], actor=name, **_WORDING[row["type"]](said)
+            )
+        )
     return Activity(entries=entries, earlier=earlier)
 
 
@@ -126,7 +179,9 @@ def last_actor(run: Run, *event_types: str, people_only: bool = False) -> str | 
 
     ``people_only`` also leaves out the system (the reaper, a parent run).
     """
-    events = Event.objects.filter(run=run, type__in=event_types).exclude(actor_type=ActorType.WORKER)
+    events = Event.objects.filter(run=run, type__in=event_types).exclude(
+        actor_type=ActorType.WORKER
+    )
     if people_only:
         events = events.filter(actor_type__in=PEOPLE)
     latest = events.order_by("-seq").values_list("actor_type", "actor_id").first()
@@ -172,7 +227,12 @@ class _Said:
 
 
 def _person(said: _Said, text: str, **extra: Any) -> dict:
-    return {"who": sentence_start(said.name), "text": text, "tone": "person" if said.by_person else "", **extra}
+    return {
+        "who": sentence_start(said.name),
+        "text": text,
+        "tone": "person" if said.by_person else "",
+        **extra,
+    }
 
 
 def _engine(text: str, **extra: Any) -> dict:
@@ -205,7 +265,11 @@ def _queued(said: _Said) -> dict:
     payload = said.payload
     if said.seq == 1:
         if payload.get("forked_from"):
-            return _person(said, f"forked it from step {payload.get('from_step')} of", run_link=str(payload["forked_from"]))
+            return _person(
+                said,
+                f"forked it from step {payload.get('from_step')} of",
+                run_link=str(payload["forked_from"]),
+            )
         if payload.get("parent"):
             return _engine("Spawned as a child of", run_link=str(payload["parent"]))
         return _person(said, "submitted it.")
@@ -216,7 +280,9 @@ def _queued(said: _Said) -> dict:
     if reason == "compensation_retry":
         return _engine("A compensation failed; it will be tried again.", detail=error, tone="error")
     if reason == "lease_expired":
-        return _person(said, "put it back in the queue: its worker stopped responding.", tone="error")
+        return _person(
+            said, "put it back in the queue: its worker stopped responding.", tone="error"
+        )
     if reason == "requeued":
         return _person(said, "put it back in the queue after its worker stopped responding.")
     if reason == "children":
@@ -241,8 +307,11 @@ def _failed(said: _Said) -> dict:
         return _person(said, f"failed it{at}.", tone="error")
     detail = _text(tenant_error(said.payload.get("error")))
     if said.payload.get("compensation") == "done":
-        return _engine(f"Rolled back its finished steps, then failed: {_failure(said)}.", detail=detail,
-                       tone="error")
+        return _engine(
+            f"Rolled back its finished steps, then failed: {_failure(said)}.",
+            detail=detail,
+            tone="error",
+        )
     if said.by_worker:
         return _engine(f"Failed: {_failure(said)}.", detail=detail, tone="error")
     return _person(said, f"stopped it: {_failure(said)}.", detail=detail, tone="error")
@@ -279,7 +348,11 @@ def _decided(verb: str) -> Callable[[_Said], dict]:
     return word
 
 
-RESOLUTIONS = {"done": "marked {step} as done", "retry": "had {step} run again", "skip": "skipped undoing {step}"}
+RESOLUTIONS = {
+    "done": "marked {step} as done",
+    "retry": "had {step} run again",
+    "skip": "skipped undoing {step}",
+}
 
 
 def _resolved(said: _Said) -> dict:
@@ -306,16 +379,26 @@ def _waiting(said: _Said) -> dict:
 def _waiting_human(said: _Said) -> dict:
     detail = _text(tenant_error(said.payload.get("error")))
     if said.payload.get("reason") == "compensation":
-        return _engine("Waiting for a person: a step could not be undone during the rollback.", detail=detail,
-                       tone="waiting")
-    return _engine("Waiting for a person: a side effect may or may not have happened.", detail=detail,
-                   tone="waiting")
+        return _engine(
+            "Waiting for a person: a step could not be undone during the rollback.",
+            detail=detail,
+            tone="waiting",
+        )
+    return _engine(
+        "Waiting for a person: a side effect may or may not have happened.",
+        detail=detail,
+        tone="waiting",
+    )
 
 
 def _approval_requested(said: _Said) -> dict:
     seq, name = said.payload.get("seq"), said.payload.get("name")
-    return _engine(f"Waiting for a person to approve step {seq} “{name}”." if name else
-                   f"Waiting for a person to approve step {seq}.", tone="waiting")
+    return _engine(
+        f"Waiting for a person to approve step {seq} “{name}”."
+        if name
+        else f"Waiting for a person to approve step {seq}.",
+        tone="waiting",
+    )
 
 
 _WORDING: dict[str, Callable[[_Said], dict]] = {
@@ -323,7 +406,9 @@ _WORDING: dict[str, Callable[[_Said], dict]] = {
     "run.running": lambda said: _engine("Started."),
     "run.cancel_requested": _cancel_requested,
     "run.cancelled": _cancelled,
-    "run.pause_requested": lambda said: _person(said, "asked to pause it at the end of its current step."),
+    "run.pause_requested": lambda said: _person(
+        said, "asked to pause it at the end of its current step."
+    ),
     "run.paused": _paused,
     "run.resumed": _resumed,
     "run.approved": _decided("approved"),
@@ -331,7 +416,9 @@ _WORDING: dict[str, Callable[[_Said], dict]] = {
     "run.resolved": _resolved,
     "run.retried": _retried,
     "run.forked": _forked,
-    "message.received": lambda said: _person(said, "sent a message.", comment=_text(said.payload.get("text"))),
+    "message.received": lambda said: _person(
+        said, "sent a message.", comment=_text(said.payload.get("text"))
+    ),
     "run.done": _done,
     "run.failed": _failed,
     "run.waiting": _waiting,
@@ -339,5 +426,6 @@ _WORDING: dict[str, Callable[[_Said], dict]] = {
     "approval.requested": _approval_requested,
     "rollback.started": lambda said: _engine("Began rolling back its finished steps."),
     "webhook.redelivered": lambda said: _person(
-        said, f"sent the {_text(said.payload.get('event_type')) or 'webhook'} webhook again."),
+        said, f"sent the {_text(said.payload.get('event_type')) or 'webhook'} webhook again."
+    ),
 }

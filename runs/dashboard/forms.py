@@ -49,7 +49,8 @@ class StorableJSONField(forms.JSONField):
             raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
         if problem := find_unstorable(converted, where=""):
             raise forms.ValidationError(
-                "This JSON cannot be stored: %(problem)s.", code="unstorable",
+                "This JSON cannot be stored: %(problem)s.",
+                code="unstorable",
                 params={"problem": problem.lstrip(".: ")},
             )
         return converted
@@ -106,19 +107,26 @@ def _field(prop: dict, required: bool, nullable: bool) -> tuple[forms.Field, str
         options = [(c, str(c)) for c in choices]
         if not required and prop.get("default") is None:
             options = [("", "—"), *options]
-        return forms.TypedChoiceField(choices=options, coerce=coerce, empty_value=None, **common), "enum"
+        return forms.TypedChoiceField(
+            choices=options, coerce=coerce, empty_value=None, **common
+        ), "enum"
     if kind == "string":
         long = prop.get("maxLength") is None or prop["maxLength"] > LONG_TEXT
         widget = forms.Textarea(attrs={"rows": 3}) if long else None
         return forms.CharField(
-            min_length=prop.get("minLength"), max_length=prop.get("maxLength"), widget=widget, **common
+            min_length=prop.get("minLength"),
+            max_length=prop.get("maxLength"),
+            widget=widget,
+            **common,
         ), "string"
     if kind == "integer":
         low = prop.get("minimum", _plus(prop.get("exclusiveMinimum"), 1))
         high = prop.get("maximum", _plus(prop.get("exclusiveMaximum"), -1))
         return forms.IntegerField(min_value=low, max_value=high, **common), "integer"
     if kind == "number":
-        return forms.FloatField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common), "number"
+        return forms.FloatField(
+            min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common
+        ), "number"
     if kind == "boolean":
         common["required"] = False  # an unticked box is False, not missing
         return forms.BooleanField(**common), "boolean"
@@ -143,7 +151,10 @@ class KindInputForm(forms.Form):
         required = set(schema.get("required") or [])
         if not properties:
             self.fields[self.WHOLE_INPUT] = StorableJSONField(
-                label="Input", initial={}, help_text="A JSON object.", widget=forms.Textarea(attrs={"rows": 6})
+                label="Input",
+                initial={},
+                help_text="A JSON object.",
+                widget=forms.Textarea(attrs={"rows": 6}),
             )
             self.specs[self.WHOLE_INPUT] = FieldSpec("json", True, False)
             return
@@ -188,7 +199,9 @@ class KindInputForm(forms.Form):
 
 class DecisionForm(forms.Form):
     comment = forms.CharField(
-        max_length=5000, required=False, widget=forms.Textarea(attrs={"rows": 2}),
+        max_length=5000,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Optional; the agent receives it with your decision.",
     )
     # The pending approval's step: a decision on a card that went stale is refused, not applied to the next one.
@@ -196,7 +209,9 @@ class DecisionForm(forms.Form):
 
 
 class MessageForm(forms.Form):
-    text = forms.CharField(max_length=20000, widget=forms.Textarea(attrs={"rows": 2}), label="Message")
+    text = forms.CharField(
+        max_length=20000, widget=forms.Textarea(attrs={"rows": 2}), label="Message"
+    )
 
 
 class ResolveForm(forms.Form):
@@ -208,14 +223,18 @@ class ResolveForm(forms.Form):
     # A rollback that stopped on a compensation may also skip it (the run page offers it there only).
     action = forms.ChoiceField(choices=[*ACTIONS, ("skip", "Skip the compensation")])
     output = StorableJSONField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Step output (JSON)",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Step output (JSON)",
         help_text="Only for “it happened”: what the step would have returned.",
     )
 
 
 class RetryForm(forms.Form):
     from_step = forms.IntegerField(
-        min_value=1, required=False, label="From step",
+        min_value=1,
+        required=False,
+        label="From step",
         help_text="Run this step and the later ones again; empty: continue after the last finished step.",
     )
     deadline_seconds = forms.IntegerField(
@@ -223,7 +242,10 @@ class RetryForm(forms.Form):
     )
     # The column's precision: a larger ceiling is a form error, not a database error.
     cost_ceiling_cents = forms.DecimalField(
-        min_value=0, max_digits=MONEY["max_digits"], decimal_places=MONEY["decimal_places"], required=False,
+        min_value=0,
+        max_digits=MONEY["max_digits"],
+        decimal_places=MONEY["decimal_places"],
+        required=False,
         label="New cost ceiling (¢)",
     )
 
@@ -234,13 +256,15 @@ class RetryForm(forms.Form):
         spent = run.cost_cents + run.children_cost_cents
         form.fields["deadline_seconds"].help_text = (
             f"It ran {run.running_seconds:.0f} s of its {run.deadline_seconds} s deadline; the new deadline "
-            "counts the running time so far.")
+            "counts the running time so far."
+        )
         ceiling = run.cost_ceiling_cents or Decimal(0)
         suggested = max(2 * ceiling, 2 * spent, Decimal(1)).quantize(Decimal("0.01"), ROUND_UP)
         form.initial["cost_ceiling_cents"] = suggested
         form.fields["cost_ceiling_cents"].help_text = (
             f"It spent {money(spent)} of its {money(ceiling)} ceiling; the new ceiling counts the cost so far "
-            "and must be larger than it.")
+            "and must be larger than it."
+        )
         return form
 
 
@@ -252,10 +276,13 @@ class RunFilterForm(forms.Form):
 
     def __init__(self, *args: Any, kinds: list[str], **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["status"].choices = [("", "Any status")] + [(s, status_label(s)) for s in RunStatus.values]
+        self.fields["status"].choices = [("", "Any status")] + [
+            (s, status_label(s)) for s in RunStatus.values
+        ]
         self.fields["kind"].choices = [("", "Any kind")] + [(k, k) for k in kinds]
         self.fields["q"].widget.attrs.update(
-            {"placeholder": "words of its title or input, or a run id", "autocomplete": "off"})
+            {"placeholder": "words of its title or input, or a run id", "autocomplete": "off"}
+        )
         self.fields["q"].widget.input_type = "search"
 
     def clean_q(self) -> str:

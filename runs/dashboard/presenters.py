@@ -104,7 +104,7 @@ def _plain(value: Decimal) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """"0.4 s", "12 s", "3 min 05 s", "2 h 03 min"."""
+    """ "0.4 s", "12 s", "3 min 05 s", "2 h 03 min"."""
     if seconds is None:
         return "—"
     if seconds < 10:
@@ -120,7 +120,7 @@ def duration(seconds: float | None) -> str:
 
 
 def ago(moment: datetime | None, now: datetime | None = None) -> str:
-    """"12 s ago", "5 min ago", "3 h ago", "4 days ago"."""
+    """ "12 s ago", "5 min ago", "3 h ago", "4 days ago"."""
     if moment is None:
         return "—"
     seconds = max(0, int(((now or timezone.now()) - moment).total_seconds()))
@@ -135,7 +135,7 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
 
 
 def until(moment: datetime | None, now: datetime | None = None) -> str:
-    """"now", "in 12 s", "in 5 min", "in 3 h": the other way from ``ago``."""
+    """ "now", "in 12 s", "in 5 min", "in 3 h": the other way from ``ago``."""
     if moment is None:
         return "—"
     seconds = int((moment - (now or timezone.now())).total_seconds())
@@ -165,23 +165,25 @@ def progress_percent(run: Run) -> int | None:
 def cost_percent(run: Run) -> int | None:
     if not run.cost_ceiling_cents:
         return None
-    return min(100, round(100 * (run.cost_cents + run.children_cost_cents) / run.cost_ceiling_cents))
+    return min(
+        100, round(100 * (run.cost_cents + run.children_cost_cents) / run.cost_ceiling_cents)
+    )
 
 
 ADVICE = {
     "retryable": "It kept failing on errors that usually pass (timeouts, rate limits, 5xx answers) until its "
-                 "attempts ran out. Check that the service it calls is back, then retry it.",
+    "attempts ran out. Check that the service it calls is back, then retry it.",
     "fatal": "Retrying the same input will fail the same way. Fix the input or the system it talks to, then "
-             "retry it or submit a new run.",
+    "retry it or submit a new run.",
     "ambiguous": "A side effect may or may not have happened, and a person decided to fail the run. Check "
-                 "the other system before retrying, or the effect may happen twice.",
+    "the other system before retrying, or the effect may happen twice.",
     "deadline": "It ran out of running time. Retry with a larger deadline (the finished steps are kept).",
     "budget": "It reached its cost ceiling. Retry with a larger ceiling (the finished steps are kept).",
     "step_limit": "It made more steps or model calls than its kind allows. Retry from an earlier step, or ask "
-                  "the agent's author to raise the limit.",
+    "the agent's author to raise the limit.",
     "expired": "It waited for a person longer than allowed. Retry it to queue it again.",
     "nondeterministic": "The agent's code changed under a run in progress: replay met a different step than "
-                        "the one recorded. Retry from the step that changed.",
+    "the one recorded. Retry from the step that changed.",
 }
 
 
@@ -202,10 +204,13 @@ def advice(run: Run, *, cancelled_by: str = "") -> str:
 
 # What the confirmation of each destructive action says (the run page's dialog shows the same words).
 CONFIRM_CANCEL = "The run stops for good: a running step is let finish, nothing after it runs. You can retry it later."
-CONFIRM_ROLL_BACK = ("Every finished step with a compensation is undone, newest first, then the run is cancelled. "
-                     "This changes the other systems the run touched.")
-CONFIRM_REJECT = "The agent goes on without doing what it proposed. A rejection cannot be taken back."
-
+CONFIRM_ROLL_BACK = (
+    "Every finished step with a compensation is undone, newest first, then the run is cancelled. "
+    "This changes the other systems the run touched."
+)
+CONFIRM_REJECT = (
+    "The agent goes on without doing what it proposed. A rejection cannot be taken back."
+)
 
 
 @dataclass(frozen=True)
@@ -235,12 +240,10 @@ def controls(run: Run, access: Access, waiting: dict | None) -> Controls:
     kind = (waiting or {}).get("type")
     return Controls(
         cancel=access.can(Action.CANCEL) and live and run.cancel_requested_at is None,
-        pause=access.can(Action.PAUSE) and (
-            run.status == RunStatus.QUEUED or (running and run.pause_requested_at is None)
-        ),
-        resume=access.can(Action.RESUME) and (
-            run.status == RunStatus.PAUSED or (running and run.pause_requested_at is not None)
-        ),
+        pause=access.can(Action.PAUSE)
+        and (run.status == RunStatus.QUEUED or (running and run.pause_requested_at is None)),
+        resume=access.can(Action.RESUME)
+        and (run.status == RunStatus.PAUSED or (running and run.pause_requested_at is not None)),
         retry=access.can(Action.RETRY) and run.status in (RunStatus.FAILED, RunStatus.CANCELLED),
         message=access.can(Action.MESSAGE) and live,
         decide=access.can(Action.APPROVE) and kind == "approval",
@@ -248,8 +251,14 @@ def controls(run: Run, access: Access, waiting: dict | None) -> Controls:
         # A request waits for a running run's step to end; any other state acted on it at once.
         cancel_requested=running and run.cancel_requested_at is not None,
         pause_requested=running and run.pause_requested_at is not None,
-        roll_back=(access.can(Action.CANCEL) and live and run.cancel_requested_at is None and not run.compensation
-                   and run.steps_done > 0 and _is_saga(run.kind)),
+        roll_back=(
+            access.can(Action.CANCEL)
+            and live
+            and run.cancel_requested_at is None
+            and not run.compensation
+            and run.steps_done > 0
+            and _is_saga(run.kind)
+        ),
     )
 
 
@@ -298,14 +307,21 @@ class DeliveryRow:
     target: str  # where it goes, without credentials or query string
     when: str  # what happened last, or what happens next
     redeliver: bool  # the button: finished (delivered or dead), and the user may retry runs
-    problem: str = ""  # why the last attempt failed, in the tenant's words (the whole error is in the admin)
+    problem: str = (
+        ""  # why the last attempt failed, in the tenant's words (the whole error is in the admin)
+    )
 
 
 def delivery_rows(deliveries: list[WebhookDelivery], access: Access) -> list[DeliveryRow]:
     may_retry = access.can(Action.RETRY)
     return [
-        DeliveryRow(delivery=d, target=delivery_target(d.url), when=_delivery_when(d),
-                    redeliver=may_retry and not d.is_live, problem=delivery_problem(d))
+        DeliveryRow(
+            delivery=d,
+            target=delivery_target(d.url),
+            when=_delivery_when(d),
+            redeliver=may_retry and not d.is_live,
+            problem=delivery_problem(d),
+        )
         for d in deliveries
     ]
 
@@ -320,7 +336,9 @@ def delivery_problem(delivery: WebhookDelivery) -> str:
         return ""
     code = delivery.response_code
     if code is not None:
-        return f"the receiver answered {code}" + ("; redirects are not followed" if 300 <= code < 400 else "")
+        return f"the receiver answered {code}" + (
+            "; redirects are not followed" if 300 <= code < 400 else ""
+        )
     if delivery.failure in DeliveryFailure.values and delivery.failure:
         return DeliveryFailure(delivery.failure).label
     return "the delivery failed" if delivery.status != DeliveryStatus.SENDING else ""

@@ -33,13 +33,41 @@ MAX_ENTRY_CHARS = 6_000
 # Markdown -----------------------------------------------------------------
 
 # Raw HTML in the text stays text (html off); images would load from anywhere, so ![x](url) stays a link.
-_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(["table", "strikethrough"])
+_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(
+    ["table", "strikethrough"]
+)
 _markdown.disable("image")
 
-ALLOWED_TAGS = frozenset({
-    "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "s", "code", "pre",
-    "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr", "th", "td",
-})
+ALLOWED_TAGS = frozenset(
+    {
+        "p",
+        "br",
+        "hr",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "strong",
+        "em",
+        "del",
+        "s",
+        "code",
+        "pre",
+        "blockquote",
+        "ul",
+        "ol",
+        "li",
+        "a",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+    }
+)
 ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}}
 # A table column's alignment, as a class of static/css/render.css: the Content-Security-Policy refuses style attributes.
 ALIGNMENTS = frozenset({"align-left", "align-center", "align-right"})
@@ -79,7 +107,10 @@ def markdown_html(text: Any, sources: Mapping[str, Source] | None = None) -> Saf
     """
     text = "" if text is None else str(text)
     if len(text) > MAX_MARKDOWN_CHARS:
-        text = text[:MAX_MARKDOWN_CHARS] + f"\n\n… ({len(text) - MAX_MARKDOWN_CHARS:,} more characters)"
+        text = (
+            text[:MAX_MARKDOWN_CHARS]
+            + f"\n\n… ({len(text) - MAX_MARKDOWN_CHARS:,} more characters)"
+        )
     rendered = _markdown.render(text, {"sources": dict(sources or {})})
     cleaned = nh3.clean(
         rendered,
@@ -127,7 +158,7 @@ def _cited(text: str, sources: dict[str, Source]) -> list[Token]:
         parts = _CITATION_SEPARATOR.split(found.group(1))
         if not any(part in sources for part in parts[::2]):
             continue
-        add_text(text[plain:found.start()] + "[")
+        add_text(text[plain : found.start()] + "[")
         for index, part in enumerate(parts):
             source = sources.get(part) if index % 2 == 0 else None
             if source is None:
@@ -162,6 +193,7 @@ _markdown.core.ruler.push("alignment_classes", _alignment_classes)
 
 # Values as text -------------------------------------------------------------
 
+
 def as_text(value: Any) -> str:
     """A JSON value as a person reads it: strings as they are, empty as "—", anything else as JSON."""
     if value is None or value == "":
@@ -181,7 +213,9 @@ def _label(key: Any) -> str:
 
 
 def cut(text: str, limit: int = MAX_ENTRY_CHARS) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+    return (
+        text if len(text) <= limit else f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+    )
 
 
 def readable(content: Any) -> str:
@@ -198,6 +232,7 @@ def readable(content: Any) -> str:
 
 
 # Proposals ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ChangeRow:
@@ -233,18 +268,30 @@ def proposal_view(proposal: Any) -> ProposalView:
     arguments; any other dict shows its keys as rows; a string is the
     summary; anything else stays JSON.
     """
-    if isinstance(proposal, dict) and isinstance(proposal.get("summary"), str) and isinstance(
-            proposal.get("changes"), list):
+    if (
+        isinstance(proposal, dict)
+        and isinstance(proposal.get("summary"), str)
+        and isinstance(proposal.get("changes"), list)
+    ):
         rows = [_change_row(change) for change in proposal["changes"] if isinstance(change, dict)]
-        extra = {k: v for k, v in proposal.items() if k not in ("summary", "target", "changes", "note")}
+        extra = {
+            k: v for k, v in proposal.items() if k not in ("summary", "target", "changes", "note")
+        }
         return ProposalView(
-            summary=proposal["summary"], target=as_text(proposal.get("target")) if proposal.get("target") else "",
-            rows=rows, note=_note(proposal), details=[_value_row(k, v) for k, v in extra.items()],
+            summary=proposal["summary"],
+            target=as_text(proposal.get("target")) if proposal.get("target") else "",
+            rows=rows,
+            note=_note(proposal),
+            details=[_value_row(k, v) for k, v in extra.items()],
         )
-    if isinstance(proposal, dict) and isinstance(proposal.get("tool"), str) and isinstance(
-            proposal.get("arguments"), dict):
+    if (
+        isinstance(proposal, dict)
+        and isinstance(proposal.get("tool"), str)
+        and isinstance(proposal.get("arguments"), dict)
+    ):
         return ProposalView(
-            summary=f"Call {proposal['tool']}", rows=[_value_row(k, v) for k, v in proposal["arguments"].items()],
+            summary=f"Call {proposal['tool']}",
+            rows=[_value_row(k, v) for k, v in proposal["arguments"].items()],
             note=_note(proposal),
         )
     if isinstance(proposal, dict) and proposal:
@@ -261,20 +308,28 @@ def _note(proposal: dict) -> str:
 
 def _value_row(key: Any, value: Any) -> ChangeRow:
     text = as_text(value)
-    return ChangeRow(field=_label(key), after=text, long=not isinstance(value, str) and "\n" in text)
+    return ChangeRow(
+        field=_label(key), after=text, long=not isinstance(value, str) and "\n" in text
+    )
 
 
 def _change_row(change: dict) -> ChangeRow:
     after, before = change.get("after"), change.get("before")
     after_text, before_text = as_text(after), as_text(before)
     return ChangeRow(
-        field=_label(change.get("field", "")), after=after_text, before=before_text if "before" in change else "",
+        field=_label(change.get("field", "")),
+        after=after_text,
+        before=before_text if "before" in change else "",
         before_known="before" in change,
-        long=any(not isinstance(v, str) and "\n" in t for v, t in ((after, after_text), (before, before_text))),
+        long=any(
+            not isinstance(v, str) and "\n" in t
+            for v, t in ((after, after_text), (before, before_text))
+        ),
     )
 
 
 # Results that hold an answer ---------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Section:
@@ -309,31 +364,63 @@ def answer_view(result: Any, steps: Iterable[Any] = ()) -> AnswerView | None:
     if not isinstance(result, dict):
         return None
     if isinstance(result.get("answer"), str):
-        known = {s.doc_id: s for s in _sources(result.get("citations"), read=_documents_read(steps))}
-        notes = [("The agent's plan", result["plan"])] if isinstance(result.get("plan"), str) and result["plan"] else []
+        known = {
+            s.doc_id: s for s in _sources(result.get("citations"), read=_documents_read(steps))
+        }
+        notes = (
+            [("The agent's plan", result["plan"])]
+            if isinstance(result.get("plan"), str) and result["plan"]
+            else []
+        )
         return AnswerView(
-            "answer", title=as_text(result.get("question")) if result.get("question") else "",
-            html=markdown_html(result["answer"], known), sources=_cited_in(result["answer"], known), notes=notes,
+            "answer",
+            title=as_text(result.get("question")) if result.get("question") else "",
+            html=markdown_html(result["answer"], known),
+            sources=_cited_in(result["answer"], known),
+            notes=notes,
         )
     if isinstance(result.get("brief"), str):
-        lists = [(label, [as_text(item) for item in result[key]])
-                 for key, label in (("questions", "Questions"), ("sources", "Sources searched"))
-                 if isinstance(result.get(key), list) and result[key]]
-        notes = [("Review", result["review"])] if isinstance(result.get("review"), str) and result["review"] else []
-        return AnswerView("brief", title=as_text(result.get("topic") or ""), html=markdown_html(result["brief"]),
-                          lists=lists, notes=notes)
+        lists = [
+            (label, [as_text(item) for item in result[key]])
+            for key, label in (("questions", "Questions"), ("sources", "Sources searched"))
+            if isinstance(result.get(key), list) and result[key]
+        ]
+        notes = (
+            [("Review", result["review"])]
+            if isinstance(result.get("review"), str) and result["review"]
+            else []
+        )
+        return AnswerView(
+            "brief",
+            title=as_text(result.get("topic") or ""),
+            html=markdown_html(result["brief"]),
+            lists=lists,
+            notes=notes,
+        )
     if isinstance(result.get("sections"), list):
         sources = _sources(result.get("sources"))
         by_id = {s.doc_id: s for s in sources}
         sections = [
-            Section(heading=as_text(s.get("question") or ""), html=markdown_html(s.get("answer") or "", by_id),
-                    run_url=_run_url(s.get("run_id")))
-            for s in result["sections"] if isinstance(s, dict)
+            Section(
+                heading=as_text(s.get("question") or ""),
+                html=markdown_html(s.get("answer") or "", by_id),
+                run_url=_run_url(s.get("run_id")),
+            )
+            for s in result["sections"]
+            if isinstance(s, dict)
         ]
-        unanswered = [f"{as_text(u.get('question'))} ({as_text(u.get('status'))})"
-                      for u in result.get("unanswered") or [] if isinstance(u, dict)]
-        return AnswerView("report", title=as_text(result.get("summary") or ""), sections=sections, sources=sources,
-                          lists=[("Not answered", unanswered)] if unanswered else [])
+        unanswered = [
+            f"{as_text(u.get('question'))} ({as_text(u.get('status'))})"
+            for u in result.get("unanswered") or []
+            if isinstance(u, dict)
+        ]
+        return AnswerView(
+            "report",
+            title=as_text(result.get("summary") or ""),
+            sections=sections,
+            sources=sources,
+            lists=[("Not answered", unanswered)] if unanswered else [],
+        )
     return None
 
 
@@ -358,7 +445,9 @@ def _sources(cited: Any, read: dict[str, tuple[int, str]] | None = None) -> list
     for item in cited if isinstance(cited, list) else []:
         if isinstance(item, dict) and isinstance(item.get("doc_id"), str):
             seq, title = read.get(item["doc_id"], (None, ""))
-            sources[item["doc_id"]] = Source(item["doc_id"], as_text(item.get("title") or title), seq)
+            sources[item["doc_id"]] = Source(
+                item["doc_id"], as_text(item.get("title") or title), seq
+            )
     for doc_id, (seq, title) in read.items():
         sources.setdefault(doc_id, Source(doc_id, title, seq))
     return list(sources.values())
@@ -366,7 +455,11 @@ def _sources(cited: Any, read: dict[str, tuple[int, str]] | None = None) -> list
 
 def _cited_in(text: str, known: dict[str, Source]) -> list[Source]:
     """The sources of ``known`` that ``text`` cites, in the order it first cites them."""
-    cited = (part for found in _CITATION.finditer(text) for part in _CITATION_SEPARATOR.split(found.group(1))[::2])
+    cited = (
+        part
+        for found in _CITATION.finditer(text)
+        for part in _CITATION_SEPARATOR.split(found.group(1))[::2]
+    )
     return [known[doc_id] for doc_id in dict.fromkeys(cited) if doc_id in known]
 
 

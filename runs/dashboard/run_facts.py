@@ -25,7 +25,7 @@ def failed_tries(run: Run) -> str:
 
 
 def steps_count(run: Run) -> str:
-    """"3 of 5", or "10 steps" when the agent announced no total."""
+    """ "3 of 5", or "10 steps" when the agent announced no total."""
     if run.steps_total:
         return f"{run.steps_done} of {run.steps_total}"
     return f"{run.steps_done} step{'s' if run.steps_done != 1 else ''}"
@@ -116,7 +116,11 @@ def input_rows(data: Any) -> list[InputRow]:
     Bounded (the first 30 fields, 2,000 characters each); the raw JSON stays one click away.
     """
     if not isinstance(data, dict):
-        return [InputRow("Input", _cut(json.dumps(data, ensure_ascii=False, default=str)), True)] if data else []
+        return (
+            [InputRow("Input", _cut(json.dumps(data, ensure_ascii=False, default=str)), True)]
+            if data
+            else []
+        )
     rows = []
     for name, value in list(data.items())[:MAX_INPUT_ROWS]:
         if isinstance(value, str):
@@ -126,7 +130,9 @@ def input_rows(data: Any) -> list[InputRow]:
         else:
             text = json.dumps(value, ensure_ascii=False, default=str)
         text = _cut(text)
-        rows.append(InputRow(str(name).replace("_", " ").capitalize(), text, len(text) > 80 or "\n" in text))
+        rows.append(
+            InputRow(str(name).replace("_", " ").capitalize(), text, len(text) > 80 or "\n" in text)
+        )
     return rows
 
 

@@ -54,15 +54,21 @@ def timeline(*, run: Run) -> list[TimelineStep]:
     steps = list(Step.objects.filter(run=run, generation=run.generation).order_by("seq"))
     by_step: dict[int, list[Artifact]] = defaultdict(list)
     if steps:
-        for artifact in Artifact.objects.filter(run=run, step__in=[s.pk for s in steps]).order_by("id"):
+        for artifact in Artifact.objects.filter(run=run, step__in=[s.pk for s in steps]).order_by(
+            "id"
+        ):
             by_step[artifact.step_id].append(artifact)
     return [TimelineStep(step=s, artifacts=by_step[s.pk]) for s in steps]
 
 
 def last_step(*, run: Run) -> Step | None:
     """The newest step row of the run's current generation (one query on the (run, generation, seq) key)."""
-    return (Step.objects.filter(run=run, generation=run.generation).only("id", "seq", "name", "status", "kind")
-            .order_by("-seq").first())
+    return (
+        Step.objects.filter(run=run, generation=run.generation)
+        .only("id", "seq", "name", "status", "kind")
+        .order_by("-seq")
+        .first()
+    )
 
 
 def recent_messages(*, run: Run, limit: int = 20) -> list[Message]:
@@ -78,17 +84,32 @@ def get_artifact(*, run: Run, artifact_id: int) -> Artifact | None:
 # What the run page shows of a delivery; the receiver's answer body and the
 # sender's own error sentence (addresses, ports, TLS details) stay in the admin.
 DELIVERY_FIELDS = (
-    "id", "run_id", "url", "event_type", "status", "attempts", "response_code", "failure",
-    "next_attempt_at", "last_attempt_at", "delivered_at", "created_at",
+    "id",
+    "run_id",
+    "url",
+    "event_type",
+    "status",
+    "attempts",
+    "response_code",
+    "failure",
+    "next_attempt_at",
+    "last_attempt_at",
+    "delivered_at",
+    "created_at",
 )
 
 
 def recent_deliveries(*, run: Run, limit: int = 20) -> list[WebhookDelivery]:
     """The run's latest webhook deliveries, newest first, each with ``receiver_paused`` (one query)."""
-    paused = WebhookReceiver.objects.filter(tenant_id=run.tenant_id, receiver=ReceiverOf(OuterRef("url")),
-                                            paused_at__isnull=False)
-    return list(WebhookDelivery.objects.filter(run=run).only(*DELIVERY_FIELDS)
-                .annotate(receiver_paused=Exists(paused)).order_by("-id")[:limit])
+    paused = WebhookReceiver.objects.filter(
+        tenant_id=run.tenant_id, receiver=ReceiverOf(OuterRef("url")), paused_at__isnull=False
+    )
+    return list(
+        WebhookDelivery.objects.filter(run=run)
+        .only(*DELIVERY_FIELDS)
+        .annotate(receiver_paused=Exists(paused))
+        .order_by("-id")[:limit]
+    )
 
 
 def get_delivery(*, run: Run, delivery_id: int) -> WebhookDelivery | None:
@@ -123,16 +144,37 @@ def family(*, run: Run, children: bool = True) -> Family:
 
     ``children=False`` skips the children's query (a run that never spawned).
     """
-    related = {r.pk: r for r in Run.objects.filter(pk__in=[k for k in (run.parent_id, run.origin_id) if k])
-               .only("id", "kind", "status", "title", "tenant_id")}
+    related = {
+        r.pk: r
+        for r in Run.objects.filter(pk__in=[k for k in (run.parent_id, run.origin_id) if k]).only(
+            "id", "kind", "status", "title", "tenant_id"
+        )
+    }
     if not children:
         return Family(parent=related.get(run.parent_id), origin=related.get(run.origin_id))
-    children = list(Run.objects.filter(parent=run).order_by("created_at", "id")
-                    .only("id", "kind", "status", "title", "outcome", "summary", "cost_cents", "created_at", "finished_at",
-                          "compensation")[: CHILDREN_SHOWN + 1])
+    children = list(
+        Run.objects.filter(parent=run)
+        .order_by("created_at", "id")
+        .only(
+            "id",
+            "kind",
+            "status",
+            "title",
+            "outcome",
+            "summary",
+            "cost_cents",
+            "created_at",
+            "finished_at",
+            "compensation",
+        )[: CHILDREN_SHOWN + 1]
+    )
     more = 0
     if len(children) > CHILDREN_SHOWN:
         more = Run.objects.filter(parent=run).count() - CHILDREN_SHOWN
         children = children[:CHILDREN_SHOWN]
-    return Family(parent=related.get(run.parent_id), origin=related.get(run.origin_id), children=children,
-                  more_children=more)
+    return Family(
+        parent=related.get(run.parent_id),
+        origin=related.get(run.origin_id),
+        children=children,
+        more_children=more,
+    )

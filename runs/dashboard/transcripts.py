@@ -17,6 +17,7 @@ from runs.dashboard.rendering import as_text, cut, readable
 
 # Transcripts of model calls --------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ToolCallView:
     id: str
@@ -53,7 +54,9 @@ class Transcript:
     answered: bool
 
 
-def transcript(step: Any, steps: Iterable[Any] = (), names: Mapping[str, str] | None = None) -> Transcript | None:
+def transcript(
+    step: Any, steps: Iterable[Any] = (), names: Mapping[str, str] | None = None
+) -> Transcript | None:
     """The transcript of an ``llm`` step of the LLM loop, or None for any other step.
 
     ``names`` maps the authors of people's messages ("user:7") to names
@@ -72,23 +75,40 @@ def transcript(step: Any, steps: Iterable[Any] = (), names: Mapping[str, str] | 
     position = next((i for i, s in enumerate(ordered) if s.seq == step.seq), None)
     added = _added_before(ordered[:position], names or {}) if position is not None else []
     entries = list(added)
-    reply = step.output if isinstance(step.output, dict) and step.output.get("role") == "assistant" else None
+    reply = (
+        step.output
+        if isinstance(step.output, dict) and step.output.get("role") == "assistant"
+        else None
+    )
     if reply is not None:
-        calls = [_call_view(call) for call in reply.get("tool_calls") or [] if isinstance(call, dict)]
+        calls = [
+            _call_view(call) for call in reply.get("tool_calls") or [] if isinstance(call, dict)
+        ]
         content = reply.get("content")
         text = content if isinstance(content, str) else "" if content is None else as_text(content)
         entries.append(TranscriptEntry("assistant", "Model", cut(text), calls, seq=step.seq))
     sent = request.get("messages") if isinstance(request.get("messages"), int) else None
     return Transcript(
-        seq=step.seq, model=str(request.get("model") or ""), iteration=request.get("iteration"), sent=sent,
-        earlier=max(0, (sent or 0) - len(added)), tokens_in=step.tokens_in or 0, tokens_out=step.tokens_out or 0,
-        cost_cents=step.cost_cents or Decimal(0), entries=entries, answered=reply is not None,
+        seq=step.seq,
+        model=str(request.get("model") or ""),
+        iteration=request.get("iteration"),
+        sent=sent,
+        earlier=max(0, (sent or 0) - len(added)),
+        tokens_in=step.tokens_in or 0,
+        tokens_out=step.tokens_out or 0,
+        cost_cents=step.cost_cents or Decimal(0),
+        entries=entries,
+        answered=reply is not None,
     )
 
 
 def _request(step: Any) -> dict | None:
     """The loop's record of a model call: ``{"model", "iteration", "messages": <count>, "tools"}``."""
-    request = ((step.input or {}).get("kwargs") or {}).get("request") if isinstance(step.input, dict) else None
+    request = (
+        ((step.input or {}).get("kwargs") or {}).get("request")
+        if isinstance(step.input, dict)
+        else None
+    )
     return request if isinstance(request, dict) and "model" in request else None
 
 
@@ -104,13 +124,24 @@ def _added_before(earlier: list[Any], names: Mapping[str, str]) -> list[Transcri
             output = step.output if isinstance(step.output, dict) else {}
             pending = [c for c in output.get("tool_calls") or [] if isinstance(c, dict)]
             break
-        if step.name == "Starting the agent" and isinstance(step.output, dict) and "system" in step.output:
+        if (
+            step.name == "Starting the agent"
+            and isinstance(step.output, dict)
+            and "system" in step.output
+        ):
             start = index + 1
-            entries.append(TranscriptEntry("system", "System prompt", cut(as_text(step.output["system"])),
-                                           seq=step.seq))
+            entries.append(
+                TranscriptEntry(
+                    "system", "System prompt", cut(as_text(step.output["system"])), seq=step.seq
+                )
+            )
             # Runs started before the loop recorded the prompt have it only in their input.
             user = step.output.get("user")
-            text = cut(user) if isinstance(user, str) else "(not recorded for this run: see the run's input)"
+            text = (
+                cut(user)
+                if isinstance(user, str)
+                else "(not recorded for this run: see the run's input)"
+            )
             entries.append(TranscriptEntry("user", "User", text, seq=step.seq))
             break
     for step in earlier[start:]:
@@ -118,30 +149,58 @@ def _added_before(earlier: list[Any], names: Mapping[str, str]) -> list[Transcri
             continue
         if step.kind == "tool" and isinstance(step.output, dict):
             call = pending.pop(0) if pending else {}
-            name = ((step.input or {}).get("kwargs") or {}).get("call", {}).get("name") if isinstance(
-                step.input, dict) else None
+            name = (
+                ((step.input or {}).get("kwargs") or {}).get("call", {}).get("name")
+                if isinstance(step.input, dict)
+                else None
+            )
             name = name or (call.get("function") or {}).get("name") or "a tool"
-            entries.append(TranscriptEntry(
-                "tool", f"Result of {name}", readable(step.output.get("content")),
-                error=bool(step.output.get("error")), seq=step.seq, artifact_id=step.output.get("artifact_id"),
-            ))
-        elif step.kind == "approval" and isinstance(step.output, dict) and step.output.get("approved") is False:
+            entries.append(
+                TranscriptEntry(
+                    "tool",
+                    f"Result of {name}",
+                    readable(step.output.get("content")),
+                    error=bool(step.output.get("error")),
+                    seq=step.seq,
+                    artifact_id=step.output.get("artifact_id"),
+                )
+            )
+        elif (
+            step.kind == "approval"
+            and isinstance(step.output, dict)
+            and step.output.get("approved") is False
+        ):
             call = pending.pop(0) if pending else {}
             name = (call.get("function") or {}).get("name") or "the call"
             comment = step.output.get("comment") or ""
             who = sentence_start(as_text(step.output.get("by_name")) or "a person")
             # What the loop told the model (workers/llm/loop.py), in its words.
-            told = f"{who} rejected this call" + (f": {comment}" if comment else "") + ". Do not retry it."
-            entries.append(TranscriptEntry("tool", f"Result of {name}", told, error=True, seq=step.seq))
+            told = (
+                f"{who} rejected this call"
+                + (f": {comment}" if comment else "")
+                + ". Do not retry it."
+            )
+            entries.append(
+                TranscriptEntry("tool", f"Result of {name}", told, error=True, seq=step.seq)
+            )
         elif step.kind == "message" and isinstance(step.output, list):
             for message in step.output:
                 if isinstance(message, dict):
-                    entries.append(TranscriptEntry("user", f"Message from {names.get(as_text(message.get('author')), 'a person')}",
-                                                   cut(as_text(message.get("text"))), seq=step.seq))
+                    entries.append(
+                        TranscriptEntry(
+                            "user",
+                            f"Message from {names.get(as_text(message.get('author')), 'a person')}",
+                            cut(as_text(message.get("text"))),
+                            seq=step.seq,
+                        )
+                    )
     return entries
 
 
 def _call_view(call: dict) -> ToolCallView:
     function = call.get("function") or {}
-    return ToolCallView(id=str(call.get("id") or ""), name=str(function.get("name") or ""),
-                        arguments=readable(function.get("arguments") or "{}"))
+    return ToolCallView(
+        id=str(call.get("id") or ""),
+        name=str(function.get("name") or ""),
+        arguments=readable(function.get("arguments") or "{}"),
+    )

@@ -8,7 +8,9 @@ urlpatterns = [
     path("runs/new/", views.submit_form, name="submit"),
     path("tenant/", views.switch_tenant, name="switch_tenant"),
     path("runs/<uuid:run_id>/", views.run_detail, name="detail"),
-    path("runs/<uuid:run_id>/artifacts/<int:artifact_id>/", views.artifact_download, name="artifact"),
+    path(
+        "runs/<uuid:run_id>/artifacts/<int:artifact_id>/", views.artifact_download, name="artifact"
+    ),
     path("runs/<uuid:run_id>/cancel/", actions.cancel, name="cancel"),
     path("runs/<uuid:run_id>/pause/", actions.pause, name="pause"),
     path("runs/<uuid:run_id>/resume/", actions.resume, name="resume"),
@@ -17,5 +19,9 @@ urlpatterns = [
     path("runs/<uuid:run_id>/reject/", actions.reject, name="reject"),
     path("runs/<uuid:run_id>/resolve/", actions.resolve, name="resolve"),
     path("runs/<uuid:run_id>/messages/", actions.post_message, name="message"),
-    path("runs/<uuid:run_id>/deliveries/<int:delivery_id>/redeliver/", actions.redeliver, name="redeliver"),
+    path(
+        "runs/<uuid:run_id>/deliveries/<int:delivery_id>/redeliver/",
+        actions.redeliver,
+        name="redeliver",
+    ),
 ]

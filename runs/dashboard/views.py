@@ -86,9 +86,13 @@ def run_list(request: HttpRequest) -> HttpResponse:
         wanted = filters.cleaned_data
         try:
             page = selectors.list_runs(
-                tenant=access.tenant, limit=PAGE_SIZE, cursor=wanted["cursor"] or None,
-                status=wanted["status"] or None, kind=wanted["kind"] or None,
-                id_search=filters.id_search, search=(wanted["q"] or None) if filters.id_search is None else None,
+                tenant=access.tenant,
+                limit=PAGE_SIZE,
+                cursor=wanted["cursor"] or None,
+                status=wanted["status"] or None,
+                kind=wanted["kind"] or None,
+                id_search=filters.id_search,
+                search=(wanted["q"] or None) if filters.id_search is None else None,
                 without_payloads=True,
             )
         except InvalidRunInput as exc:  # a mangled cursor
@@ -98,12 +102,15 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "access": access,
         "tenant": access.tenant,
         "filters": filters,
-        "filtered": filters.is_bound and any(request.GET.get(name) for name in ("status", "kind", "q", "cursor")),
+        "filtered": filters.is_bound
+        and any(request.GET.get(name) for name in ("status", "kind", "q", "cursor")),
         "page": page,
         "error": error,
         "live": live,
         "waiting_count": (
-            dashboard_selectors.count_waiting_for_people(tenant=access.tenant) if access.can_approve else None
+            dashboard_selectors.count_waiting_for_people(tenant=access.tenant)
+            if access.can_approve
+            else None
         ),
         "next_url": _page_url(filters, page.next_cursor),
         "poll_url": request.get_full_path(),
@@ -136,11 +143,18 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
 
 
 def render_run_page(
-    request: HttpRequest, access: Access, run: Run, *, forms: dict[str, Any] | None = None, status: int = 200
+    request: HttpRequest,
+    access: Access,
+    run: Run,
+    *,
+    forms: dict[str, Any] | None = None,
+    status: int = 200,
 ) -> HttpResponse:
     """The whole run page; ``forms`` replaces blank forms with bound ones that carry errors (422)."""
     context = run_context(access, run, controls=True, work=True, deliveries=True, forms=forms)
-    context.update(input_rows=run_facts.input_rows(run.input), input_json=presenters.pretty_json(run.input))
+    context.update(
+        input_rows=run_facts.input_rows(run.input), input_json=presenters.pretty_json(run.input)
+    )
     first = context["activity"].entries[:1]
     if first and first[0].seq == 1 and first[0].who:
         context["submitted_by"] = first[0].who
@@ -155,7 +169,11 @@ def render_run_page(
 
 def _stream_url(run: Run) -> str:
     """The run's event stream after the Events the page already shows (the session authenticates it)."""
-    return reverse("api:events", kwargs={"run_id": run.id}) + "?" + urlencode({"last_event_id": run.last_event_seq})
+    return (
+        reverse("api:events", kwargs={"run_id": run.id})
+        + "?"
+        + urlencode({"last_event_id": run.last_event_seq})
+    )
 
 
 def _poll(request: HttpRequest, access: Access, run: Run) -> HttpResponse:
@@ -167,7 +185,10 @@ def _poll(request: HttpRequest, access: Access, run: Run) -> HttpResponse:
     controls_changed = request.GET.get("state") != presenters.controls_version(run)
     work_changed = request.GET.get("seen") != presenters.timeline_version(run)
     context = run_context(
-        access, run, controls=controls_changed, work=work_changed,
+        access,
+        run,
+        controls=controls_changed,
+        work=work_changed,
         deliveries=work_changed and presenters.deliveries_may_have_changed(run),
     )
     context["oob"] = True
@@ -178,7 +199,12 @@ def _poll(request: HttpRequest, access: Access, run: Run) -> HttpResponse:
 
 
 def run_context(
-    access: Access, run: Run, *, controls: bool, work: bool, deliveries: bool = False,
+    access: Access,
+    run: Run,
+    *,
+    controls: bool,
+    work: bool,
+    deliveries: bool = False,
     forms: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the run page's parts show; ``controls``, ``work`` and ``deliveries`` say which parts to load."""
@@ -195,10 +221,18 @@ def run_context(
         "failed_tries": run_facts.failed_tries(run),
         # Only a live run with a named step needs its last row to say what the name means.
         "now": run_facts.now_step(
-            run, dashboard_selectors.last_step(run=run) if not run.is_terminal and run.current_step else None),
+            run,
+            dashboard_selectors.last_step(run=run)
+            if not run.is_terminal and run.current_step
+            else None,
+        ),
         "cost_percent": presenters.cost_percent(run),
-        "advice": presenters.advice(run, cancelled_by=who_cancelled(run) if run.status == RunStatus.CANCELLED else ""),
-        "poll_url": reverse("runs:detail", args=[run.id]) + "?" + urlencode({"state": state, "seen": seen}),
+        "advice": presenters.advice(
+            run, cancelled_by=who_cancelled(run) if run.status == RunStatus.CANCELLED else ""
+        ),
+        "poll_url": reverse("runs:detail", args=[run.id])
+        + "?"
+        + urlencode({"state": state, "seen": seen}),
         "controls_changed": controls,
         "work_changed": work,
         "deliveries_changed": deliveries,
@@ -210,8 +244,11 @@ def run_context(
             waiting=waiting,
             waiting_json=_waiting_json(waiting),
             controls=presenters.controls(run, access, waiting),
-            confirm_texts={"cancel": presenters.CONFIRM_CANCEL, "roll_back": presenters.CONFIRM_ROLL_BACK,
-                           "reject": presenters.CONFIRM_REJECT},
+            confirm_texts={
+                "cancel": presenters.CONFIRM_CANCEL,
+                "roll_back": presenters.CONFIRM_ROLL_BACK,
+                "reject": presenters.CONFIRM_REJECT,
+            },
             new_bound=presenters.needs_new_bound(run),
             run_messages=_named_messages(run),
             decision_form=DecisionForm(initial={"step": pending}),
@@ -228,7 +265,8 @@ def run_context(
         steps = dashboard_selectors.timeline(run=run)
         # Only a run with a spawn step has children to look up.
         context["family"] = dashboard_selectors.family(
-            run=run, children=any(item.step.kind == "child" for item in steps))
+            run=run, children=any(item.step.kind == "child" for item in steps)
+        )
         context.update(
             author_names=_message_authors(run, steps),
             activity=activity(run),
@@ -238,15 +276,22 @@ def run_context(
             result_json=None if run.result is None else presenters.pretty_json(run.result),
         )
     if deliveries:
-        context["deliveries"] = presenters.delivery_rows(dashboard_selectors.recent_deliveries(run=run), access)
+        context["deliveries"] = presenters.delivery_rows(
+            dashboard_selectors.recent_deliveries(run=run), access
+        )
         context["may_redeliver"] = access.can(Action.RETRY)
     return context
 
 
 def _message_authors(run: Run, steps: list) -> dict[str, str]:
     """Names of the people whose messages the run's message steps read, keyed "user:7" as the steps store them."""
-    authors = {message["author"] for item in steps if item.step.kind == "message" and isinstance(item.step.output, list)
-               for message in item.step.output if isinstance(message, dict) and isinstance(message.get("author"), str)}
+    authors = {
+        message["author"]
+        for item in steps
+        if item.step.kind == "message" and isinstance(item.step.output, list)
+        for message in item.step.output
+        if isinstance(message, dict) and isinstance(message.get("author"), str)
+    }
     if not authors:
         return {}
     names = describe_actors((parse_actor(author) for author in authors), tenant_id=run.tenant_id)
@@ -301,28 +346,44 @@ def submit_form(request: HttpRequest) -> HttpResponse:
     kind_name = request.GET.get("kind", "")
     # A kind the tenant may not start is one the form does not know (runs.kinds).
     kind = kinds.startable_kind(access.tenant, kind_name) if kind_name else None
-    context: dict[str, Any] = {"access": access, "tenant": access.tenant, "kind": kind,
-                               "kinds": kinds.startable_kinds(access.tenant)}
+    context: dict[str, Any] = {
+        "access": access,
+        "tenant": access.tenant,
+        "kind": kind,
+        "kinds": kinds.startable_kinds(access.tenant),
+    }
     if kind is None:
         context["unknown_kind"] = kind_name
         return render(request, "runs/submit.html", context, status=404 if kind_name else 200)
-    form = KindInputForm(kind.input_json_schema(), request.POST if request.method == "POST" else None)
+    form = KindInputForm(
+        kind.input_json_schema(), request.POST if request.method == "POST" else None
+    )
     key = _form_key(request)
     if request.method == "POST" and form.is_valid():
         try:
             submitted = services.submit(
-                tenant=access.tenant, kind=kind.name, input=form.input_data(),
-                idempotency_key=key, actor=actor_of(request),
+                tenant=access.tenant,
+                kind=kind.name,
+                input=form.input_data(),
+                idempotency_key=key,
+                actor=actor_of(request),
             )
         except InvalidRunInput as exc:
             form.add_input_errors(str(exc), exc.errors)
         except IdempotencyConflict:
-            form.add_error(None, "This form was already used to submit another run; submit again for a new one.")
+            form.add_error(
+                None,
+                "This form was already used to submit another run; submit again for a new one.",
+            )
             key = uuid4().hex
         except (QueueFull, UnknownKind) as exc:
             form.add_error(None, str(exc))
         else:
-            created = "Run submitted." if submitted.created else "This form was already submitted: here is its run."
+            created = (
+                "Run submitted."
+                if submitted.created
+                else "This form was already submitted: here is its run."
+            )
             messages.success(request, created)
             return redirect("runs:detail", run_id=submitted.run.id)
     context.update(form=form, idempotency_key=key)

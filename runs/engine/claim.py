@@ -39,11 +39,15 @@ class ClaimedRun:
     parent_id: UUID | None = None
     children_cost_cents: Decimal = Decimal(0)
     compensation: str = ""  # "running" while its saga rolls back (runs.engine.saga)
-    run_after: datetime | None = None  # when it became due: claimed_at - run_after is its wait in the queue
+    run_after: datetime | None = (
+        None  # when it became due: claimed_at - run_after is its wait in the queue
+    )
     created_at: datetime | None = None  # when it was submitted
     started_at: datetime | None = None  # its first claim's time
     priority: int = 5
-    trace_context: dict | None = None  # the submitting request's W3C trace context (workers.tracing)
+    trace_context: dict | None = (
+        None  # the submitting request's W3C trace context (workers.tracing)
+    )
 
 
 _CLAIM_COLUMNS = (
@@ -56,7 +60,9 @@ _CLAIM_COLUMNS = (
 
 def _rows(cursor) -> list[ClaimedRun]:
     return [
-        ClaimedRun(*row[:4], loads(row[4]), *row[5:-1], trace_context=loads(row[-1]) if row[-1] else None)
+        ClaimedRun(
+            *row[:4], loads(row[4]), *row[5:-1], trace_context=loads(row[-1]) if row[-1] else None
+        )
         for row in cursor.fetchall()
     ]
 
@@ -213,7 +219,10 @@ SELECT {columns} FROM claimed
 """
 
 _EVENTS = event_ctes(
-    "claimed", type="'run.running'", actor_type="'worker'", actor_id="%(worker)s::text",
+    "claimed",
+    type="'run.running'",
+    actor_type="'worker'",
+    actor_id="%(worker)s::text",
     payload="jsonb_build_object('from', {queued}, 'attempt', claimed.attempt)",
 )
 
@@ -241,7 +250,9 @@ def claim(
     if (n <= 0 and not returned) or not kinds or not queues:
         return []
     names = list(kinds)
-    pairs = sorted({(k, kinds[k]) for k in names} | {(k, v) for k, vs in (resumes or {}).items() for v in vs})
+    pairs = sorted(
+        {(k, kinds[k]) for k in names} | {(k, v) for k, vs in (resumes or {}).items() for v in vs}
+    )
     params = {
         "queues": list(queues),
         "kinds": names,
@@ -313,7 +324,9 @@ SELECT * FROM extended
 """)
 
 
-def heartbeat(*, worker_id: UUID, held: dict[int, UUID], lease: float) -> dict[int, tuple[bool, bool]]:
+def heartbeat(
+    *, worker_id: UUID, held: dict[int, UUID], lease: float
+) -> dict[int, tuple[bool, bool]]:
     """Extend the lease of every run held (lease token → run id), in one statement; marks the Worker row seen.
 
     Returns the lease tokens still held with their (cancel, pause) request
@@ -323,7 +336,12 @@ def heartbeat(*, worker_id: UUID, held: dict[int, UUID], lease: float) -> dict[i
     with engine_cursor() as cursor:
         cursor.execute(
             _HEARTBEAT_SQL,
-            {"ids": [held[t] for t in tokens], "tokens": tokens, "lease": lease, "worker": worker_id,
-             "running": RunStatus.RUNNING},
+            {
+                "ids": [held[t] for t in tokens],
+                "tokens": tokens,
+                "lease": lease,
+                "worker": worker_id,
+                "running": RunStatus.RUNNING,
+            },
         )
         return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}

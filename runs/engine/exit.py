@@ -171,7 +171,10 @@ SELECT id, status, queue, statement_timestamp(), parent_id, kind FROM r
 """
 
 _EVENTS = event_ctes(
-    "r", type="'run.' || r.status", actor_type="r.a_actor_type", actor_id="r.a_actor_id",
+    "r",
+    type="'run.' || r.status",
+    actor_type="r.a_actor_type",
+    actor_id="r.a_actor_id",
     # What a stream's client and a webhook's receiver need to show the end
     # (or the wait) without asking again: the result, or the error and why.
     payload=(
@@ -254,11 +257,25 @@ def leave_running(
     queue) in the metrics (``agentruns_retries_total``); ``reason`` otherwise.
     """
     row = exit_row(
-        run_id=run_id, token=token, target=target, reason=reason, actor_type=actor_type, actor_id=actor_id,
-        result_json=result_json, error=error, error_kind=error_kind, add_failure=add_failure,
-        delay_seconds=delay_seconds, wake_at=wake_at, wake_on_message=wake_on_message,
-        wake_on_children=wake_on_children, compensation=compensation, give_slot=give_slot, outcome=outcome,
-        summary=summary, error_class=error_class,
+        run_id=run_id,
+        token=token,
+        target=target,
+        reason=reason,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        result_json=result_json,
+        error=error,
+        error_kind=error_kind,
+        add_failure=add_failure,
+        delay_seconds=delay_seconds,
+        wake_at=wake_at,
+        wake_on_message=wake_on_message,
+        wake_on_children=wake_on_children,
+        compensation=compensation,
+        give_slot=give_slot,
+        outcome=outcome,
+        summary=summary,
+        error_class=error_class,
     )
     expires = settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds
     statement = _STATEMENTS[only_if_expired]
@@ -266,9 +283,15 @@ def leave_running(
     if not recheck and parent_id is None:
         exited = _execute(statement, [row], expires=expires).get(run_id)
         _count(exited, row)
-        if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
+        if (
+            exited is not None
+            and exited.parent_id is not None
+            and exited.status in TERMINAL_STATUSES
+        ):
             # Not expected (a child's exit names its parent): tell the parent now, late but not lost.
-            logger.warning("run %s left running without naming its parent %s", run_id, exited.parent_id)
+            logger.warning(
+                "run %s left running without naming its parent %s", run_id, exited.parent_id
+            )
             with transaction.atomic():
                 return exited._replace(woke_parent=_tell_parent(exited, run_id))
         return exited
@@ -281,7 +304,11 @@ def leave_running(
                 cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [run_id])
         exited = _execute(statement, [row], expires=expires).get(run_id)
         _count(exited, row)
-        if exited is not None and exited.parent_id is not None and exited.status in TERMINAL_STATUSES:
+        if (
+            exited is not None
+            and exited.parent_id is not None
+            and exited.status in TERMINAL_STATUSES
+        ):
             exited = exited._replace(woke_parent=_tell_parent(exited, run_id))
         return exited
 
@@ -353,14 +380,35 @@ def leave_many(rows: list[dict[str, Any]]) -> list[Exited | None]:
     return answers
 
 
-_ROW_PARAMS = ("run", "token", "target", "add_failure", "delay", "wake_at", "result", "error", "error_kind",
-               "actor_type", "actor_id", "reason", "wake_on_message", "wake_on_children", "compensation",
-               "give_slot", "outcome", "summary")
+_ROW_PARAMS = (
+    "run",
+    "token",
+    "target",
+    "add_failure",
+    "delay",
+    "wake_at",
+    "result",
+    "error",
+    "error_kind",
+    "actor_type",
+    "actor_id",
+    "reason",
+    "wake_on_message",
+    "wake_on_children",
+    "compensation",
+    "give_slot",
+    "outcome",
+    "summary",
+)
 
 
 def _execute(statement: str, rows: list[dict[str, Any]], *, expires: float) -> dict[UUID, Exited]:
-    params = {"rows": param_rows(rows, _ROW_PARAMS), "run": [row["run"] for row in rows],
-              "expires": float(expires), "running": RunStatus.RUNNING}
+    params = {
+        "rows": param_rows(rows, _ROW_PARAMS),
+        "run": [row["run"] for row in rows],
+        "expires": float(expires),
+        "running": RunStatus.RUNNING,
+    }
     with engine_cursor() as cursor:
         cursor.execute(statement, params)
         return {found[0]: Exited(*found[1:]) for found in cursor.fetchall()}
@@ -371,10 +419,16 @@ def _count(exited: Exited | None, row: dict[str, Any]) -> None:
     if exited is None:
         return
     if exited.status in TERMINAL_STATUSES:
-        transaction.on_commit(lambda: metrics.run_finished(queue=exited.queue, kind=exited.kind, status=exited.status))
+        transaction.on_commit(
+            lambda: metrics.run_finished(queue=exited.queue, kind=exited.kind, status=exited.status)
+        )
     elif row["add_failure"] and exited.status == RunStatus.QUEUED:
-        transaction.on_commit(lambda: metrics.retried(kind=exited.kind, error_class=row["error_class"]))
+        transaction.on_commit(
+            lambda: metrics.retried(kind=exited.kind, error_class=row["error_class"])
+        )
 
 
 def _tell_parent(exited: Exited, run_id: UUID) -> str | None:
-    return child_finished(child_id=run_id, parent_id=exited.parent_id, succeeded=exited.status == "done")
+    return child_finished(
+        child_id=run_id, parent_id=exited.parent_id, succeeded=exited.status == "done"
+    )

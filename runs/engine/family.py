@@ -52,7 +52,8 @@ _WAKE = """(
     OR (p.cost_ceiling_cents IS NOT NULL AND p.cost_cents + {children_cost} > p.cost_ceiling_cents)
 )"""
 
-_CHILD_FINISHED_SQL = sql("""
+_CHILD_FINISHED_SQL = sql(
+    """
 WITH awaited AS (
     -- This child off its parent's pending list, at most once per gather.
     UPDATE runs_step s SET output = jsonb_set(s.output, '{{pending}}', (s.output -> 'pending') - %(child)s::text)
@@ -73,8 +74,9 @@ counted AS (
     WHERE p.id = %(parent)s
 ),
 decided AS (
-    SELECT c.*, p.status = {waiting} AND p.children_pending > 0 AND c.hit AND """ + _WAKE.format(
-    pending="c.pending", needed="c.needed", children_cost="c.children_cost") + """ AS wake
+    SELECT c.*, p.status = {waiting} AND p.children_pending > 0 AND c.hit AND """
+    + _WAKE.format(pending="c.pending", needed="c.needed", children_cost="c.children_cost")
+    + """ AS wake
     FROM counted c JOIN runs_run p ON p.id = c.id
 ),
 r AS (
@@ -93,10 +95,15 @@ woke AS (SELECT * FROM r WHERE wake),
 t AS (UPDATE runs_tenant SET queued = queued + 1 FROM woke WHERE runs_tenant.id = woke.tenant_id),
 {events}
 SELECT queue FROM woke
-""", events=event_ctes(
-    "woke", type="'run.queued'", actor_type="'system'", actor_id="''",
-    payload="jsonb_build_object('from', {waiting}, 'to', {queued}, 'reason', 'children', 'child', %(child)s::text)",
-))
+""",
+    events=event_ctes(
+        "woke",
+        type="'run.queued'",
+        actor_type="'system'",
+        actor_id="''",
+        payload="jsonb_build_object('from', {waiting}, 'to', {queued}, 'reason', 'children', 'child', %(child)s::text)",
+    ),
+)
 
 
 def child_finished(*, child_id: UUID, parent_id: UUID, succeeded: bool) -> str | None:
@@ -107,7 +114,10 @@ def child_finished(*, child_id: UUID, parent_id: UUID, succeeded: bool) -> str |
     """
     lock_run(parent_id)
     with connection.cursor() as cursor:
-        cursor.execute(_CHILD_FINISHED_SQL, {"child": str(child_id), "parent": parent_id, "succeeded": succeeded})
+        cursor.execute(
+            _CHILD_FINISHED_SQL,
+            {"child": str(child_id), "parent": parent_id, "succeeded": succeeded},
+        )
         row = cursor.fetchone()
     return None if row is None else row[0]
 
@@ -127,8 +137,14 @@ class ChildState:
     error_kind: str
 
     def as_json(self) -> dict[str, Any]:
-        return {"run_id": str(self.run_id), "kind": self.kind, "status": self.status, "result": self.result,
-                "error": self.error, "error_kind": self.error_kind}
+        return {
+            "run_id": str(self.run_id),
+            "kind": self.kind,
+            "status": self.status,
+            "result": self.result,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -158,7 +174,8 @@ SELECT COALESCE(
     statement_timestamp() + make_interval(secs => %(timeout)s)), statement_timestamp()
 """
 
-_PARK_SQL = sql("""
+_PARK_SQL = sql(
+    """
 WITH r AS (
     UPDATE runs_run SET current_step = %(name)s, children_pending = %(pending_n)s, children_needed = %(needed)s,
         {next_seq}
@@ -179,20 +196,39 @@ s AS (
 ),
 {events}
 SELECT 1 FROM r
-""", next_seq=next_seq(), guard=sql(RUN_GUARD), events=event_ctes(
-    "r", type="'children.awaited'", actor_type="'worker'", actor_id="%(worker)s::text",
-    payload=("jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'pending', %(pending_n)s,"
-             " 'needed', %(needed)s::int, 'until', %(until)s::timestamptz)"),
-))
+""",
+    next_seq=next_seq(),
+    guard=sql(RUN_GUARD),
+    events=event_ctes(
+        "r",
+        type="'children.awaited'",
+        actor_type="'worker'",
+        actor_id="%(worker)s::text",
+        payload=(
+            "jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'pending', %(pending_n)s,"
+            " 'needed', %(needed)s::int, 'until', %(until)s::timestamptz)"
+        ),
+    ),
+)
 
-_CLEAR_SQL = sql("UPDATE runs_run SET children_pending = 0, children_needed = NULL WHERE {guard}",
-                 guard=sql(RUN_GUARD))
+_CLEAR_SQL = sql(
+    "UPDATE runs_run SET children_pending = 0, children_needed = NULL WHERE {guard}",
+    guard=sql(RUN_GUARD),
+)
 
 
 @transaction.atomic
 def begin_gather(
-    *, run_id: UUID, token: int, generation: int, seq: int, name: str, children: list[UUID],
-    min_success: int | None, timeout: float | None, worker_id: UUID,
+    *,
+    run_id: UUID,
+    token: int,
+    generation: int,
+    seq: int,
+    name: str,
+    children: list[UUID],
+    min_success: int | None,
+    timeout: float | None,
+    worker_id: UUID,
 ) -> GatherState | None:
     """Read the children under the parent's row lock; park the gather step when it must wait.
 
@@ -203,15 +239,22 @@ def begin_gather(
     (``leave_running(target="waiting", recheck=True, wake_at=until)``).
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql("SELECT 1 FROM runs_run WHERE {guard} FOR UPDATE", guard=sql(RUN_GUARD)),
-                       {"run": run_id, "token": token})
+        cursor.execute(
+            sql("SELECT 1 FROM runs_run WHERE {guard} FOR UPDATE", guard=sql(RUN_GUARD)),
+            {"run": run_id, "token": token},
+        )
         if cursor.fetchone() is None:
             return None
         # A fresh snapshot, after the lock: every child that finished before
         # it is seen finished; any later one will find the step below.
         cursor.execute(_GATHER_SQL, {"children": [str(c) for c in children], "run": run_id})
-        states = [ChildState(row[0], row[1], row[2], loads(row[3]), row[4], row[5]) for row in cursor.fetchall()]
-        cursor.execute(_TIMER_SQL, {"run": run_id, "generation": generation, "seq": seq, "timeout": timeout})
+        states = [
+            ChildState(row[0], row[1], row[2], loads(row[3]), row[4], row[5])
+            for row in cursor.fetchall()
+        ]
+        cursor.execute(
+            _TIMER_SQL, {"run": run_id, "generation": generation, "seq": seq, "timeout": timeout}
+        )
         until, now = cursor.fetchone()
         live = [c for c in states if c.status not in TERMINAL_STATUSES]
         succeeded = sum(1 for c in states if c.status == "done")
@@ -222,20 +265,36 @@ def begin_gather(
         if met or timed_out:
             cursor.execute(_CLEAR_SQL, {"run": run_id, "token": token})
             return gathered
-        cursor.execute(_PARK_SQL, {
-            "run": run_id, "token": token, "generation": generation, "seq": seq, "name": name,
-            "input": dumps({"children": [str(c) for c in children], "min_success": min_success,
-                            "timeout": timeout}),
-            "pending": dumps([str(c.run_id) for c in live]), "pending_n": len(live),
-            "needed": None if min_success is None else max(min_success - succeeded, 0),
-            "until": until, "worker": worker_id,
-        })
+        cursor.execute(
+            _PARK_SQL,
+            {
+                "run": run_id,
+                "token": token,
+                "generation": generation,
+                "seq": seq,
+                "name": name,
+                "input": dumps(
+                    {
+                        "children": [str(c) for c in children],
+                        "min_success": min_success,
+                        "timeout": timeout,
+                    }
+                ),
+                "pending": dumps([str(c.run_id) for c in live]),
+                "pending_n": len(live),
+                "needed": None if min_success is None else max(min_success - succeeded, 0),
+                "until": until,
+                "worker": worker_id,
+            },
+        )
         if cursor.fetchone() is None:
             return None
     return gathered
 
 
-_LIVE_CHILDREN_SQL = sql("SELECT id FROM runs_run WHERE parent_id = %(run)s AND status IN {live} ORDER BY id")
+_LIVE_CHILDREN_SQL = sql(
+    "SELECT id FROM runs_run WHERE parent_id = %(run)s AND status IN {live} ORDER BY id"
+)
 
 
 def live_children(run_id: UUID) -> list[UUID]:

@@ -10,7 +10,9 @@ from uuid import UUID
 from django.db import connection
 
 
-def register_worker(*, worker_id: UUID, queues: list[str], kinds: list[str], concurrency: int) -> None:
+def register_worker(
+    *, worker_id: UUID, queues: list[str], kinds: list[str], concurrency: int
+) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO runs_worker (id, host, pid, queues, kinds, concurrency, started_at, last_seen_at, runs_held)"
@@ -22,5 +24,6 @@ def register_worker(*, worker_id: UUID, queues: list[str], kinds: list[str], con
 def worker_stopped(*, worker_id: UUID) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE runs_worker SET stopped_at = statement_timestamp(), runs_held = 0 WHERE id = %s", [worker_id]
+            "UPDATE runs_worker SET stopped_at = statement_timestamp(), runs_held = 0 WHERE id = %s",
+            [worker_id],
         )

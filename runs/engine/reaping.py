@@ -44,17 +44,30 @@ def find_expired_leases(*, limit: int) -> list[StaleLease]:
         return [StaleLease(*row) for row in cursor.fetchall()]
 
 
-def rescue(stale: StaleLease, *, actor_type: str = "system", actor_id: str = "reaper",
-           reason: str = "lease_expired",
-           error: str = "the worker holding this run stopped heartbeating (lease expired)") -> str | None:
+def rescue(
+    stale: StaleLease,
+    *,
+    actor_type: str = "system",
+    actor_id: str = "reaper",
+    reason: str = "lease_expired",
+    error: str = "the worker holding this run stopped heartbeating (lease expired)",
+) -> str | None:
     """Return one expired run to the queue (a failed attempt), or fail it when its budget is spent.
 
     Returns the status reached, or None when the run was no longer the one
     read (finished, re-claimed or heartbeated meanwhile).
     """
     outcome = leave_running(
-        run_id=stale.run_id, token=stale.token, target="queued", reason=reason, actor_type=actor_type,
-        actor_id=actor_id, error=error, add_failure=True, only_if_expired=True, parent_id=stale.parent_id,
+        run_id=stale.run_id,
+        token=stale.token,
+        target="queued",
+        reason=reason,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        error=error,
+        add_failure=True,
+        only_if_expired=True,
+        parent_id=stale.parent_id,
         error_class="LeaseExpired",
     )
     if outcome is None:
@@ -82,9 +95,15 @@ def find_past_deadline(*, limit: int) -> list[StaleLease]:
 def stop_past_deadline(stale: StaleLease) -> bool:
     """Fail a run past its deadline, fenced on the lease token read; its worker then finds its lease lost."""
     outcome = leave_running(
-        run_id=stale.run_id, token=stale.token, target="failed", reason="deadline", actor_type="system",
-        actor_id="reaper", error="the run used up its running time (deadline); stopped by the reaper",
-        error_kind="deadline", parent_id=stale.parent_id,
+        run_id=stale.run_id,
+        token=stale.token,
+        target="failed",
+        reason="deadline",
+        actor_type="system",
+        actor_id="reaper",
+        error="the run used up its running time (deadline); stopped by the reaper",
+        error_kind="deadline",
+        parent_id=stale.parent_id,
     )
     return outcome is not None
 
@@ -115,7 +134,10 @@ SELECT queue, kind FROM r
 """,
     next_seq=next_seq(),
     events=event_ctes(
-        "r", type="'run.failed'", actor_type="'system'", actor_id="'reaper'",
+        "r",
+        type="'run.failed'",
+        actor_type="'system'",
+        actor_id="'reaper'",
         payload="jsonb_build_object('reason', 'expired', 'error_kind', 'expired')",
     ),
 )
@@ -144,8 +166,9 @@ def expire_waiting(*, batch: int) -> int:
             row = cursor.fetchone()
             if row:
                 rows.append(row)
-                family.wake_after_commit(family.child_finished(child_id=child_id, parent_id=parent_id,
-                                                               succeeded=False))
+                family.wake_after_commit(
+                    family.child_finished(child_id=child_id, parent_id=parent_id, succeeded=False)
+                )
     for queue, kind in rows:
         metrics.run_finished(queue=queue, kind=kind, status=RunStatus.FAILED)
     return len(rows)

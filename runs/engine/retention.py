@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 # The cutoff on the database's clock (an age), or a time the caller names.
 _CUTOFF = "COALESCE(%(before)s::timestamptz, statement_timestamp() - make_interval(secs => %(age)s::float8))"
 
-_PRUNE_SQL = sql("""
+_PRUNE_SQL = sql(
+    """
 WITH doomed AS (
     -- Oldest first on run_finished_idx; finished_at IS NOT NULL spelt out so the partial index applies.
     SELECT r.id FROM runs_run r
@@ -93,7 +94,10 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM steps), (SELECT count(
        (SELECT count(*) FROM events), (SELECT count(*) FROM messages), (SELECT count(*) FROM artifacts),
        (SELECT count(*) FROM deliveries), (SELECT count(*) FROM watches), (SELECT count(*) FROM forks),
        ARRAY(SELECT file FROM artifacts WHERE file <> '')
-""", cutoff=_CUTOFF, live_deliveries="(" + ", ".join(f"'{s.value}'" for s in LIVE_DELIVERY_STATUSES) + ")")
+""",
+    cutoff=_CUTOFF,
+    live_deliveries="(" + ", ".join(f"'{s.value}'" for s in LIVE_DELIVERY_STATUSES) + ")",
+)
 
 
 @dataclass
@@ -112,14 +116,19 @@ class PruneBatch:
     files: list[str] = field(default_factory=list)  # the artifacts' stored files
 
     def __add__(self, other: PruneBatch) -> PruneBatch:
-        return PruneBatch(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        return PruneBatch(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
 
     def __str__(self) -> str:
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "files")
+        return " ".join(
+            f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "files"
+        )
 
 
-def prune_finished(*, older_than: timedelta | datetime, batch: int, webhook_give_up: timedelta | None = None
-                   ) -> PruneBatch:
+def prune_finished(
+    *, older_than: timedelta | datetime, batch: int, webhook_give_up: timedelta | None = None
+) -> PruneBatch:
     """Delete up to ``batch`` runs finished before ``older_than`` (an age, or a time) with all they own.
 
     One statement, so one transaction; the artifacts' files are deleted from
@@ -130,10 +139,15 @@ def prune_finished(*, older_than: timedelta | datetime, batch: int, webhook_give
     """
     before = older_than if isinstance(older_than, datetime) else None
     age = older_than.total_seconds() if isinstance(older_than, timedelta) else 0.0
-    give_up = (webhook_give_up.total_seconds() if webhook_give_up is not None
-               else settings.RUNS_WEBHOOK_GIVE_UP_SECONDS)
+    give_up = (
+        webhook_give_up.total_seconds()
+        if webhook_give_up is not None
+        else settings.RUNS_WEBHOOK_GIVE_UP_SECONDS
+    )
     with connection.cursor() as cursor:
-        cursor.execute(_PRUNE_SQL, {"before": before, "age": age, "give_up": give_up, "batch": batch})
+        cursor.execute(
+            _PRUNE_SQL, {"before": before, "age": age, "give_up": give_up, "batch": batch}
+        )
         row = cursor.fetchone()
     pruned = PruneBatch(*row[:9], files=list(row[9]))
     if pruned.files:

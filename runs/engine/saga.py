@@ -25,6 +25,7 @@ from runs.events import event_ctes, next_seq
 
 ROLLBACK_STEP = "rollback"
 
+
 @dataclass(frozen=True)
 class RollbackPlan:
     seq: int  # the plan's own step; compensation i (from 1) is step seq + i
@@ -35,16 +36,28 @@ class RollbackPlan:
     error_kind: str
 
     def as_output(self) -> dict[str, Any]:
-        return {"plan": self.plan, "target": self.target, "reason": self.reason, "error": self.error,
-                "error_kind": self.error_kind}
+        return {
+            "plan": self.plan,
+            "target": self.target,
+            "reason": self.reason,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
 
     @classmethod
     def from_step(cls, seq: int, output: dict[str, Any]) -> RollbackPlan:
-        return cls(seq=seq, plan=list(output["plan"]), target=output["target"], reason=output.get("reason", ""),
-                   error=output.get("error", ""), error_kind=output.get("error_kind", ""))
+        return cls(
+            seq=seq,
+            plan=list(output["plan"]),
+            target=output["target"],
+            reason=output.get("reason", ""),
+            error=output.get("error", ""),
+            error_kind=output.get("error_kind", ""),
+        )
 
 
-_BEGIN_SQL = sql("""
+_BEGIN_SQL = sql(
+    """
 WITH r AS (
     UPDATE runs_run SET compensation = 'running', error = %(error)s, error_kind = %(error_kind)s,
         current_step = %(name)s, updated_at = statement_timestamp(), {next_seq}
@@ -62,21 +75,43 @@ s AS (
 ),
 {events}
 SELECT 1 FROM r
-""", guard=sql(RUN_GUARD), next_seq=next_seq(), events=event_ctes(
-    "r", type="'rollback.started'", actor_type="'worker'", actor_id="%(worker)s::text",
-    payload=("jsonb_build_object('seq', %(seq)s, 'reason', %(reason)s::text, 'error_kind', %(error_kind)s::text,"
-             " 'plan', %(output)s::jsonb -> 'plan', 'target', %(target)s::text)"),
-))
+""",
+    guard=sql(RUN_GUARD),
+    next_seq=next_seq(),
+    events=event_ctes(
+        "r",
+        type="'rollback.started'",
+        actor_type="'worker'",
+        actor_id="%(worker)s::text",
+        payload=(
+            "jsonb_build_object('seq', %(seq)s, 'reason', %(reason)s::text, 'error_kind', %(error_kind)s::text,"
+            " 'plan', %(output)s::jsonb -> 'plan', 'target', %(target)s::text)"
+        ),
+    ),
+)
 
 
-def begin_rollback(*, run_id: UUID, token: int, generation: int, plan: RollbackPlan, worker_id: UUID) -> bool:
+def begin_rollback(
+    *, run_id: UUID, token: int, generation: int, plan: RollbackPlan, worker_id: UUID
+) -> bool:
     """Record the rollback's plan and mark the run as rolling back. False when the lease is lost."""
     with connection.cursor() as cursor:
-        cursor.execute(_BEGIN_SQL, {
-            "run": run_id, "token": token, "generation": generation, "seq": plan.seq, "name": ROLLBACK_STEP,
-            "output": dumps(plan.as_output()), "error": plan.error, "error_kind": plan.error_kind,
-            "reason": plan.reason, "target": plan.target, "worker": worker_id,
-        })
+        cursor.execute(
+            _BEGIN_SQL,
+            {
+                "run": run_id,
+                "token": token,
+                "generation": generation,
+                "seq": plan.seq,
+                "name": ROLLBACK_STEP,
+                "output": dumps(plan.as_output()),
+                "error": plan.error,
+                "error_kind": plan.error_kind,
+                "reason": plan.reason,
+                "target": plan.target,
+                "worker": worker_id,
+            },
+        )
         return cursor.fetchone() is not None
 
 

@@ -33,7 +33,9 @@ def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
         )
         rows = cursor.fetchall()
     return {
-        seq: RecordedStep(seq=seq, name=name, status=status, output=loads(output), idempotency_key=key, kind=kind)
+        seq: RecordedStep(
+            seq=seq, name=name, status=status, output=loads(output), idempotency_key=key, kind=kind
+        )
         for seq, name, status, output, key, kind in rows
     }
 

@@ -77,8 +77,10 @@ RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
 # guesses 10) and would rather scan every running run through the partial
 # index on status, which the statistics may think holds a handful; the
 # status compared with a parameter, unlike a literal, cannot pick that index.
-BATCH_GUARD = ("runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = p.run AND runs_run.lease_token = p.token"
-               " AND runs_run.status = %(running)s::text")
+BATCH_GUARD = (
+    "runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = p.run AND runs_run.lease_token = p.token"
+    " AND runs_run.status = %(running)s::text"
+)
 
 # Every statement that writes several runs locks their rows in one order,
 # the primary key's, before it writes them: two such statements over the
@@ -211,7 +213,10 @@ d AS (
 )"""
 
 _CHECKPOINT_EVENTS = event_ctes(
-    "r", type="'step.done'", actor_type="'worker'", actor_id="%(worker)s::text",
+    "r",
+    type="'step.done'",
+    actor_type="'worker'",
+    actor_id="%(worker)s::text",
     payload=(
         "jsonb_build_object('seq', r.seq, 'name', r.name, 'kind', r.kind,"
         " 'tokens_in', r.tokens_in, 'tokens_out', r.tokens_out, 'cost_cents', r.cost)"
@@ -223,14 +228,23 @@ _CHECKPOINT_EVENTS = event_ctes(
 
 
 def _checkpoint_sql(*, messages: bool, undoes: bool, costs: bool) -> str:
-    return sql(_CHECKPOINT_TEMPLATE, extra=sql((_MESSAGES_CTE if messages else "") + (_UNDONE_CTE if undoes else "")),
-               next_seq=next_seq(), columns=STEP_COLUMNS, batch_guard=BATCH_GUARD, locked=LOCK_IN_ORDER,
-               daily_cost=",\n" + _BATCH_DAILY_COST_CTE if costs else "", events=_CHECKPOINT_EVENTS)
+    return sql(
+        _CHECKPOINT_TEMPLATE,
+        extra=sql((_MESSAGES_CTE if messages else "") + (_UNDONE_CTE if undoes else "")),
+        next_seq=next_seq(),
+        columns=STEP_COLUMNS,
+        batch_guard=BATCH_GUARD,
+        locked=LOCK_IN_ORDER,
+        daily_cost=",\n" + _BATCH_DAILY_COST_CTE if costs else "",
+        events=_CHECKPOINT_EVENTS,
+    )
 
 
 _CHECKPOINT_SQL = {
     (messages, undoes, costs): _checkpoint_sql(messages=messages, undoes=undoes, costs=costs)
-    for messages in (False, True) for undoes in (False, True) for costs in (False, True)
+    for messages in (False, True)
+    for undoes in (False, True)
+    for costs in (False, True)
 }
 
 # A checkpoint's answer: (cancel requested, pause requested, run cost, the output as stored, in JSON).
@@ -253,19 +267,42 @@ class Checkpoint:
         if self.row is None:
             self.output_json, replaced = dumps_storable(self.output)
             self.step.text_replaced = self.step.text_replaced or replaced
-            self.row = self.step.params() | {"output": self.output_json, "steps_total": self.steps_total}
+            self.row = self.step.params() | {
+                "output": self.output_json,
+                "steps_total": self.steps_total,
+            }
         return self
 
 
-_ROW_PARAMS = ("run", "token", "generation", "seq", "name", "kind", "input", "output", "key", "tokens_in",
-               "tokens_out", "cost", "started_at", "text_replaced", "steps_total")
+_ROW_PARAMS = (
+    "run",
+    "token",
+    "generation",
+    "seq",
+    "name",
+    "kind",
+    "input",
+    "output",
+    "key",
+    "tokens_in",
+    "tokens_out",
+    "cost",
+    "started_at",
+    "text_replaced",
+    "steps_total",
+)
 
 
-def _execute_checkpoints(statement_key, rows: list[dict[str, Any]], scalars: dict[str, Any],
-                         lock: Iterable[UUID] = ()) -> dict[UUID, tuple]:
+def _execute_checkpoints(
+    statement_key, rows: list[dict[str, Any]], scalars: dict[str, Any], lock: Iterable[UUID] = ()
+) -> dict[UUID, tuple]:
     runs = [row["run"] for row in rows]
-    params = {"rows": param_rows(rows, _ROW_PARAMS), "run": runs, "lock": list({*runs, *lock}),
-              "running": RunStatus.RUNNING}
+    params = {
+        "rows": param_rows(rows, _ROW_PARAMS),
+        "run": runs,
+        "lock": list({*runs, *lock}),
+        "running": RunStatus.RUNNING,
+    }
     params |= scalars
     with engine_cursor() as cursor:
         cursor.execute(_CHECKPOINT_SQL[statement_key], params)
@@ -290,16 +327,23 @@ def checkpoint(
     """
     item = Checkpoint(step=step, output=output, steps_total=steps_total).prepare()
     key = (bool(consumed_message_ids), step.compensates is not None, step.cost_cents > 0)
-    found = _execute_checkpoints(key, [item.row], {
-        "lease": lease, "worker": worker_id, "message_ids": consumed_message_ids or [],
-        "compensates": step.compensates,
-    })
+    found = _execute_checkpoints(
+        key,
+        [item.row],
+        {
+            "lease": lease,
+            "worker": worker_id,
+            "message_ids": consumed_message_ids or [],
+            "compensates": step.compensates,
+        },
+    )
     answer = found.get(step.run_id)
     return None if answer is None else (*answer, item.output_json)
 
 
-def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float,
-                    lock: Iterable[UUID] = ()) -> list[Checkpointed | None]:
+def checkpoint_many(
+    items: list[Checkpoint], *, worker_id: UUID, lease: float, lock: Iterable[UUID] = ()
+) -> list[Checkpointed | None]:
     """Record finished steps of different runs, in one statement: what ``checkpoint`` does for each.
 
     For steps that consume no messages and undo nothing (``checkpoint``
@@ -318,9 +362,17 @@ def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float,
     if any(item.step.compensates is not None for item in items):
         raise ValueError("a compensation is checkpointed alone (checkpoint)")
     costs = any(item.step.cost_cents > 0 for item in items)
-    found = _execute_checkpoints((False, False, costs), rows, {
-        "lease": lease, "worker": worker_id, "message_ids": [], "compensates": None,
-    }, lock)
+    found = _execute_checkpoints(
+        (False, False, costs),
+        rows,
+        {
+            "lease": lease,
+            "worker": worker_id,
+            "message_ids": [],
+            "compensates": None,
+        },
+        lock,
+    )
     answers: list[Checkpointed | None] = []
     for item in items:
         answer = found.get(item.step.run_id)
@@ -328,7 +380,8 @@ def checkpoint_many(items: list[Checkpoint], *, worker_id: UUID, lease: float,
     return answers
 
 
-_STEP_FAILED_SQL = sql("""
+_STEP_FAILED_SQL = sql(
+    """
 WITH r AS (
     UPDATE runs_run SET
         cost_cents = cost_cents + %(cost)s,
@@ -365,14 +418,23 @@ a AS (
 {events},
 {daily_cost}
 SELECT spent FROM r
-""", next_seq=next_seq(), guard=sql(RUN_GUARD), columns=STEP_COLUMNS, daily_cost=_DAILY_COST_CTE,
+""",
+    next_seq=next_seq(),
+    guard=sql(RUN_GUARD),
+    columns=STEP_COLUMNS,
+    daily_cost=_DAILY_COST_CTE,
     events=event_ctes(
-        "r", type="'step.failed'", actor_type="'worker'", actor_id="%(worker)s::text",
-        payload=_STEP_PAYLOAD + (
+        "r",
+        type="'step.failed'",
+        actor_type="'worker'",
+        actor_id="%(worker)s::text",
+        payload=_STEP_PAYLOAD
+        + (
             " || jsonb_build_object('status', %(status)s::text, 'error_kind', %(error_kind)s::text,"
             " 'error', left(%(error)s, 500))"
         ),
-    ))
+    ),
+)
 
 
 def record_step_failure(
@@ -388,7 +450,13 @@ def record_step_failure(
     with engine_cursor() as cursor:
         cursor.execute(
             _STEP_FAILED_SQL,
-            step.params() | {"error": error_text, "error_kind": error_kind, "worker": worker_id, "status": status},
+            step.params()
+            | {
+                "error": error_text,
+                "error_kind": error_kind,
+                "worker": worker_id,
+                "status": status,
+            },
         )
         row = cursor.fetchone()
     return None if row is None else row[0]

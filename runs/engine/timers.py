@@ -26,7 +26,8 @@ from runs.events import event_ctes, next_seq
 # The timer's end is the database's clock plus the seconds (or the time the
 # agent named), like run_after everywhere: an app server's clock never
 # decides when a run wakes.
-_TIMER_STEP_SQL = sql("""
+_TIMER_STEP_SQL = sql(
+    """
 WITH r AS (
     UPDATE runs_run SET current_step = %(name)s, {next_seq}
     WHERE {guard}
@@ -47,26 +48,55 @@ s AS (
 ),
 {events}
 SELECT t.until FROM r, t
-""", guard=sql(RUN_GUARD), next_seq=next_seq(), events=event_ctes(
-    "r", type="'step.started'", actor_type="'worker'", actor_id="%(worker)s::text",
-    payload=("jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'kind', %(kind)s::text,"
-             " 'until', (SELECT until FROM t), 'steps_done', r.steps_done, 'steps_total', r.steps_total)"),
-))
+""",
+    guard=sql(RUN_GUARD),
+    next_seq=next_seq(),
+    events=event_ctes(
+        "r",
+        type="'step.started'",
+        actor_type="'worker'",
+        actor_id="%(worker)s::text",
+        payload=(
+            "jsonb_build_object('seq', %(seq)s, 'name', %(name)s::text, 'kind', %(kind)s::text,"
+            " 'until', (SELECT until FROM t), 'steps_done', r.steps_done, 'steps_total', r.steps_total)"
+        ),
+    ),
+)
 
 
 def start_timer_step(
-    *, run_id: UUID, token: int, generation: int, seq: int, name: str, kind: str, input: str,
-    seconds: float | None = None, until: datetime | None = None, worker_id: UUID,
+    *,
+    run_id: UUID,
+    token: int,
+    generation: int,
+    seq: int,
+    name: str,
+    kind: str,
+    input: str,
+    seconds: float | None = None,
+    until: datetime | None = None,
+    worker_id: UUID,
 ) -> datetime | None:
     """Write a ``sleep`` or ``message`` step as ``waiting`` until ``until`` (or now + ``seconds``).
 
     Returns the step's end on the database's clock, or None when the lease is lost.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_TIMER_STEP_SQL, {
-            "run": run_id, "token": token, "generation": generation, "seq": seq, "name": name, "kind": kind,
-            "input": input, "seconds": seconds or 0, "until": until, "worker": worker_id,
-        })
+        cursor.execute(
+            _TIMER_STEP_SQL,
+            {
+                "run": run_id,
+                "token": token,
+                "generation": generation,
+                "seq": seq,
+                "name": name,
+                "kind": kind,
+                "input": input,
+                "seconds": seconds or 0,
+                "until": until,
+                "worker": worker_id,
+            },
+        )
         row = cursor.fetchone()
     return None if row is None else row[0]
 
@@ -76,7 +106,8 @@ def start_timer_step(
 # person or a child is changing to the next pass (a timer late by one pass
 # is still due then), and, never waiting on a run, needs no id order there.
 # The tenants' rows are locked in id order (runs.engine.steps.LOCK_IN_ORDER).
-_WAKE_DUE_SQL = sql("""
+_WAKE_DUE_SQL = sql(
+    """
 WITH r AS (
     UPDATE runs_run SET status = {queued}, run_after = statement_timestamp(), wake_at = NULL,
         updated_at = statement_timestamp(), {next_seq}
@@ -100,10 +131,16 @@ t AS (
 ),
 {events}
 SELECT queue, count(*) FROM r GROUP BY queue
-""", next_seq=next_seq(), events=event_ctes(
-    "r", type="'run.queued'", actor_type="'system'", actor_id="'timer'",
-    payload="jsonb_build_object('from', {waiting}, 'to', {queued}, 'reason', 'timer')",
-))
+""",
+    next_seq=next_seq(),
+    events=event_ctes(
+        "r",
+        type="'run.queued'",
+        actor_type="'system'",
+        actor_id="'timer'",
+        payload="jsonb_build_object('from', {waiting}, 'to', {queued}, 'reason', 'timer')",
+    ),
+)
 
 
 def wake_due(*, batch: int = 500) -> int:

@@ -18,42 +18,91 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # Seconds: a no-op step takes a millisecond, a model call tens of seconds, a tool up to the step timeout.
-STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+STEP_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+)
 # Seconds: an idle fleet claims in milliseconds; a backlog makes runs wait minutes or hours.
-WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+WAIT_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
+    3600,
+)
 
 RUNS_FINISHED = Counter(
-    "agentruns_runs_finished", "Runs that reached a terminal status (done, failed, cancelled).",
-    ["queue", "kind", "status"], registry=REGISTRY,
+    "agentruns_runs_finished",
+    "Runs that reached a terminal status (done, failed, cancelled).",
+    ["queue", "kind", "status"],
+    registry=REGISTRY,
 )
 QUEUE_WAIT = Histogram(
     "agentruns_queue_wait_seconds",
     "From when a run became due (submitted, retried, woken) to a worker's claim, on the database's clock.",
-    ["queue", "kind"], buckets=WAIT_BUCKETS, registry=REGISTRY,
+    ["queue", "kind"],
+    buckets=WAIT_BUCKETS,
+    registry=REGISTRY,
 )
 CLAIM_TO_START = Histogram(
     "agentruns_claim_to_start_seconds",
     "From a worker's claim to the run starting on one of its threads.",
-    ["kind"], buckets=WAIT_BUCKETS, registry=REGISTRY,
+    ["kind"],
+    buckets=WAIT_BUCKETS,
+    registry=REGISTRY,
 )
 STEP_DURATION = Histogram(
     "agentruns_step_duration_seconds",
     "Steps executed (replayed steps are not), by agent kind, step kind and how they ended.",
-    ["kind", "step_kind", "status"], buckets=STEP_BUCKETS, registry=REGISTRY,
+    ["kind", "step_kind", "status"],
+    buckets=STEP_BUCKETS,
+    registry=REGISTRY,
 )
 RETRIES = Counter(
-    "agentruns_retries", "Runs sent back to the queue to try again, by the class of the error.",
-    ["kind", "error_class"], registry=REGISTRY,
+    "agentruns_retries",
+    "Runs sent back to the queue to try again, by the class of the error.",
+    ["kind", "error_class"],
+    registry=REGISTRY,
 )
 LEASES_RESCUED = Counter(
     "agentruns_leases_rescued",
     "Runs of workers that stopped heartbeating, taken back by the reaper: queued again, or failed when their attempts were spent.",
-    ["queue", "status"], registry=REGISTRY,
+    ["queue", "status"],
+    registry=REGISTRY,
 )
 WEBHOOK_ATTEMPTS = Counter(
     "agentruns_webhook_deliveries",
     "Webhook delivery attempts by result: delivered, retry (failed, tried again later) or dead (given up).",
-    ["result"], registry=REGISTRY,
+    ["result"],
+    registry=REGISTRY,
 )
 
 
@@ -95,8 +144,11 @@ def series() -> list[list]:
     rows: list[list] = []
     for family in REGISTRY.collect():
         if family.type == "counter":
-            rows.extend([family.name, "counter", dict(s.labels), [], [s.value]]
-                        for s in family.samples if s.name.endswith("_total"))
+            rows.extend(
+                [family.name, "counter", dict(s.labels), [], [s.value]]
+                for s in family.samples
+                if s.name.endswith("_total")
+            )
         elif family.type == "histogram":
             grouped: dict[tuple, dict] = {}
             for sample in family.samples:
@@ -107,6 +159,8 @@ def series() -> list[list]:
                     entry["counts"].append(sample.value)
                 elif sample.name.endswith("_sum"):
                     entry["sum"] = sample.value
-            rows.extend([family.name, "histogram", dict(labels), e["bounds"], [*e["counts"], e["sum"]]]
-                        for labels, e in grouped.items())
+            rows.extend(
+                [family.name, "histogram", dict(labels), e["bounds"], [*e["counts"], e["sum"]]]
+                for labels, e in grouped.items()
+            )
     return rows

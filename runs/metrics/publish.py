@@ -60,11 +60,17 @@ def minus(current: Values, earlier: Values) -> Values:
 
 
 def summed(a: Values, b: Values) -> Values:
-    return {k: plus(a[k], b[k]) if k in a and k in b else list(a.get(k) or b[k]) for k in a.keys() | b.keys()}
+    return {
+        k: plus(a[k], b[k]) if k in a and k in b else list(a.get(k) or b[k])
+        for k in a.keys() | b.keys()
+    }
 
 
 def unkeyed(values: Values) -> list[list]:
-    return [[family, kind, dict(labels), list(bounds), v] for (family, kind, labels, bounds), v in values.items()]
+    return [
+        [family, kind, dict(labels), list(bounds), v]
+        for (family, kind, labels, bounds), v in values.items()
+    ]
 
 
 _INSERT_SQL = (
@@ -104,8 +110,16 @@ class Publisher:
                             self.process, self._inserted = uuid.uuid4(), False
                             own = minus(current, self._folded)
                     if not self._inserted:
-                        cursor.execute(_INSERT_SQL, [self.process, self.role, socket.gethostname()[:255],
-                                                     os.getpid(), dumps(unkeyed(own))])
+                        cursor.execute(
+                            _INSERT_SQL,
+                            [
+                                self.process,
+                                self.role,
+                                socket.gethostname()[:255],
+                                os.getpid(),
+                                dumps(unkeyed(own)),
+                            ],
+                        )
                         self._inserted = True
                 self._published = own
             finally:
@@ -164,10 +178,15 @@ def retire_silent(*, silent_seconds: float | None = None, batch: int = 500) -> i
             " VALUES (%s, 'retired', '', 0, '[]'::jsonb, statement_timestamp()) ON CONFLICT (process) DO NOTHING",
             [MetricSnapshot.RETIRED],
         )
-        cursor.execute("SELECT samples FROM runs_metricsnapshot WHERE process = %s FOR UPDATE", [MetricSnapshot.RETIRED])
+        cursor.execute(
+            "SELECT samples FROM runs_metricsnapshot WHERE process = %s FOR UPDATE",
+            [MetricSnapshot.RETIRED],
+        )
         total = keyed(loads(cursor.fetchone()[0]))
         for _, data in rows:
             total = summed(total, keyed(loads(data)))
         cursor.execute(_UPDATE_SQL, [dumps(unkeyed(total)), MetricSnapshot.RETIRED])
-        cursor.execute("DELETE FROM runs_metricsnapshot WHERE process = ANY(%s)", [[p for p, _ in rows]])
+        cursor.execute(
+            "DELETE FROM runs_metricsnapshot WHERE process = ANY(%s)", [[p for p, _ in rows]]
+        )
     return len(rows)

@@ -46,7 +46,9 @@ _WORKERS_SQL = (
     "SELECT count(*), COALESCE(sum(runs_held), 0), COALESCE(sum(concurrency), 0) FROM runs_worker"
     " WHERE stopped_at IS NULL AND last_seen_at > statement_timestamp() - make_interval(secs => %s)"
 )
-_TENANTS_SQL = "SELECT slug, running, queued, max_running FROM runs_tenant WHERE running > 0 OR queued > 0"
+_TENANTS_SQL = (
+    "SELECT slug, running, queued, max_running FROM runs_tenant WHERE running > 0 OR queued > 0"
+)
 _COST_SQL = (
     "SELECT t.slug, sum(c.cost_cents),"
     " COALESCE(sum(c.cost_cents) FILTER (WHERE c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0)"
@@ -60,9 +62,7 @@ _ESTIMATES_SQL = (
     "SELECT c.relname, c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE c.relname = ANY(%s) AND c.relkind = 'r' AND n.nspname = current_schema()"
 )
-_SNAPSHOTS_SQL = (
-    "SELECT role, samples, updated_at > statement_timestamp() - make_interval(secs => %s) FROM runs_metricsnapshot"
-)
+_SNAPSHOTS_SQL = "SELECT role, samples, updated_at > statement_timestamp() - make_interval(secs => %s) FROM runs_metricsnapshot"
 
 
 class DatabaseCollector:
@@ -78,8 +78,11 @@ class DatabaseCollector:
             yield from self._published(cursor)
 
     def _runs(self, cursor) -> Iterable[Metric]:
-        runs = GaugeMetricFamily("agentruns_runs", "Live runs by queue and status (finished runs: agentruns_runs_finished_total).",
-                                 labels=["queue", "status"])
+        runs = GaugeMetricFamily(
+            "agentruns_runs",
+            "Live runs by queue and status (finished runs: agentruns_runs_finished_total).",
+            labels=["queue", "status"],
+        )
         cursor.execute(_LIVE_RUNS_SQL)
         counts = {(queue, status): n for queue, status, n in cursor.fetchall()}
         cursor.execute(_OLDEST_SQL)
@@ -89,9 +92,11 @@ class DatabaseCollector:
             for status in LIVE:
                 runs.add_metric([queue, status], counts.get((queue, status), 0))
         yield runs
-        age = GaugeMetricFamily("agentruns_queue_oldest_age_seconds",
-                                "How long the oldest claimable run of each queue has waited (0: none waiting).",
-                                labels=["queue"])
+        age = GaugeMetricFamily(
+            "agentruns_queue_oldest_age_seconds",
+            "How long the oldest claimable run of each queue has waited (0: none waiting).",
+            labels=["queue"],
+        )
         for queue in queues:
             age.add_metric([queue], max(0.0, float(oldest.get(queue, 0))))
         yield age
@@ -99,31 +104,54 @@ class DatabaseCollector:
     def _workers(self, cursor) -> Iterable[Metric]:
         cursor.execute(_WORKERS_SQL, [settings.RUNS_LEASE_SECONDS])
         live, held, slots = cursor.fetchone()
-        yield GaugeMetricFamily("agentruns_workers_live", "Worker processes registered, not stopped, seen within a lease.",
-                                value=live)
-        yield GaugeMetricFamily("agentruns_worker_runs_held", "Runs the live workers hold, as of their last heartbeat.",
-                                value=held)
-        yield GaugeMetricFamily("agentruns_worker_slots", "Runs the live workers may hold at once (their concurrency).",
-                                value=slots)
+        yield GaugeMetricFamily(
+            "agentruns_workers_live",
+            "Worker processes registered, not stopped, seen within a lease.",
+            value=live,
+        )
+        yield GaugeMetricFamily(
+            "agentruns_worker_runs_held",
+            "Runs the live workers hold, as of their last heartbeat.",
+            value=held,
+        )
+        yield GaugeMetricFamily(
+            "agentruns_worker_slots",
+            "Runs the live workers may hold at once (their concurrency).",
+            value=slots,
+        )
 
     def _tenants(self, cursor) -> Iterable[Metric]:
-        running = GaugeMetricFamily("agentruns_tenant_running", "Runs running per tenant (tenants with live runs).",
-                                    labels=["tenant"])
-        limit = GaugeMetricFamily("agentruns_tenant_max_running", "The tenant's limit of runs running at once.",
-                                  labels=["tenant"])
-        queued = GaugeMetricFamily("agentruns_tenant_queued", "Runs queued per tenant (the backpressure counter).",
-                                   labels=["tenant"])
+        running = GaugeMetricFamily(
+            "agentruns_tenant_running",
+            "Runs running per tenant (tenants with live runs).",
+            labels=["tenant"],
+        )
+        limit = GaugeMetricFamily(
+            "agentruns_tenant_max_running",
+            "The tenant's limit of runs running at once.",
+            labels=["tenant"],
+        )
+        queued = GaugeMetricFamily(
+            "agentruns_tenant_queued",
+            "Runs queued per tenant (the backpressure counter).",
+            labels=["tenant"],
+        )
         cursor.execute(_TENANTS_SQL)
         for slug, n_running, n_queued, max_running in cursor.fetchall():
             running.add_metric([slug], n_running)
             queued.add_metric([slug], n_queued)
             limit.add_metric([slug], max_running)
         yield from (running, limit, queued)
-        total = CounterMetricFamily("agentruns_cost_cents", "Money spent by each tenant's runs, in cents (model calls and tools).",
-                                    labels=["tenant"])
-        today = GaugeMetricFamily("agentruns_tenant_cost_today_cents",
-                                  "Money spent by each tenant today (UTC), in cents: what its daily cap counts.",
-                                  labels=["tenant"])
+        total = CounterMetricFamily(
+            "agentruns_cost_cents",
+            "Money spent by each tenant's runs, in cents (model calls and tools).",
+            labels=["tenant"],
+        )
+        today = GaugeMetricFamily(
+            "agentruns_tenant_cost_today_cents",
+            "Money spent by each tenant today (UTC), in cents: what its daily cap counts.",
+            labels=["tenant"],
+        )
         cursor.execute(_COST_SQL)
         for slug, cents, cents_today in cursor.fetchall():
             total.add_metric([slug], float(cents or Decimal(0)))
@@ -143,9 +171,11 @@ class DatabaseCollector:
         yield pending
 
     def _estimates(self, cursor) -> Iterable[Metric]:
-        rows = GaugeMetricFamily("agentruns_table_rows_estimated",
-                                 "Rows in the largest tables, as the planner estimates them (retention keeps them bounded).",
-                                 labels=["table"])
+        rows = GaugeMetricFamily(
+            "agentruns_table_rows_estimated",
+            "Rows in the largest tables, as the planner estimates them (retention keeps them bounded).",
+            labels=["table"],
+        )
         cursor.execute(_ESTIMATES_SQL, [list(ESTIMATED_TABLES)])
         for table, estimate in cursor.fetchall():
             rows.add_metric([table], max(0.0, float(estimate)))  # -1: never analysed
@@ -159,8 +189,11 @@ class DatabaseCollector:
             total = summed(total, keyed(loads(data)))
             if recent and role != "retired":
                 reporting[role] = reporting.get(role, 0) + 1
-        processes = GaugeMetricFamily("agentruns_metrics_processes",
-                                      "Processes that published their figures recently, by role.", labels=["role"])
+        processes = GaugeMetricFamily(
+            "agentruns_metrics_processes",
+            "Processes that published their figures recently, by role.",
+            labels=["role"],
+        )
         for role in ("worker", "reaper", "webhooks", "web"):
             processes.add_metric([role], reporting.get(role, 0))
         yield processes

@@ -18,9 +18,14 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if not token:
         raise Http404("metrics are off (RUNS_METRICS_TOKEN is not set)")
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    ):
         return JsonResponse(
             {"detail": "send the metrics token as 'Authorization: Bearer <RUNS_METRICS_TOKEN>'"},
-            status=401, headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
         )
-    return HttpResponse(render(), content_type=CONTENT_TYPE_PLAIN_0_0_4)  # what every Prometheus version reads
+    return HttpResponse(
+        render(), content_type=CONTENT_TYPE_PLAIN_0_0_4
+    )  # what every Prometheus version reads

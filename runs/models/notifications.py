@@ -32,7 +32,11 @@ class WebhookEndpoint(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant"], condition=Q(enabled=True), name="webhookendpoint_enabled_idx")]
+        indexes = [
+            models.Index(
+                fields=["tenant"], condition=Q(enabled=True), name="webhookendpoint_enabled_idx"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.url
@@ -84,7 +88,9 @@ class WebhookDelivery(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="webhook_deliveries", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="webhook_deliveries", db_index=False
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     # NULL for the run's own callback_url.
     endpoint = models.ForeignKey(
@@ -94,7 +100,9 @@ class WebhookDelivery(models.Model):
     event_type = models.CharField(max_length=64)
     # Standard Webhooks' webhook-id: the same for every attempt (and redelivery) of the Event.
     webhook_id = models.CharField(max_length=64)
-    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
     attempts = models.PositiveIntegerField(default=0)
     # When it may be claimed: the next attempt of a pending delivery, the
     # end of the lease of one being sent (a delivery loop that died).
@@ -105,19 +113,24 @@ class WebhookDelivery(models.Model):
     # Why the last attempt did not deliver, in a sentence (for operators), and in a word (for the tenant).
     last_error = models.TextField(blank=True, default="")
     # db_default: the Event statements insert deliveries without naming it.
-    failure = models.CharField(max_length=16, choices=DeliveryFailure.choices, blank=True, default="", db_default="")
+    failure = models.CharField(
+        max_length=16, choices=DeliveryFailure.choices, blank=True, default="", db_default=""
+    )
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="webhookdelivery_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status__in=DeliveryStatus.values), name="webhookdelivery_status_valid"
+            ),
         ]
         indexes = [
             # The delivery loop's claim, and only it: the tenants with live deliveries
             # (a skip scan), then each one's oldest due (runs.webhooks.deliveries).
             models.Index(
-                fields=["tenant", "next_attempt_at"], condition=Q(status__in=LIVE_DELIVERY_STATUSES),
+                fields=["tenant", "next_attempt_at"],
+                condition=Q(status__in=LIVE_DELIVERY_STATUSES),
                 name="webhookdelivery_tenant_due_idx",
             ),
             # A run's deliveries (run page, admin inline, deletion with the run).
@@ -147,7 +160,9 @@ class WebhookReceiver(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     receiver = models.CharField(max_length=2000, help_text="scheme://host[:port], as in the URLs")
-    silent_attempts = models.PositiveIntegerField(default=0, help_text="attempts in a row without an answer")
+    silent_attempts = models.PositiveIntegerField(
+        default=0, help_text="attempts in a row without an answer"
+    )
     last_error = models.TextField(blank=True, default="")
     last_failure_at = models.DateTimeField(null=True, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
@@ -157,7 +172,9 @@ class WebhookReceiver(models.Model):
 
     class Meta:
         # Also the claim's look-up of paused receivers.
-        constraints = [models.UniqueConstraint(fields=["tenant", "receiver"], name="webhookreceiver_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "receiver"], name="webhookreceiver_unique")
+        ]
         ordering = [models.F("paused_at").desc(nulls_last=True), "receiver"]
 
     def __str__(self) -> str:
@@ -177,7 +194,9 @@ class StreamWatch(models.Model):
     pk = models.CompositePrimaryKey("run_id", "server")
     run_id = models.UUIDField()
     server = models.UUIDField()  # the web process (runs.streams.hub)
-    seen_at = models.DateTimeField(default=timezone.now)  # refreshed while it watches; old rows are swept
+    seen_at = models.DateTimeField(
+        default=timezone.now
+    )  # refreshed while it watches; old rows are swept
 
     def __str__(self) -> str:
         return f"{self.run_id} watched by {self.server}"

@@ -36,8 +36,12 @@ class Step(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "generation", "seq"], name="step_unique_run_generation_seq"),
-            models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="step_status_valid"),
+            models.UniqueConstraint(
+                fields=["run", "generation", "seq"], name="step_unique_run_generation_seq"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=StepStatus.values), name="step_status_valid"
+            ),
             models.CheckConstraint(condition=Q(kind__in=StepKind.values), name="step_kind_valid"),
             models.CheckConstraint(condition=Q(cost_cents__gte=0), name="step_cost_non_negative"),
         ]
@@ -51,7 +55,9 @@ class StepAttempt(models.Model):
     """One failed or interrupted execution of a step: the audit trail and the money keep every try."""
 
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="attempts")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="step_attempts", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="step_attempts", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     error = models.TextField(blank=True, default="")
     error_kind = models.CharField(max_length=20, blank=True, default="")
@@ -86,7 +92,9 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["run", "id"], name="message_run_idx"),
             models.Index(
-                fields=["run", "id"], condition=Q(consumed_by_step__isnull=True), name="message_unconsumed_idx"
+                fields=["run", "id"],
+                condition=Q(consumed_by_step__isnull=True),
+                name="message_unconsumed_idx",
             ),
         ]
 
@@ -98,7 +106,9 @@ class Artifact(models.Model):
     """A large step output (or tool output) kept out of the step row; the model sees an excerpt."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
-    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts")
+    step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts"
+    )
     name = models.CharField(max_length=200)
     content_type = models.CharField(max_length=100, default="text/plain")
     size = models.PositiveBigIntegerField(default=0)

@@ -78,7 +78,9 @@ class SearchQueryKeys(Func):
     output_field = ArrayField(TextField())
 
     def __init__(self, tenant_id, text: str) -> None:
-        super().__init__(Value(tenant_id, output_field=UUIDField()), Value(text, output_field=TextField()))
+        super().__init__(
+            Value(tenant_id, output_field=UUIDField()), Value(text, output_field=TextField())
+        )
 
 
 class Contains(Func):
@@ -105,7 +107,8 @@ def like_patterns(term: str) -> list[str]:
     """
     spellings = dict.fromkeys([term, json.dumps(term, ensure_ascii=False)[1:-1]])
     return [
-        "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for text in spellings
+        "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for text in spellings
     ]
 
 
@@ -164,7 +167,9 @@ def default_expires_at():
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # Indexed by run_tenant_recent_idx and run_claim_order_idx, which lead with it.
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False
+    )
     kind = models.CharField(max_length=100)
     kind_version = models.PositiveIntegerField(null=True, blank=True)
     queue = models.CharField(max_length=64, default="default")
@@ -209,7 +214,12 @@ class Run(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     pause_requested_at = models.DateTimeField(null=True, blank=True)
     parent = models.ForeignKey(
-        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children", db_index=False
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="children",
+        db_index=False,
     )
     # While it waits in ctx.gather(): its awaited children not yet finished,
     # and (with min_success) how many more must succeed; NULL: all of them.
@@ -219,10 +229,17 @@ class Run(models.Model):
     children_cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
     # A fork (POST /api/runs/{id}/fork) knows the run and the step it branched from.
     origin = models.ForeignKey(
-        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks", db_index=False
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="forks",
+        db_index=False,
     )
     origin_step = models.PositiveIntegerField(null=True, blank=True)
-    compensation = models.CharField(max_length=10, choices=Compensation.choices, blank=True, default="")
+    compensation = models.CharField(
+        max_length=10, choices=Compensation.choices, blank=True, default=""
+    )
     generation = models.PositiveIntegerField(default=1)
     callback_url = models.URLField(max_length=2000, blank=True, default="")
     # The W3C trace context of the request that submitted it ({"traceparent": ..., "tracestate": ...}),
@@ -237,27 +254,51 @@ class Run(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
             models.CheckConstraint(
                 condition=(
-                    Q(status=RunStatus.RUNNING, lease_token__isnull=False, locked_by__isnull=False, locked_until__isnull=False)
-                    | (~Q(status=RunStatus.RUNNING) & Q(lease_token__isnull=True, locked_by__isnull=True, locked_until__isnull=True))
+                    Q(
+                        status=RunStatus.RUNNING,
+                        lease_token__isnull=False,
+                        locked_by__isnull=False,
+                        locked_until__isnull=False,
+                    )
+                    | (
+                        ~Q(status=RunStatus.RUNNING)
+                        & Q(
+                            lease_token__isnull=True,
+                            locked_by__isnull=True,
+                            locked_until__isnull=True,
+                        )
+                    )
                 ),
                 name="run_running_iff_leased",
             ),
-            models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="run_priority_0_9"),
-            models.CheckConstraint(condition=Q(error_kind__in=["", *ErrorKind.values]), name="run_error_kind_valid"),
-            models.CheckConstraint(condition=Q(outcome__in=RunOutcome.values), name="run_outcome_valid"),
+            models.CheckConstraint(
+                condition=Q(priority__gte=0, priority__lte=9), name="run_priority_0_9"
+            ),
+            models.CheckConstraint(
+                condition=Q(error_kind__in=["", *ErrorKind.values]), name="run_error_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(outcome__in=RunOutcome.values), name="run_outcome_valid"
+            ),
             models.CheckConstraint(condition=Q(cost_cents__gte=0), name="run_cost_non_negative"),
             models.CheckConstraint(
                 condition=Q(cost_ceiling_cents__isnull=True) | Q(cost_ceiling_cents__gte=0),
                 name="run_cost_ceiling_non_negative",
             ),
-            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="run_max_attempts_positive"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="run_max_attempts_positive"
+            ),
             models.CheckConstraint(
                 condition=Q(compensation__in=Compensation.values), name="run_compensation_valid"
             ),
-            models.CheckConstraint(condition=Q(children_cost_cents__gte=0), name="run_children_cost_non_negative"),
+            models.CheckConstraint(
+                condition=Q(children_cost_cents__gte=0), name="run_children_cost_non_negative"
+            ),
             models.UniqueConstraint(
                 fields=["tenant", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
@@ -283,20 +324,32 @@ class Run(models.Model):
             ),
             # The reaper scans running runs only; locked_until stays out so a
             # heartbeat remains a HOT update.
-            models.Index(fields=["id"], condition=Q(status=RunStatus.RUNNING), name="run_running_idx"),
+            models.Index(
+                fields=["id"], condition=Q(status=RunStatus.RUNNING), name="run_running_idx"
+            ),
             # The dashboard and GET /api/runs (keyset pages).
-            models.Index(F("tenant"), F("created_at").desc(), F("id").desc(), name="run_tenant_recent_idx"),
-            models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="run_parent_idx"),
+            models.Index(
+                F("tenant"), F("created_at").desc(), F("id").desc(), name="run_tenant_recent_idx"
+            ),
+            models.Index(
+                fields=["parent"], condition=Q(parent__isnull=False), name="run_parent_idx"
+            ),
             # Timers of waiting runs (wait_for_message and gather timeouts): the reaper wakes those due.
             models.Index(
-                fields=["wake_at"], condition=Q(status=RunStatus.WAITING, wake_at__isnull=False),
+                fields=["wake_at"],
+                condition=Q(status=RunStatus.WAITING, wake_at__isnull=False),
                 name="run_waiting_timer_idx",
             ),
-            models.Index(fields=["origin"], condition=Q(origin__isnull=False), name="run_origin_idx"),
+            models.Index(
+                fields=["origin"], condition=Q(origin__isnull=False), name="run_origin_idx"
+            ),
             # Live children of a run (a failed or cancelled parent cancels them).
             models.Index(
                 fields=["parent"],
-                condition=Q(parent__isnull=False, status__in=["queued", "running", "waiting_human", "waiting", "paused"]),
+                condition=Q(
+                    parent__isnull=False,
+                    status__in=["queued", "running", "waiting_human", "waiting", "paused"],
+                ),
                 name="run_live_children_idx",
             ),
             # The operations console (bench/admin_million.py: each one turned a full scan of a
@@ -310,7 +363,11 @@ class Run(models.Model):
                 name="run_live_idx",
             ),
             # ...and runs finished in the last hour (throughput and failure rate).
-            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_idx"),
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="run_finished_idx",
+            ),
             # Search by title and input text (runs.selectors.search_runs): keys of three letters
             # or digits per tenant (SearchKeys) serve ILIKE '%term%' for any term with 3 in a row;
             # per tenant, so a search never reads another tenant's entries, and its cost cannot tell

@@ -26,7 +26,9 @@ class Tenant(models.Model):
     # The kinds its API keys and members may start (runs.kinds), set by an operator (the admin,
     # `manage.py allowkinds`); null: every kind that is public. It only narrows: a task kind or a
     # kind registered with public=False is never startable by a tenant, listed here or not.
-    allowed_kinds = ArrayField(models.CharField(max_length=200), null=True, blank=True, default=None)
+    allowed_kinds = ArrayField(
+        models.CharField(max_length=200), null=True, blank=True, default=None
+    )
     # Live count of the tenant's running runs, plus the slots of runs that
     # left running and whose worker gives them back with its next claim:
     # changed only by the claim's guarded update and the one exit from
@@ -45,7 +47,9 @@ class Tenant(models.Model):
     # rotation the previous one keeps signing too until previous_until
     # (runs.webhooks.signing). Shown only by `manage.py webhooksecret`.
     webhook_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
-    webhook_secret_previous = models.CharField(max_length=100, blank=True, default="", editable=False)
+    webhook_secret_previous = models.CharField(
+        max_length=100, blank=True, default="", editable=False
+    )
     webhook_secret_previous_until = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -61,12 +65,18 @@ class Tenant(models.Model):
 class TenantDailyCost(models.Model):
     """Money a tenant spent on one UTC day; written by checkpoints, read by the claim (daily cap)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_costs", db_index=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="daily_costs", db_index=False
+    )
     day = models.DateField()
     cost_cents = models.DecimalField(**MONEY, default=Decimal(0))
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "day"], name="tenantdailycost_unique_tenant_day")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "day"], name="tenantdailycost_unique_tenant_day"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.day}: {self.cost_cents}"
@@ -125,14 +135,21 @@ class Membership(models.Model):
         OPERATOR = "operator"  # also submits, cancels, pauses, resumes, retries, messages
         APPROVER = "approver"  # also approves, rejects and resolves
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant"),
-            models.CheckConstraint(condition=Q(role__in=["viewer", "operator", "approver"]), name="membership_role_valid"),
+            models.UniqueConstraint(
+                fields=["user", "tenant"], name="membership_unique_user_tenant"
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=["viewer", "operator", "approver"]),
+                name="membership_role_valid",
+            ),
         ]
 
     def __str__(self) -> str:

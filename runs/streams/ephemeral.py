@@ -40,13 +40,17 @@ class Ephemeral:
 def encode(run_id: UUID, type: str, data: Any, *, step: int | None = None) -> str:
     """The NOTIFY payload of an update; ValueError for a bad type or data that is not JSON or too big."""
     if not isinstance(type, str) or not TYPE_PATTERN.match(type):
-        raise ValueError("an emitted event's type is a name of letters, digits and . _ : - (at most 64)")
+        raise ValueError(
+            "an emitted event's type is a name of letters, digits and . _ : - (at most 64)"
+        )
     try:
         data_json, _ = dumps_storable(data)
     except TypeError as exc:
         raise ValueError(f"an emitted event's data must be JSON: {exc}") from None
     if len(data_json.encode()) > MAX_DATA_BYTES:
-        raise ValueError(f"an emitted event's data is over {MAX_DATA_BYTES} bytes of JSON; send less, or store it")
+        raise ValueError(
+            f"an emitted event's data is over {MAX_DATA_BYTES} bytes of JSON; send less, or store it"
+        )
     step_json = "null" if step is None else str(int(step))
     return f'{{"run":"{run_id}","type":{json.dumps(type)},"step":{step_json},"data":{data_json}}}'
 
@@ -65,7 +69,11 @@ def decode(payload: str) -> tuple[UUID, Ephemeral | None] | None:
         message = json.loads(payload)
         run_id = UUID(message["run"])
         step = message.get("step")
-        return run_id, Ephemeral(run_id=run_id, type=str(message["type"]), data=message.get("data"),
-                                 step=step if isinstance(step, int) else None)
+        return run_id, Ephemeral(
+            run_id=run_id,
+            type=str(message["type"]),
+            data=message.get("data"),
+            step=step if isinstance(step, int) else None,
+        )
     except (ValueError, KeyError, TypeError):
         return None

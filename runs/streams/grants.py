@@ -24,7 +24,10 @@ from runs.db import release_connection
 from runs.models import ApiKey, Membership
 
 # Session engines whose sessions are rows this process can look up (a signed cookie has none to revoke).
-_DATABASE_SESSIONS = ("django.contrib.sessions.backends.db", "django.contrib.sessions.backends.cached_db")
+_DATABASE_SESSIONS = (
+    "django.contrib.sessions.backends.db",
+    "django.contrib.sessions.backends.cached_db",
+)
 
 
 @dataclass(frozen=True)
@@ -32,31 +35,50 @@ class Grant:
     tenant_id: UUID
     key_id: int | None = None
     user_id: int | None = None
-    session_key: str | None = None  # only for a stream opened with the session itself, never in a token
+    session_key: str | None = (
+        None  # only for a stream opened with the session itself, never in a token
+    )
 
 
 def live(grants: Iterable[Grant]) -> set[Grant]:
     """The grants that still hold, from one query per kind of credential (the ORM: call it on a thread)."""
     grants = set(grants)
     keys = {g.key_id for g in grants if g.key_id is not None}
-    live_keys = set(ApiKey.objects.filter(pk__in=keys, revoked_at__isnull=True, scopes__contains=[ApiKey.Scope.READ])
-                    .values_list("pk", flat=True)) if keys else set()
+    live_keys = (
+        set(
+            ApiKey.objects.filter(
+                pk__in=keys, revoked_at__isnull=True, scopes__contains=[ApiKey.Scope.READ]
+            ).values_list("pk", flat=True)
+        )
+        if keys
+        else set()
+    )
     members = {(g.user_id, g.tenant_id) for g in grants if g.user_id is not None}
     live_members = set()
     if members:
-        live_members = set(Membership.objects.filter(
-            user_id__in={user for user, _ in members}, tenant_id__in={tenant for _, tenant in members},
-            user__is_active=True,
-        ).values_list("user_id", "tenant_id")) & members
+        live_members = (
+            set(
+                Membership.objects.filter(
+                    user_id__in={user for user, _ in members},
+                    tenant_id__in={tenant for _, tenant in members},
+                    user__is_active=True,
+                ).values_list("user_id", "tenant_id")
+            )
+            & members
+        )
     sessions = {g.session_key for g in grants if g.session_key}
     live_sessions = sessions
     if sessions and settings.SESSION_ENGINE in _DATABASE_SESSIONS:
         from django.contrib.sessions.models import Session
 
-        live_sessions = set(Session.objects.filter(session_key__in=sessions, expire_date__gt=timezone.now())
-                            .values_list("session_key", flat=True))
+        live_sessions = set(
+            Session.objects.filter(
+                session_key__in=sessions, expire_date__gt=timezone.now()
+            ).values_list("session_key", flat=True)
+        )
     return {
-        g for g in grants
+        g
+        for g in grants
         if (g.key_id is not None or g.user_id is not None)
         and (g.key_id is None or g.key_id in live_keys)
         and (g.user_id is None or (g.user_id, g.tenant_id) in live_members)

@@ -110,7 +110,9 @@ SELECT unnest(%(runs)s::uuid[]), %(server)s, statement_timestamp()
 ON CONFLICT (run_id, server) DO UPDATE SET seen_at = EXCLUDED.seen_at
 """
 
-_UNWATCH_SQL = "DELETE FROM runs_streamwatch WHERE server = %(server)s AND run_id = ANY(%(runs)s::uuid[])"
+_UNWATCH_SQL = (
+    "DELETE FROM runs_streamwatch WHERE server = %(server)s AND run_id = ANY(%(runs)s::uuid[])"
+)
 
 # Watches of web processes that stopped refreshing them (killed, or cut off).
 _SWEEP_SQL = "DELETE FROM runs_streamwatch WHERE seen_at < statement_timestamp() - make_interval(secs => %(stale)s)"
@@ -133,7 +135,9 @@ class EventHub:
         self._closed = False
 
     # Streams' side.
-    async def subscribe(self, run_id: UUID, after: int, grant: grants.Grant | None = None) -> Subscription:
+    async def subscribe(
+        self, run_id: UUID, after: int, grant: grants.Grant | None = None
+    ) -> Subscription:
         await self._start()
         sub = Subscription(run_id, after, grant)
         if run_id not in self._subs:
@@ -186,20 +190,29 @@ class EventHub:
             if self._tasks:
                 return
             self._pool = AsyncConnectionPool(
-                kwargs=connection_kwargs(), min_size=1, max_size=max(1, settings.RUNS_STREAM_DB_CONNECTIONS),
-                open=False, name="event-streams",
+                kwargs=connection_kwargs(),
+                min_size=1,
+                max_size=max(1, settings.RUNS_STREAM_DB_CONNECTIONS),
+                open=False,
+                name="event-streams",
             )
             await self._pool.open()
-            self._tasks = [self._spawn(self._read_loop()), self._spawn(self._backstop_loop()),
-                           self._spawn(self._watch_loop()), self._spawn(self._grants_loop())]
+            self._tasks = [
+                self._spawn(self._read_loop()),
+                self._spawn(self._backstop_loop()),
+                self._spawn(self._watch_loop()),
+                self._spawn(self._grants_loop()),
+            ]
             if settings.RUNS_LISTEN:
                 self._tasks.append(self._spawn(self._listen_loop()))
                 # Listening before the first read, or the first wake-up may be lost.
                 try:
                     await asyncio.wait_for(self._listen_ready.wait(), timeout=5)
                 except TimeoutError:
-                    logger.warning("event streams: LISTEN not ready; polling every %s s meanwhile",
-                                   settings.RUNS_STREAM_POLL_SECONDS)
+                    logger.warning(
+                        "event streams: LISTEN not ready; polling every %s s meanwhile",
+                        settings.RUNS_STREAM_POLL_SECONDS,
+                    )
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -232,7 +245,11 @@ class EventHub:
                     async for note in conn.notifies():
                         self._on_notify(note.payload)
             except (psycopg.Error, OSError) as exc:
-                logger.warning("event streams: LISTEN connection lost (%s); reconnecting in %.1f s", exc, backoff)
+                logger.warning(
+                    "event streams: LISTEN connection lost (%s); reconnecting in %.1f s",
+                    exc,
+                    backoff,
+                )
             self._listening = False
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
@@ -246,13 +263,19 @@ class EventHub:
             self.wake(run_id)
             return
         for sub in self._subs.get(run_id, ()):
-            if sub.items.qsize() < HIGH_WATER:  # an update nobody can keep up with is not worth keeping
+            if (
+                sub.items.qsize() < HIGH_WATER
+            ):  # an update nobody can keep up with is not worth keeping
                 sub.items.put_nowait(update)
 
     async def _backstop_loop(self) -> None:
         while True:
             listening = self._listening and settings.RUNS_LISTEN
-            await asyncio.sleep(settings.RUNS_STREAM_BACKSTOP_SECONDS if listening else settings.RUNS_STREAM_POLL_SECONDS)
+            await asyncio.sleep(
+                settings.RUNS_STREAM_BACKSTOP_SECONDS
+                if listening
+                else settings.RUNS_STREAM_POLL_SECONDS
+            )
             self._wake_all()
 
     async def _grants_loop(self) -> None:
@@ -262,11 +285,18 @@ class EventHub:
 
     async def check_grants(self) -> None:
         """End the streams whose credential no longer holds: one check for all of them."""
-        subs = [sub for subs in self._subs.values() for sub in subs if sub.grant is not None and not sub.revoked]
+        subs = [
+            sub
+            for subs in self._subs.values()
+            for sub in subs
+            if sub.grant is not None and not sub.revoked
+        ]
         if not subs:
             return
         try:
-            holding = await sync_to_async(grants.live_released, thread_sensitive=False)({s.grant for s in subs})
+            holding = await sync_to_async(grants.live_released, thread_sensitive=False)(
+                {s.grant for s in subs}
+            )
         except Exception:
             # Streams stay open while the database cannot say; the next check decides.
             logger.warning("event streams: could not check the streams' credentials", exc_info=True)

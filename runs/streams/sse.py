@@ -41,8 +41,9 @@ def streams_served(request: HttpRequest) -> bool:
     return isinstance(request, ASGIRequest) or request.META.get("asgi.scope") is not None
 
 
-def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool,
-                    grant: Grant | None = None) -> StreamingHttpResponse:
+def stream_response(
+    *, run_id: UUID, after: int, last_seq: int, terminal: bool, grant: Grant | None = None
+) -> StreamingHttpResponse:
     """The streaming response for a run whose Events past ``after`` the client wants.
 
     ``last_seq`` and ``terminal`` are the run's as read when the stream was
@@ -59,7 +60,9 @@ def stream_response(*, run_id: UUID, after: int, last_seq: int, terminal: bool,
     return response
 
 
-async def _events(*, run_id: UUID, after: int, close_at: int | None, grant: Grant | None) -> AsyncIterator[str]:
+async def _events(
+    *, run_id: UUID, after: int, close_at: int | None, grant: Grant | None
+) -> AsyncIterator[str]:
     hub = get_hub()
     sub = await hub.subscribe(run_id, after, grant=grant)
     try:
@@ -101,8 +104,15 @@ def format_event(event: StoredEvent) -> str:
 
 
 def format_ephemeral(update: ephemeral.Ephemeral) -> str:
-    data = json.dumps({"run_id": str(update.run_id), "type": update.type, "step": update.step, "data": update.data},
-                      separators=(",", ":"))
+    data = json.dumps(
+        {
+            "run_id": str(update.run_id),
+            "type": update.type,
+            "step": update.step,
+            "data": update.data,
+        },
+        separators=(",", ":"),
+    )
     return f"event: {_field(update.type)}\ndata: {data}\n\n"
 
 

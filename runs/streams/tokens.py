@@ -65,5 +65,8 @@ def check(token: str, *, run_id: UUID) -> Grant:
         tenant_id = UUID(claims["tenant"])
     except (KeyError, ValueError, TypeError):
         raise InvalidToken("the stream token is not valid") from None
-    return Grant(tenant_id=tenant_id, key_id=key if isinstance(key, int) else None,
-                 user_id=user if isinstance(user, int) and not isinstance(key, int) else None)
+    return Grant(
+        tenant_id=tenant_id,
+        key_id=key if isinstance(key, int) else None,
+        user_id=user if isinstance(user, int) and not isinstance(key, int) else None,
+    )

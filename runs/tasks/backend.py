@@ -72,7 +72,9 @@ class DurableTaskBackend(BaseTaskBackend):
                 "'_', '-' and '.'"
             )
         if len(task.module_path) > MAX_KIND_LENGTH:
-            raise InvalidTask(f"the task's dotted path is longer than {MAX_KIND_LENGTH} characters: {task.module_path}")
+            raise InvalidTask(
+                f"the task's dotted path is longer than {MAX_KIND_LENGTH} characters: {task.module_path}"
+            )
         from runs.tasks.execution import register_kind
 
         register_kind(task, step_timeout=self.timeout)
@@ -82,21 +84,39 @@ class DurableTaskBackend(BaseTaskBackend):
         from runs.services import submit_run
 
         self.validate_task(task)
-        data = normalize_json({"args": args, "kwargs": kwargs})  # TypeError for what JSON cannot hold
+        data = normalize_json(
+            {"args": args, "kwargs": kwargs}
+        )  # TypeError for what JSON cannot hold
         if self.alias != "default":
             data["backend"] = self.alias
         if task.run_after is not None:
-            data["run_after"] = task.run_after.isoformat()  # read back by get_result (results.enqueued_task)
+            data["run_after"] = (
+                task.run_after.isoformat()
+            )  # read back by get_result (results.enqueued_task)
         tenant = self.tenant()
         run = submit_run(
-            tenant=tenant, kind=task.module_path, input=data, queue=task.queue_name,
-            priority=results.run_priority(task.priority), run_after=task.run_after,
-            max_attempts=self.max_attempts, tenant_is_fresh=True,
+            tenant=tenant,
+            kind=task.module_path,
+            input=data,
+            queue=task.queue_name,
+            priority=results.run_priority(task.priority),
+            run_after=task.run_after,
+            max_attempts=self.max_attempts,
+            tenant_is_fresh=True,
         )
         result = results.build_result(
-            task=task, run_id=run.pk, status=results.TaskResultStatus.READY, enqueued_at=run.created_at,
-            started_at=None, finished_at=None, last_attempted_at=None, args=data["args"], kwargs=data["kwargs"],
-            alias=self.alias, errors=[], worker_ids=[],
+            task=task,
+            run_id=run.pk,
+            status=results.TaskResultStatus.READY,
+            enqueued_at=run.created_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=data["args"],
+            kwargs=data["kwargs"],
+            alias=self.alias,
+            errors=[],
+            worker_ids=[],
         )
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -113,8 +133,9 @@ class DurableTaskBackend(BaseTaskBackend):
         task = task_for(found.run.kind) if found is not None else None
         if task is None:
             raise TaskResultDoesNotExist(result_id)
-        return results.from_run(found.run, task=task, alias=self.alias, errors=found.errors,
-                                worker_ids=found.worker_ids)
+        return results.from_run(
+            found.run, task=task, alias=self.alias, errors=found.errors, worker_ids=found.worker_ids
+        )
 
     def tenant(self) -> Tenant:
         """The tenant this backend's runs belong to, created (with MAX_RUNNING, MAX_QUEUED) on first use."""
@@ -124,7 +145,11 @@ class DurableTaskBackend(BaseTaskBackend):
 
         tenant, _ = Tenant.objects.get_or_create(
             slug=self.tenant_slug,
-            defaults={"name": "Django tasks", "max_running": self.max_running, "max_queued": self.max_queued},
+            defaults={
+                "name": "Django tasks",
+                "max_running": self.max_running,
+                "max_queued": self.max_queued,
+            },
         )
         return tenant
 
@@ -132,11 +157,13 @@ class DurableTaskBackend(BaseTaskBackend):
         messages = list(super().check(**kwargs))
         for name in sorted(self.queues):
             if not QUEUE_NAME.match(name):
-                messages.append(checks.Error(
-                    f"TASKS[{self.alias!r}] lists the queue {name!r}, which is not a valid queue name here",
-                    hint="Use up to 64 lowercase letters, digits, '_', '-' and '.'.",
-                    id="runs.E101",
-                ))
+                messages.append(
+                    checks.Error(
+                        f"TASKS[{self.alias!r}] lists the queue {name!r}, which is not a valid queue name here",
+                        hint="Use up to 64 lowercase letters, digits, '_', '-' and '.'.",
+                        id="runs.E101",
+                    )
+                )
         return messages
 
 

@@ -48,22 +48,27 @@ def register_kind(task: Task, *, step_timeout: float | None) -> None:
     # Named as the task, so that the registry tells two functions of one name apart by their paths.
     for hook in (execute, after_exit):
         hook.__module__, hook.__qualname__ = task.func.__module__, task.func.__qualname__
-    register(AgentKind(
-        name=module_path,
-        func=execute,
-        queue=task.queue_name,
-        step_timeout=step_timeout,
-        description=(task.func.__doc__ or "").strip(),
-        title=lambda data, name=task.name: title(name, data),
-        after_exit=after_exit,
-        public=False,  # code enqueues a task with the arguments it chooses; a tenant never does
-    ))
+    register(
+        AgentKind(
+            name=module_path,
+            func=execute,
+            queue=task.queue_name,
+            step_timeout=step_timeout,
+            description=(task.func.__doc__ or "").strip(),
+            title=lambda data, name=task.name: title(name, data),
+            after_exit=after_exit,
+            public=False,  # code enqueues a task with the arguments it chooses; a tenant never does
+        )
+    )
 
 
 def title(name: str, data: dict) -> str:
     """``send_welcome_email(42, plan="pro")``: the run's title in lists."""
     args = [json.dumps(value, ensure_ascii=False) for value in data.get("args", [])]
-    args += [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in data.get("kwargs", {}).items()]
+    args += [
+        f"{key}={json.dumps(value, ensure_ascii=False)}"
+        for key, value in data.get("kwargs", {}).items()
+    ]
     return f"{name}({', '.join(args)})"
 
 
@@ -94,7 +99,9 @@ def _execute(ctx, data: dict, *, module_path: str) -> Any:
             value = task.call(TaskContext(task_result=started), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        return normalize_json(value)  # a value JSON cannot hold fails the task, as with Django's backends
+        return normalize_json(
+            value
+        )  # a value JSON cannot hold fails the task, as with Django's backends
 
     return ctx.step(task.name, call, timeout=backend.timeout)
 
@@ -106,11 +113,20 @@ def _running_result(ctx, task: Task, backend: Any, args: list, kwargs: dict) -> 
         # The workers that claimed it before and the errors they met are in the database.
         return backend.result_of(claim.id, tenant_slug=None)
     return results.build_result(
-        task=results.enqueued_task(task, queue=claim.queue, priority=claim.priority, alias=backend.alias,
-                                   data=claim.input),
-        run_id=claim.id, status=TaskResultStatus.RUNNING, enqueued_at=claim.created_at,
-        started_at=claim.started_at, finished_at=None, last_attempted_at=claim.claimed_at,
-        args=args, kwargs=kwargs, alias=backend.alias, errors=[], worker_ids=[str(ctx.worker_id)],
+        task=results.enqueued_task(
+            task, queue=claim.queue, priority=claim.priority, alias=backend.alias, data=claim.input
+        ),
+        run_id=claim.id,
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=claim.created_at,
+        started_at=claim.started_at,
+        finished_at=None,
+        last_attempted_at=claim.claimed_at,
+        args=args,
+        kwargs=kwargs,
+        alias=backend.alias,
+        errors=[],
+        worker_ids=[str(ctx.worker_id)],
     )
 
 
@@ -122,7 +138,9 @@ def _after_exit(ctx, status: str, result: Any, at: datetime, *, module_path: str
     if status == "done" and ctx.claim.attempt == 1:
         args, kwargs = arguments(ctx.claim.input)
         running = _running_result(ctx, task, backend, args, kwargs)
-        ended = results.finished(running, status=TaskResultStatus.SUCCESSFUL, at=at, return_value=result)
+        ended = results.finished(
+            running, status=TaskResultStatus.SUCCESSFUL, at=at, return_value=result
+        )
     else:  # a failure, or a run claimed before: what the database knows, errors and workers included
         ended = backend.result_of(ctx.claim.id, tenant_slug=None)
     task_finished.send(type(backend), task_result=ended)

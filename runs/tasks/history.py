@@ -24,16 +24,18 @@ def task_run(result_id: str, *, tenant_slug: str | None) -> TaskRun | None:
         run_id = uuid.UUID(str(result_id))
     except ValueError:
         return None
-    claims = Event.objects.filter(run=OuterRef("pk"), type="run.running").order_by("seq").values("actor_id")
+    claims = (
+        Event.objects.filter(run=OuterRef("pk"), type="run.running")
+        .order_by("seq")
+        .values("actor_id")
+    )
     errors = StepAttempt.objects.filter(run=OuterRef("pk")).order_by("pk").values("error")
     runs = Run.objects.filter(pk=run_id)
     if tenant_slug is not None:
         runs = runs.filter(tenant__slug=tenant_slug)
-    run = (
-        runs
-        .annotate(claim_workers=ArraySubquery(claims), attempt_errors=ArraySubquery(errors))
-        .first()
-    )
+    run = runs.annotate(
+        claim_workers=ArraySubquery(claims), attempt_errors=ArraySubquery(errors)
+    ).first()
     if run is None:
         return None
     return TaskRun(run=run, errors=list(run.attempt_errors), worker_ids=list(run.claim_workers))

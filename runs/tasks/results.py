@@ -81,26 +81,50 @@ def enqueued_task(task: Task, *, queue: str, priority: int, alias: str, data: An
     try:
         # Not cached: each deferred task has its own, and only those pay for Django's validation again.
         return enqueued.using(run_after=datetime.fromisoformat(run_after))
-    except (ValueError, InvalidTask):  # edited by hand into something else: read back as not deferred
+    except (
+        ValueError,
+        InvalidTask,
+    ):  # edited by hand into something else: read back as not deferred
         return enqueued
 
 
 def build_result(
-    *, task: Task, run_id: Any, status: TaskResultStatus, enqueued_at: datetime | None,
-    started_at: datetime | None, finished_at: datetime | None, last_attempted_at: datetime | None,
-    args: list, kwargs: dict, alias: str, errors: list[TaskError], worker_ids: list[str],
+    *,
+    task: Task,
+    run_id: Any,
+    status: TaskResultStatus,
+    enqueued_at: datetime | None,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+    last_attempted_at: datetime | None,
+    args: list,
+    kwargs: dict,
+    alias: str,
+    errors: list[TaskError],
+    worker_ids: list[str],
     return_value: Any = None,
 ) -> TaskResult:
     result = TaskResult(
-        task=task, id=str(run_id), status=status, enqueued_at=enqueued_at, started_at=started_at,
-        finished_at=finished_at, last_attempted_at=last_attempted_at, args=args, kwargs=kwargs, backend=alias,
-        errors=errors, worker_ids=worker_ids,
+        task=task,
+        id=str(run_id),
+        status=status,
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=last_attempted_at,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=worker_ids,
     )
     object.__setattr__(result, "_return_value", return_value)  # as Django's own backends set it
     return result
 
 
-def from_run(run: Run, *, task: Task, alias: str, errors: list[str], worker_ids: list[str]) -> TaskResult:
+def from_run(
+    run: Run, *, task: Task, alias: str, errors: list[str], worker_ids: list[str]
+) -> TaskResult:
     """The ``TaskResult`` of a task's run, with its step attempts' errors and the workers that claimed it."""
     data = run.input if isinstance(run.input, dict) else {}
     return build_result(
@@ -120,10 +144,14 @@ def from_run(run: Run, *, task: Task, alias: str, errors: list[str], worker_ids:
     )
 
 
-def finished(result: TaskResult, *, status: TaskResultStatus, at: datetime, return_value: Any) -> TaskResult:
+def finished(
+    result: TaskResult, *, status: TaskResultStatus, at: datetime, return_value: Any
+) -> TaskResult:
     """``result`` (a running task's) as its run ended."""
     done = replace(result, status=status, finished_at=at)
-    object.__setattr__(done, "_return_value", return_value if status == TaskResultStatus.SUCCESSFUL else None)
+    object.__setattr__(
+        done, "_return_value", return_value if status == TaskResultStatus.SUCCESSFUL else None
+    )
     return done
 
 
@@ -138,7 +166,11 @@ def task_error(text: str) -> TaskError:
     name = head.partition(":")[0].strip()
     traceback = traceback or text
     path = f"builtins.{name}" if name.isidentifier() else "builtins.Exception"
-    pattern = re.compile(rf"^((?:[A-Za-z_][\w]*\.)*){re.escape(name)}(?::|$)", re.MULTILINE) if name else None
+    pattern = (
+        re.compile(rf"^((?:[A-Za-z_][\w]*\.)*){re.escape(name)}(?::|$)", re.MULTILINE)
+        if name
+        else None
+    )
     if pattern is not None:
         found = [match.group(1) for match in pattern.finditer(traceback)]
         if found and found[-1]:

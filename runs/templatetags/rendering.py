@@ -1,10 +1,10 @@
 """Template tags that show what agents wrote (see ``runs.dashboard.rendering``).
 
-    {% load rendering %}
-    {{ text|markdown }}
-    {% proposal_view waiting.proposal as proposal_view %}{% include "runs/_proposal.html" %}
-    {% answer_view run.result steps as answer %}{% if answer %}{% include "runs/_answer.html" %}{% endif %}
-    {% transcript step steps as transcript %}{% if transcript %}{% include "runs/_transcript.html" %}{% endif %}
+{% load rendering %}
+{{ text|markdown }}
+{% proposal_view waiting.proposal as proposal_view %}{% include "runs/_proposal.html" %}
+{% answer_view run.result steps as answer %}{% if answer %}{% include "runs/_answer.html" %}{% endif %}
+{% transcript step steps as transcript %}{% if transcript %}{% include "runs/_transcript.html" %}{% endif %}
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ _LIVE_AND_DUE = f"{_LIVE} AND d.next_attempt_at <= statement_timestamp()"
 # after the tenant's sends in flight, and turns are taken in order
 # (round-robin), up to the tenant's share of the slots. So a claim costs the
 # number of busy tenants, not the length of anyone's backlog.
-_CLAIM_SQL = sql("""
+_CLAIM_SQL = sql(
+    """
 WITH RECURSIVE busy(tenant_id) AS (
     (SELECT d.tenant_id FROM runs_webhookdelivery d WHERE {live_delivery} ORDER BY d.tenant_id LIMIT 1)
     UNION ALL
@@ -121,12 +122,21 @@ JOIN runs_event e ON e.id = c.event_id
 JOIN runs_run r ON r.id = c.run_id
 JOIN runs_tenant t ON t.id = c.tenant_id
 ORDER BY c.id
-""", live_delivery=_LIVE, live_and_due=_LIVE_AND_DUE, receiver_d=RECEIVER_SQL.format(url="d.url"),
-    receiver_c=RECEIVER_SQL.format(url="c.url"))
+""",
+    live_delivery=_LIVE,
+    live_and_due=_LIVE_AND_DUE,
+    receiver_d=RECEIVER_SQL.format(url="d.url"),
+    receiver_c=RECEIVER_SQL.format(url="c.url"),
+)
 
 
-def claim(*, batch: int, lease_seconds: float, slots: int | None = None,
-          in_flight: dict[UUID, int] | None = None) -> list[DeliveryJob]:
+def claim(
+    *,
+    batch: int,
+    lease_seconds: float,
+    slots: int | None = None,
+    in_flight: dict[UUID, int] | None = None,
+) -> list[DeliveryJob]:
     """Up to ``batch`` due deliveries, each now ``sending`` for ``lease_seconds``, shared fairly among tenants.
 
     ``slots`` is how many sends the caller runs at once (default ``batch``)
@@ -138,41 +148,107 @@ def claim(*, batch: int, lease_seconds: float, slots: int | None = None,
     slots = slots or batch
     in_flight = {tenant: count for tenant, count in (in_flight or {}).items() if count > 0}
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, {
-            "batch": batch, "lease": lease_seconds, "slots": slots, "most": slots - slots // 4,
-            "flight_tenants": list(in_flight), "flight_counts": list(in_flight.values()),
-        })
+        cursor.execute(
+            _CLAIM_SQL,
+            {
+                "batch": batch,
+                "lease": lease_seconds,
+                "slots": slots,
+                "most": slots - slots // 4,
+                "flight_tenants": list(in_flight),
+                "flight_counts": list(in_flight.values()),
+            },
+        )
         rows = cursor.fetchall()
     jobs = []
-    for (delivery_id, attempt, url, webhook_id, event_type, tenant_id, run_id, seq, at, actor_type, actor_id,
-         payload, kind, queue, slug, secret, previous, receiver) in rows:
+    for (
+        delivery_id,
+        attempt,
+        url,
+        webhook_id,
+        event_type,
+        tenant_id,
+        run_id,
+        seq,
+        at,
+        actor_type,
+        actor_id,
+        payload,
+        kind,
+        queue,
+        slug,
+        secret,
+        previous,
+        receiver,
+    ) in rows:
         if not secret:
             secret = current_secret(tenant_id)
-        jobs.append(DeliveryJob(
-            id=delivery_id, attempt=attempt, url=url, webhook_id=webhook_id, event_type=event_type,
-            tenant_id=tenant_id,
-            body=body_for(event_type=event_type, seq=seq, at=at, actor_type=actor_type, actor_id=actor_id,
-                          payload=json.loads(payload), run_id=str(run_id), kind=kind, queue=queue,
-                          tenant=slug),
-            secrets=[secret] + ([previous] if previous else []),
-            receiver=receiver or "",
-        ))
+        jobs.append(
+            DeliveryJob(
+                id=delivery_id,
+                attempt=attempt,
+                url=url,
+                webhook_id=webhook_id,
+                event_type=event_type,
+                tenant_id=tenant_id,
+                body=body_for(
+                    event_type=event_type,
+                    seq=seq,
+                    at=at,
+                    actor_type=actor_type,
+                    actor_id=actor_id,
+                    payload=json.loads(payload),
+                    run_id=str(run_id),
+                    kind=kind,
+                    queue=queue,
+                    tenant=slug,
+                ),
+                secrets=[secret] + ([previous] if previous else []),
+                receiver=receiver or "",
+            )
+        )
     return jobs
 
 
-def body_for(*, event_type: str, seq: int, at: datetime, actor_type: str, actor_id: str, payload: dict[str, Any],
-             run_id: str, kind: str, queue: str, tenant: str) -> str:
+def body_for(
+    *,
+    event_type: str,
+    seq: int,
+    at: datetime,
+    actor_type: str,
+    actor_id: str,
+    payload: dict[str, Any],
+    run_id: str,
+    kind: str,
+    queue: str,
+    tenant: str,
+) -> str:
     """The Standard Webhooks envelope ``{"type", "timestamp", "data"}`` of one Event."""
     data: dict[str, Any] = {
-        "run_id": run_id, "tenant": tenant, "kind": kind, "queue": queue,
-        "status": event_type.removeprefix("run."), "event_seq": seq,
+        "run_id": run_id,
+        "tenant": tenant,
+        "kind": kind,
+        "queue": queue,
+        "status": event_type.removeprefix("run."),
+        "event_seq": seq,
         "actor": {"type": actor_type, "id": actor_id},
     }
-    for key in ("result", "error", "error_kind", "reason", "steps_done", "steps_total", "cost_cents"):
+    for key in (
+        "result",
+        "error",
+        "error_kind",
+        "reason",
+        "steps_done",
+        "steps_total",
+        "cost_cents",
+    ):
         if key in payload:
             data[key] = tenant_error(payload[key]) if key == "error" else payload[key]
-    return json.dumps({"type": event_type, "timestamp": at.isoformat(), "data": data},
-                      separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(
+        {"type": event_type, "timestamp": at.isoformat(), "data": data},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
 
 
 _RECORD_SQL = """
@@ -192,14 +268,24 @@ WHERE id = %(id)s AND status = 'sending' AND attempts = %(attempt)s
 RETURNING status, tenant_id
 """
 
+
 def retry_gap(attempt: int) -> float:
     """Seconds before the attempt after ``attempt`` (1 = the first)."""
     schedule = settings.RUNS_WEBHOOK_RETRY_SCHEDULE or [5.0]
     return schedule[min(attempt - 1, len(schedule) - 1)]
 
 
-def record(job: DeliveryJob, *, delivered: bool, permanent: bool, code: int | None, body: str,
-           error: str, failure: str = "", unanswered: bool = False) -> str | None:
+def record(
+    job: DeliveryJob,
+    *,
+    delivered: bool,
+    permanent: bool,
+    code: int | None,
+    body: str,
+    error: str,
+    failure: str = "",
+    unanswered: bool = False,
+) -> str | None:
     """Record an attempt's outcome; returns the delivery's status, or None when the claim was lost.
 
     ``unanswered`` (a timeout, no connection) counts towards pausing the
@@ -207,17 +293,29 @@ def record(job: DeliveryJob, *, delivered: bool, permanent: bool, code: int | No
     """
     error = _storable(error)[:1000]
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_RECORD_SQL, {
-            "id": job.id, "attempt": job.attempt, "delivered": delivered, "permanent": permanent,
-            "code": code, "body": _storable(body)[:4096], "error": error, "failure": failure,
-            "gap": retry_gap(job.attempt), "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS,
-        })
+        cursor.execute(
+            _RECORD_SQL,
+            {
+                "id": job.id,
+                "attempt": job.attempt,
+                "delivered": delivered,
+                "permanent": permanent,
+                "code": code,
+                "body": _storable(body)[:4096],
+                "error": error,
+                "failure": failure,
+                "gap": retry_gap(job.attempt),
+                "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS,
+            },
+        )
         row = cursor.fetchone()
         if row is None:
             return None
         status, tenant_id = row
         if job.receiver and (unanswered or code is not None):
-            receivers.attempted(tenant_id=tenant_id, receiver=job.receiver, answered=not unanswered, error=error)
+            receivers.attempted(
+                tenant_id=tenant_id, receiver=job.receiver, answered=not unanswered, error=error
+            )
     metrics.webhook_attempt(result=ATTEMPT_RESULTS.get(status, status))
     return status
 
@@ -235,14 +333,29 @@ def redeliver(*, delivery: WebhookDelivery, actor: Actor) -> WebhookDelivery:
     """Send a delivered or dead delivery's Event again, as a new delivery with the same ``webhook-id``."""
     delivery = WebhookDelivery.objects.select_for_update().get(pk=delivery.pk)
     if delivery.is_live:
-        raise InvalidTransition("this delivery is still being attempted; wait for it to be delivered or dead")
+        raise InvalidTransition(
+            "this delivery is still being attempted; wait for it to be delivered or dead"
+        )
     again = WebhookDelivery.objects.create(
-        event_id=delivery.event_id, run_id=delivery.run_id, tenant_id=delivery.tenant_id,
-        endpoint_id=delivery.endpoint_id, url=delivery.url, event_type=delivery.event_type,
-        webhook_id=delivery.webhook_id, status=DeliveryStatus.PENDING,
+        event_id=delivery.event_id,
+        run_id=delivery.run_id,
+        tenant_id=delivery.tenant_id,
+        endpoint_id=delivery.endpoint_id,
+        url=delivery.url,
+        event_type=delivery.event_type,
+        webhook_id=delivery.webhook_id,
+        status=DeliveryStatus.PENDING,
     )
     # Who asked, in the run's audit trail (not a webhook type: it sends nothing itself).
-    append_event(run_id=delivery.run_id, type="webhook.redelivered", actor=actor,
-                 payload={"delivery": again.pk, "of": delivery.pk, "event_type": delivery.event_type,
-                          "webhook_id": delivery.webhook_id})
+    append_event(
+        run_id=delivery.run_id,
+        type="webhook.redelivered",
+        actor=actor,
+        payload={
+            "delivery": again.pk,
+            "of": delivery.pk,
+            "event_type": delivery.event_type,
+            "webhook_id": delivery.webhook_id,
+        },
+    )
     return again

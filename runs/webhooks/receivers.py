@@ -56,7 +56,8 @@ UPDATE runs_webhookreceiver SET silent_attempts = 0
 WHERE tenant_id = %(tenant)s AND receiver = %(receiver)s AND silent_attempts > 0 AND paused_at IS NULL
 """
 
-_RESUME_SQL = sql("""
+_RESUME_SQL = sql(
+    """
 WITH resumed AS (
     UPDATE runs_webhookreceiver SET paused_at = NULL, paused_reason = '', silent_attempts = 0,
                                     resumed_at = statement_timestamp(), resumed_by = %(actor)s
@@ -70,25 +71,32 @@ due AS (
     RETURNING d.id
 )
 SELECT (SELECT count(*) FROM resumed), (SELECT count(*) FROM due)
-""", receiver_d=RECEIVER_SQL.format(url="d.url"))
+""",
+    receiver_d=RECEIVER_SQL.format(url="d.url"),
+)
 
 
 # Far enough to never come due, near enough for a Python datetime.
 PARKED_UNTIL = "9999-01-01T00:00:00Z"
 
-_PARK_SQL = sql("""
+_PARK_SQL = sql(
+    """
 UPDATE runs_webhookdelivery d SET next_attempt_at = %(parked)s::timestamptz
 FROM runs_webhookreceiver h
 WHERE h.paused_at IS NOT NULL AND (%(tenant)s::uuid IS NULL OR (h.tenant_id = %(tenant)s AND h.receiver = %(receiver)s))
   AND d.tenant_id = h.tenant_id AND d.status = 'pending' AND d.next_attempt_at < %(parked)s::timestamptz
   AND {receiver_d} = h.receiver
-""", receiver_d=RECEIVER_SQL.format(url="d.url"))
+""",
+    receiver_d=RECEIVER_SQL.format(url="d.url"),
+)
 
 
 def park(*, tenant_id: UUID | None = None, receiver: str = "") -> int:
     """Park the waiting deliveries of paused receivers (of one, or all); returns how many."""
     with connection.cursor() as cursor:
-        cursor.execute(_PARK_SQL, {"parked": PARKED_UNTIL, "tenant": tenant_id, "receiver": receiver})
+        cursor.execute(
+            _PARK_SQL, {"parked": PARKED_UNTIL, "tenant": tenant_id, "receiver": receiver}
+        )
         return cursor.rowcount
 
 
@@ -101,13 +109,26 @@ def attempted(*, tenant_id: UUID, receiver: str, answered: bool, error: str = ""
     limit = max(0, settings.RUNS_WEBHOOK_PAUSE_AFTER)
     reason = f"{limit} attempts in a row got no answer; the last: {error}"[:1000]
     with connection.cursor() as cursor:
-        cursor.execute(_SILENT_SQL, {"tenant": tenant_id, "receiver": receiver, "error": error, "limit": limit,
-                                     "reason": reason})
+        cursor.execute(
+            _SILENT_SQL,
+            {
+                "tenant": tenant_id,
+                "receiver": receiver,
+                "error": error,
+                "limit": limit,
+                "reason": reason,
+            },
+        )
         paused = bool(cursor.fetchone()[0])
     if paused:
         parked = park(tenant_id=tenant_id, receiver=receiver)
-        logger.warning("webhook receiver %s of tenant %s paused (%s deliveries wait): %s", receiver, tenant_id,
-                       parked, reason)
+        logger.warning(
+            "webhook receiver %s of tenant %s paused (%s deliveries wait): %s",
+            receiver,
+            tenant_id,
+            parked,
+            reason,
+        )
     return paused
 
 
@@ -117,6 +138,11 @@ def resume(*, ids: list[int], actor: Actor) -> tuple[int, int]:
         cursor.execute(_RESUME_SQL, {"ids": list(ids), "actor": f"{actor.type}:{actor.id}"[:64]})
         resumed, due = cursor.fetchone()
     if resumed:
-        logger.info("%s webhook receiver(s) resumed by %s:%s, %s deliveries due", resumed, actor.type, actor.id,
-                    due)
+        logger.info(
+            "%s webhook receiver(s) resumed by %s:%s, %s deliveries due",
+            resumed,
+            actor.type,
+            actor.id,
+            due,
+        )
     return resumed, due

@@ -146,8 +146,13 @@ class Bridge:
             return await answer
 
     # On a step's thread.
-    def wait[T](self, make: Callable[[], Awaitable[T]], timeout: float, *,
-             context: contextvars.Context | None = None) -> T:
+    def wait[T](
+        self,
+        make: Callable[[], Awaitable[T]],
+        timeout: float,
+        *,
+        context: contextvars.Context | None = None,
+    ) -> T:
         """Run the coroutine ``make()`` on the loop and wait for its value, for up to ``timeout`` seconds (and a margin).
 
         It runs in a copy of ``context`` (by default this thread's, a step's: the step's log fields
@@ -162,7 +167,9 @@ class Bridge:
             return future.result(timeout + WAIT_MARGIN_SECONDS)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise TimeoutError(f"the framework's call did not return within {timeout:g} s") from None
+            raise TimeoutError(
+                f"the framework's call did not return within {timeout:g} s"
+            ) from None
         finally:
             self._in_flight.discard(future)
 
@@ -203,7 +210,9 @@ def _running() -> tuple[asyncio.AbstractEventLoop, concurrent.futures.ThreadPool
             loop.set_default_executor(threads)
             started = threading.Event()
             loop.call_soon(started.set)
-            threading.Thread(target=loop.run_forever, name="agentruns-framework-loop", daemon=True).start()
+            threading.Thread(
+                target=loop.run_forever, name="agentruns-framework-loop", daemon=True
+            ).start()
             started.wait()
             _loop, _threads = loop, threads
         return _loop, _threads

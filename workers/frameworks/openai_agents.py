@@ -21,8 +21,9 @@ from __future__ import annotations
 try:
     import agents  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError("the OpenAI Agents SDK adapter needs openai-agents: "
-                      "pip install 'agentruns[openai-agents]'") from exc
+    raise ImportError(
+        "the OpenAI Agents SDK adapter needs openai-agents: pip install 'agentruns[openai-agents]'"
+    ) from exc
 
 import contextvars
 import copy
@@ -72,12 +73,21 @@ __all__ = ["DurableModel", "DurableRunner", "step_options"]
 
 # Tools the provider runs inside the model call (its step); every other kind but FunctionTool
 # would run on this machine outside any step, and run again on replay.
-HOSTED_TOOLS = (FileSearchTool, WebSearchTool, HostedMCPTool, CodeInterpreterTool, ImageGenerationTool, ToolSearchTool)
+HOSTED_TOOLS = (
+    FileSearchTool,
+    WebSearchTool,
+    HostedMCPTool,
+    CodeInterpreterTool,
+    ImageGenerationTool,
+    ToolSearchTool,
+)
 NAME_MAX = 200  # Step.name
 _OPTIONS = "_agentruns_step_options"
 # Set while a step's coroutine runs: model and tool calls made inside it (an agent used as a
 # tool) are part of that step, and add their usage to it.
-_INSIDE_STEP: contextvars.ContextVar[_Usage | None] = contextvars.ContextVar("agentruns_inside_step", default=None)
+_INSIDE_STEP: contextvars.ContextVar[_Usage | None] = contextvars.ContextVar(
+    "agentruns_inside_step", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,9 @@ class StepOptions:
     timeout: float | None = None
 
 
-def step_options(tool: FunctionTool, *, side_effect: bool = False, timeout: float | None = None) -> FunctionTool:
+def step_options(
+    tool: FunctionTool, *, side_effect: bool = False, timeout: float | None = None
+) -> FunctionTool:
     """Say how ``DurableRunner`` makes ``tool``'s calls as steps; returns ``tool``.
 
     ``side_effect=True`` writes each call's step ahead of calling the tool, with an idempotency key
@@ -120,8 +132,15 @@ class DurableRunner:
         self._agents: dict[int, tuple[Agent[Any], Agent[Any]]] = {}
         self._bridge: Bridge | None = None
 
-    def run(self, starting_agent: Agent[Any], input: Any, *, context: Any = None, run_config: RunConfig | None = None,
-            **options: Any) -> RunResult:
+    def run(
+        self,
+        starting_agent: Agent[Any],
+        input: Any,
+        *,
+        context: Any = None,
+        run_config: RunConfig | None = None,
+        **options: Any,
+    ) -> RunResult:
         """Run ``starting_agent`` on ``input`` to its final output, as ``Runner.run`` would, durably.
 
         A model call or tool call recorded by an earlier execution of the run returns its record
@@ -134,10 +153,16 @@ class DurableRunner:
         its history again.
         """
         if options.get("session") is not None:
-            raise Fatal("DurableRunner cannot use an SDK session: a replay would write its history again")
+            raise Fatal(
+                "DurableRunner cannot use an SDK session: a replay would write its history again"
+            )
         agent = self._durable_agent(starting_agent)
         config, owns_provider = self._durable_config(run_config)
-        options = {"context": self.ctx if context is None else context, "run_config": config, **options}
+        options = {
+            "context": self.ctx if context is None else context,
+            "run_config": config,
+            **options,
+        }
 
         async def main() -> RunResult:
             pending = input
@@ -158,40 +183,68 @@ class DurableRunner:
         try:
             return bridge.run(main)
         except MaxTurnsExceeded as exc:
-            raise StopRun("step_limit", f"the agent used its {options.get('max_turns') or 'default'} turns "
-                                        f"without a final output (max_turns): {exc}") from exc
+            raise StopRun(
+                "step_limit",
+                f"the agent used its {options.get('max_turns') or 'default'} turns "
+                f"without a final output (max_turns): {exc}",
+            ) from exc
         finally:
             self._bridge = None
 
     run_sync = run
 
     # Steps.
-    async def _model_step(self, model: DurableModel, call: Callable[[ModelSettings], Awaitable[ModelResponse]],
-                          input: Any, tools: list[Any], settings: ModelSettings) -> ModelResponse:
+    async def _model_step(
+        self,
+        model: DurableModel,
+        call: Callable[[ModelSettings], Awaitable[ModelResponse]],
+        input: Any,
+        tools: list[Any],
+        settings: ModelSettings,
+    ) -> ModelResponse:
         bridge = self._running()
         self.iterations += 1
         iteration = self.iterations
-        request = {"model": model.name, "iteration": iteration, "messages": len(input) if isinstance(input, list) else 1,
-                   "tools": [getattr(tool, "name", type(tool).__name__) for tool in tools]}
+        request = {
+            "model": model.name,
+            "iteration": iteration,
+            "messages": len(input) if isinstance(input, list) else 1,
+            "tools": [getattr(tool, "name", type(tool).__name__) for tool in tools],
+        }
 
         def make_step() -> Any:
             timeout = self.ctx.step_timeout(self.timeout)
 
             def think(request: dict) -> StepResult:
                 limited = self._affordable(settings, model.name, input, tools)
-                response = bridge.wait(lambda: _inside_step(_Usage(), lambda: call(limited)), timeout)
+                response = bridge.wait(
+                    lambda: _inside_step(_Usage(), lambda: call(limited)), timeout
+                )
                 usage = response.usage
                 cost = pricing.cost_cents(model.name, usage.input_tokens, usage.output_tokens)
-                return StepResult(step_output(response), usage.input_tokens, usage.output_tokens, cost)
+                return StepResult(
+                    step_output(response), usage.input_tokens, usage.output_tokens, cost
+                )
 
-            return self.ctx.step(f"Thinking (iteration {iteration})", think, kwargs={"request": request}, kind="llm",
-                                 timeout=timeout)
+            return self.ctx.step(
+                f"Thinking (iteration {iteration})",
+                think,
+                kwargs={"request": request},
+                kind="llm",
+                timeout=timeout,
+            )
 
         recorded = await bridge.call(make_step)
         return load_response(recorded["response"])
 
-    async def _tool_step(self, invoker: Callable[[Any, str], Awaitable[Any]], tool_context: Any, arguments: str,
-                         options: StepOptions, typed: bool) -> Any:
+    async def _tool_step(
+        self,
+        invoker: Callable[[Any, str], Awaitable[Any]],
+        tool_context: Any,
+        arguments: str,
+        options: StepOptions,
+        typed: bool,
+    ) -> Any:
         bridge = self._running()
         name = tool_context.tool_name
         call = {"id": tool_context.tool_call_id, "name": name, "arguments": parsed(arguments)}
@@ -201,13 +254,21 @@ class DurableRunner:
 
             def execute(call: dict) -> Any:
                 usage = _Usage()
-                output = bridge.wait(lambda: _inside_step(usage, lambda: invoker(tool_context, arguments)), timeout)
+                output = bridge.wait(
+                    lambda: _inside_step(usage, lambda: invoker(tool_context, arguments)), timeout
+                )
                 recorded = {"content": recordable(output, typed=typed)}
                 return usage.result(recorded) if usage.calls else recorded
 
-            return self.ctx.step(f"Calling {name}"[:NAME_MAX], execute, kwargs={"call": call}, kind="tool",
-                                 side_effect=options.side_effect,
-                                 idempotency_key=True if options.side_effect else None, timeout=timeout)
+            return self.ctx.step(
+                f"Calling {name}"[:NAME_MAX],
+                execute,
+                kwargs={"call": call},
+                kind="tool",
+                side_effect=options.side_effect,
+                idempotency_key=True if options.side_effect else None,
+                timeout=timeout,
+            )
 
         recorded = await bridge.call(make_step)
         return recorded["content"]
@@ -216,10 +277,21 @@ class DurableRunner:
         """Ask a person about one call (this suspends the run until they decide), and tell the SDK."""
         name = item.qualified_name or item.name or "a tool"
         arguments = parsed(item.arguments or "")
-        changes = [Change(key, UNKNOWN, value) for key, value in arguments.items()] if isinstance(arguments, dict) else []
-        proposal = Proposal(summary=f"Call {name}", changes=changes,
-                            details={"tool": name, "arguments": arguments, "call_id": item.call_id or "",
-                                     "agent": getattr(item.agent, "name", "")})
+        changes = (
+            [Change(key, UNKNOWN, value) for key, value in arguments.items()]
+            if isinstance(arguments, dict)
+            else []
+        )
+        proposal = Proposal(
+            summary=f"Call {name}",
+            changes=changes,
+            details={
+                "tool": name,
+                "arguments": arguments,
+                "call_id": item.call_id or "",
+                "agent": getattr(item.agent, "name", ""),
+            },
+        )
         decision = self.ctx.approval(f"Approve {name}"[:NAME_MAX], proposal=proposal)
         if decision.approved:
             state.approve(item)
@@ -228,7 +300,9 @@ class DurableRunner:
         reason = f": {decision.comment}" if decision.comment else ""
         state.reject(item, rejection_message=f"{who} rejected this call{reason}. Do not retry it.")
 
-    def _affordable(self, settings: ModelSettings, model: str, input: Any, tools: list[Any]) -> ModelSettings:
+    def _affordable(
+        self, settings: ModelSettings, model: str, input: Any, tools: list[Any]
+    ) -> ModelSettings:
         """``settings`` with output tokens capped by what the run's remaining budget can pay for."""
         left = self.ctx.budget_left_cents
         price = pricing.price_for(model) if left is not None else None
@@ -237,19 +311,30 @@ class DurableRunner:
         input_cost = price.input * pricing.estimate_tokens(to_jsonable_python(input, fallback=str))
         affordable = int((left - input_cost) / price.output)
         if affordable < 1:
-            raise StopRun("budget", f"the run's remaining budget ({left:.6f}¢) cannot pay for another model call "
-                                    f"(about {input_cost:.6f}¢ of input alone)")
-        return settings.resolve(ModelSettings(max_tokens=min(settings.max_tokens or affordable, affordable)))
+            raise StopRun(
+                "budget",
+                f"the run's remaining budget ({left:.6f}¢) cannot pay for another model call "
+                f"(about {input_cost:.6f}¢ of input alone)",
+            )
+        return settings.resolve(
+            ModelSettings(max_tokens=min(settings.max_tokens or affordable, affordable))
+        )
 
     def _running(self) -> Bridge:
         if self._bridge is None:
-            raise UserError("this agent's models and tools belong to a DurableRunner: run it with DurableRunner.run")
+            raise UserError(
+                "this agent's models and tools belong to a DurableRunner: run it with DurableRunner.run"
+            )
         return self._bridge
 
     # The agent graph, with its models and tools made durable.
     def _durable_config(self, run_config: RunConfig | dict | None) -> tuple[RunConfig, bool]:
-        owns_provider = run_config is None or (isinstance(run_config, dict) and "model_provider" not in run_config)
-        config = RunConfig(**run_config) if isinstance(run_config, dict) else run_config or RunConfig()
+        owns_provider = run_config is None or (
+            isinstance(run_config, dict) and "model_provider" not in run_config
+        )
+        config = (
+            RunConfig(**run_config) if isinstance(run_config, dict) else run_config or RunConfig()
+        )
         execution = config.tool_execution or ToolExecutionConfig()
         changes: dict[str, Any] = {
             "model_provider": _DurableProvider(config.model_provider, self),
@@ -269,14 +354,21 @@ class DurableRunner:
         if known is not None:
             return known[1]
         if agent.mcp_servers:
-            raise Fatal(f"agent {agent.name!r} has MCP servers: their tool calls would not be steps "
-                        "(DurableRunner checkpoints function tools only)")
+            raise Fatal(
+                f"agent {agent.name!r} has MCP servers: their tool calls would not be steps "
+                "(DurableRunner checkpoints function tools only)"
+            )
         for tool in agent.tools:
             if not isinstance(tool, (FunctionTool, *HOSTED_TOOLS)):
-                raise Fatal(f"agent {agent.name!r} has a {type(tool).__name__}, which runs on this machine outside "
-                            "any step: DurableRunner checkpoints function tools only")
+                raise Fatal(
+                    f"agent {agent.name!r} has a {type(tool).__name__}, which runs on this machine outside "
+                    "any step: DurableRunner checkpoints function tools only"
+                )
         clone = agent.clone()
-        self._agents[id(agent)] = (agent, clone)  # the original stays referenced, so its id stays unique
+        self._agents[id(agent)] = (
+            agent,
+            clone,
+        )  # the original stays referenced, so its id stays unique
         if isinstance(agent.model, Model):
             clone.model = self._durable_model(agent.model)
         clone.tools = [self._durable_tool(tool) for tool in agent.tools]
@@ -318,11 +410,28 @@ class DurableModel(Model):
         # The name prices the call (RUNS_LLM_PRICES): the model's own, else the name it was asked for.
         self.name = str(getattr(inner, "model", None) or name or type(inner).__name__)
 
-    async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
-                           **options) -> ModelResponse:
+    async def get_response(
+        self,
+        system_instructions,
+        input,
+        model_settings,
+        tools,
+        output_schema,
+        handoffs,
+        tracing,
+        **options,
+    ) -> ModelResponse:
         def call(settings: ModelSettings) -> Awaitable[ModelResponse]:
-            return self.inner.get_response(system_instructions, input, settings, tools, output_schema, handoffs,
-                                           tracing, **options)
+            return self.inner.get_response(
+                system_instructions,
+                input,
+                settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                **options,
+            )
 
         inside = _INSIDE_STEP.get()
         if inside is not None:  # part of a tool's step (an agent used as a tool)
@@ -330,8 +439,10 @@ class DurableModel(Model):
             inside.add(self.name, response.usage)
             return response
         if model_settings.timeout is not None:
-            raise UserError("ModelSettings.timeout cannot bound a durable model call: the step timeout does "
-                            "(DurableRunner(ctx, timeout=...) or the kind's step_timeout)")
+            raise UserError(
+                "ModelSettings.timeout cannot bound a durable model call: the step timeout does "
+                "(DurableRunner(ctx, timeout=...) or the kind's step_timeout)"
+            )
         return await self.runner._model_step(self, call, input, tools, model_settings)
 
     async def stream_response(self, *args, **kwargs):
@@ -367,8 +478,13 @@ class _DurableProvider(ModelProvider):
 class _DurableInvoker:
     """A function tool's invoker that makes each of its calls a step."""
 
-    def __init__(self, runner: DurableRunner, inner: Callable[[Any, str], Awaitable[Any]], options: StepOptions,
-                 typed: bool):
+    def __init__(
+        self,
+        runner: DurableRunner,
+        inner: Callable[[Any, str], Awaitable[Any]],
+        options: StepOptions,
+        typed: bool,
+    ):
         self.runner = runner
         self.inner = inner
         self.options = options
@@ -377,7 +493,9 @@ class _DurableInvoker:
     async def __call__(self, tool_context: Any, arguments: str) -> Any:
         if _INSIDE_STEP.get() is not None:  # part of an enclosing tool's step
             return await self.inner(tool_context, arguments)
-        return await self.runner._tool_step(self.inner, tool_context, arguments, self.options, self.typed)
+        return await self.runner._tool_step(
+            self.inner, tool_context, arguments, self.options, self.typed
+        )
 
 
 async def _inside_step(usage: _Usage, make: Callable[[], Awaitable[Any]]) -> Any:

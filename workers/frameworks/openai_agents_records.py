@@ -33,9 +33,20 @@ _OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
 
 def step_output(response: ModelResponse) -> dict:
     """A model step's record: the answer as an assistant message (shown as a transcript) and the SDK's response."""
-    texts = [ItemHelpers.extract_text(item) or "" for item in response.output if isinstance(item, ResponseOutputMessage)]
-    calls = [{"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
-             for item in response.output if isinstance(item, ResponseFunctionToolCall)]
+    texts = [
+        ItemHelpers.extract_text(item) or ""
+        for item in response.output
+        if isinstance(item, ResponseOutputMessage)
+    ]
+    calls = [
+        {
+            "id": item.call_id,
+            "type": "function",
+            "function": {"name": item.name, "arguments": item.arguments},
+        }
+        for item in response.output
+        if isinstance(item, ResponseFunctionToolCall)
+    ]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
@@ -49,8 +60,12 @@ def step_output(response: ModelResponse) -> dict:
 
 
 def load_response(data: dict) -> ModelResponse:
-    return ModelResponse(output=[_load_item(item) for item in data["output"]], usage=deserialize_usage(data["usage"]),
-                         response_id=data.get("response_id"), request_id=data.get("request_id"))
+    return ModelResponse(
+        output=[_load_item(item) for item in data["output"]],
+        usage=deserialize_usage(data["usage"]),
+        response_id=data.get("response_id"),
+        request_id=data.get("request_id"),
+    )
 
 
 def _dump(item: Any) -> Any:
@@ -76,7 +91,10 @@ def recordable(output: Any, *, typed: bool) -> Any:
     if isinstance(output, str):
         return output
     structured = isinstance(output, STRUCTURED_OUTPUTS) or (
-        isinstance(output, list | tuple) and output and all(isinstance(item, STRUCTURED_OUTPUTS) for item in output))
+        isinstance(output, list | tuple)
+        and output
+        and all(isinstance(item, STRUCTURED_OUTPUTS) for item in output)
+    )
     if structured or typed:
         return to_jsonable_python(output, fallback=str)
     try:

@@ -36,7 +36,9 @@ from __future__ import annotations
 try:
     import pydantic_ai  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError("the Pydantic AI adapter needs pydantic-ai: pip install 'agentruns[pydantic-ai]'") from exc
+    raise ImportError(
+        "the Pydantic AI adapter needs pydantic-ai: pip install 'agentruns[pydantic-ai]'"
+    ) from exc
 
 import contextvars
 import weakref
@@ -110,7 +112,9 @@ class AgentRunsDurability(BaseDurabilityCapability[AgentDepsT]):
         durable_unit_noun="step",
         durable_container_noun="run",
         codec=JSON_CODEC,
-        serialization_failure=lambda exc: Fatal(f"a result Pydantic AI cannot store as JSON: {exc}"),
+        serialization_failure=lambda exc: Fatal(
+            f"a result Pydantic AI cannot store as JSON: {exc}"
+        ),
         # One step at a time, in the order asked, so that replay meets them in the same order.
         sequential_tools_in_durable_context=True,
         unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
@@ -130,9 +134,11 @@ class AgentRunsDurability(BaseDurabilityCapability[AgentDepsT]):
         # code without run_agent, its calls would not be steps: refused, rather than a run that looks
         # durable and is not. Outside any run (a script, a unit test of the agent) it runs as a plain agent.
         if _SESSION.get() is None and current_run() is not None:
-            raise UserError(f"agent {self.name!r} has AgentRunsDurability: run it with "
-                            "workers.frameworks.pydantic_ai.run_agent(ctx, agent, ...), not agent.run() or "
-                            "agent.run_sync(), so that its model requests and tool calls are steps of the run")
+            raise UserError(
+                f"agent {self.name!r} has AgentRunsDurability: run it with "
+                "workers.frameworks.pydantic_ai.run_agent(ctx, agent, ...), not agent.run() or "
+                "agent.run_sync(), so that its model requests and tool calls are steps of the run"
+            )
         await super().before_run(ctx)
 
     def get_durable_operation_backend(self) -> _StepBackend:
@@ -164,8 +170,9 @@ class AgentRunsDurability(BaseDurabilityCapability[AgentDepsT]):
         return DeferredToolResults(approvals=answers)
 
 
-def run_agent(ctx: RunContext, agent: AbstractAgent[Any, Any], user_prompt: Any = None, /,
-              **run_kwargs: Any) -> AgentRunResult[Any]:
+def run_agent(
+    ctx: RunContext, agent: AbstractAgent[Any, Any], user_prompt: Any = None, /, **run_kwargs: Any
+) -> AgentRunResult[Any]:
     """Run ``agent`` (which has ``AgentRunsDurability``) as part of run ``ctx``; returns its ``AgentRunResult``.
 
     Takes the arguments of ``agent.run``. Every model request and tool call is a
@@ -175,11 +182,15 @@ def run_agent(ctx: RunContext, agent: AbstractAgent[Any, Any], user_prompt: Any 
     anything else that changes between attempts (deps, prompts, the clock).
     """
     if AgentRunsDurability.from_agent(agent) is None:
-        raise UserError("run_agent() needs an agent built with capabilities=[AgentRunsDurability()]")
+        raise UserError(
+            "run_agent() needs an agent built with capabilities=[AgentRunsDurability()]"
+        )
     return run_async(ctx, agent.run, user_prompt, **run_kwargs)
 
 
-def run_async(ctx: RunContext, fn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any) -> Any:
+def run_async(
+    ctx: RunContext, fn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any
+) -> Any:
     """``await fn(*args, **kwargs)`` on the worker's event loop for frameworks, with the units of run ``ctx``.
 
     For what ``run_agent`` does not cover (``agent.iter``, several agents in one
@@ -200,16 +211,29 @@ def run_async(ctx: RunContext, fn: Callable[..., Awaitable[Any]], /, *args: Any,
 
 # The durable units as steps.
 
+
 class _StepBackend(CallableOperationBackend[StepOptions]):
     """Each durable unit Pydantic AI asks for is one ``ctx.step`` of the run."""
 
     def __init__(self, agent_name: str) -> None:
-        options = RoleBasedOperationConfig(model=DEFAULT_OPTIONS, event=DEFAULT_OPTIONS, capability=DEFAULT_OPTIONS,
-                                           tool=DEFAULT_OPTIONS, resolve_tool=tool_options)
+        options = RoleBasedOperationConfig(
+            model=DEFAULT_OPTIONS,
+            event=DEFAULT_OPTIONS,
+            capability=DEFAULT_OPTIONS,
+            tool=DEFAULT_OPTIONS,
+            resolve_tool=tool_options,
+        )
         super().__init__(namer=StepNamer(agent_name), config=options)
 
-    async def execute(self, *, operation_id: Any, name: str, body: Callable[[], Awaitable[object]],
-                      cache_key: tuple[object, ...], config: StepOptions) -> object:
+    async def execute(
+        self,
+        *,
+        operation_id: Any,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        config: StepOptions,
+    ) -> object:
         session = _SESSION.get()
         if session is None or _IN_STEP.get():
             return await body()
@@ -218,8 +242,12 @@ class _StepBackend(CallableOperationBackend[StepOptions]):
 
 # One run_async() of a run: its steps, asked for on the event loop and made on the run's thread.
 
-_SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("agentruns_pydantic_ai", default=None)
-_IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("agentruns_pydantic_ai_in_step", default=False)
+_SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar(
+    "agentruns_pydantic_ai", default=None
+)
+_IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "agentruns_pydantic_ai_in_step", default=False
+)
 # Agent runs started by each execution of a run (RunContext), for their replay-stable ids.
 _AGENT_RUNS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
@@ -233,8 +261,14 @@ class _Session:
         self.model_calls = 0
 
     # On the event loop.
-    async def unit(self, operation_id: Any, name: str, body: Callable[[], Awaitable[object]],
-                   options: StepOptions, cache_key: tuple[object, ...]) -> object:
+    async def unit(
+        self,
+        operation_id: Any,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        options: StepOptions,
+        cache_key: tuple[object, ...],
+    ) -> object:
         # The unit runs in the agent's context (its run context, its thread executor), not the step thread's.
         context = contextvars.copy_context()
         kind, model, describe = "custom", "", {}
@@ -252,20 +286,34 @@ class _Session:
             if isinstance(operation_id, ModelRequestId):  # counted here, in the order the steps run
                 self.model_calls += 1
                 step_name = f"{name} (iteration {self.model_calls})"
-            return self._step(step_name, body, context, kind=kind, options=options, model=model, describe=describe)
+            return self._step(
+                step_name, body, context, kind=kind, options=options, model=model, describe=describe
+            )
 
         value, executed = await self.bridge.call(do)
-        record_durable_unit(executed=executed)  # a replayed unit's spans and metrics stay out of telemetry
+        record_durable_unit(
+            executed=executed
+        )  # a replayed unit's spans and metrics stay out of telemetry
         return value
 
     async def approval(self, call: ToolCallPart, metadata: Any) -> Decision:
         proposal = approval_proposal(call, metadata)
-        return await self.bridge.call(lambda: self.ctx.approval(f"Approve {call.tool_name}"[:NAME_MAX],
-                                                                proposal=proposal))
+        return await self.bridge.call(
+            lambda: self.ctx.approval(f"Approve {call.tool_name}"[:NAME_MAX], proposal=proposal)
+        )
 
     # On the run's thread.
-    def _step(self, name: str, body: Callable[[], Awaitable[object]], context: contextvars.Context, *,
-              kind: str, options: StepOptions, model: str, describe: dict) -> tuple[Any, bool]:
+    def _step(
+        self,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        context: contextvars.Context,
+        *,
+        kind: str,
+        options: StepOptions,
+        model: str,
+        describe: dict,
+    ) -> tuple[Any, bool]:
         executed = False
         timeout = self.ctx.step_timeout(options.timeout)
 
@@ -279,8 +327,15 @@ class _Session:
             return with_usage(payload, model) if kind == "llm" else payload
 
         keyed = options.side_effect if options.idempotency_key is None else options.idempotency_key
-        value = self.ctx.step(name, execute, kind=kind, side_effect=options.side_effect,
-                              idempotency_key=True if keyed else None, timeout=timeout, kwargs=describe)
+        value = self.ctx.step(
+            name,
+            execute,
+            kind=kind,
+            side_effect=options.side_effect,
+            idempotency_key=True if keyed else None,
+            timeout=timeout,
+            kwargs=describe,
+        )
         return value, executed
 
 

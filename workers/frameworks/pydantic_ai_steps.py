@@ -91,7 +91,9 @@ class StepNamer(JournalOperationNamer):
         elif label and isinstance(operation_id, ToolsetValidateToolArgumentsId):
             name = f"Checking the arguments of {label}"
         # The value type is Pydantic AI's own; only its name is ours.
-        return replace(super().invocation_name(operation_id, label=label), operation_name=name[:NAME_MAX])
+        return replace(
+            super().invocation_name(operation_id, label=label), operation_name=name[:NAME_MAX]
+        )
 
 
 def tool_options(operation_id: Any, tool: Any, tool_name: str) -> StepOptions | Literal[False]:
@@ -107,8 +109,10 @@ def tool_options(operation_id: Any, tool: Any, tool_name: str) -> StepOptions | 
             return StepOptions(**value)
         except TypeError:
             pass
-    raise UserError(f"tool {tool_name!r}: metadata {TOOL_METADATA_KEY!r} must be False or a dict of "
-                    f"side_effect, idempotency_key, timeout; got {value!r}")
+    raise UserError(
+        f"tool {tool_name!r}: metadata {TOOL_METADATA_KEY!r} must be False or a dict of "
+        f"side_effect, idempotency_key, timeout; got {value!r}"
+    )
 
 
 def with_usage(payload: Any, model: str) -> StepResult:
@@ -138,7 +142,11 @@ def engine_error(exc: ModelAPIError) -> Exception:
 
 def approval_proposal(call: ToolCallPart, metadata: Any) -> Proposal:
     arguments = call.args_as_dict()
-    details: dict[str, Any] = {"tool": call.tool_name, "arguments": arguments, "tool_call_id": call.tool_call_id}
+    details: dict[str, Any] = {
+        "tool": call.tool_name,
+        "arguments": arguments,
+        "tool_call_id": call.tool_call_id,
+    }
     if metadata:
         details["metadata"] = metadata
     changes = [Change(key, UNKNOWN, value) for key, value in arguments.items()]

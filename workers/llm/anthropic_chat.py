@@ -29,7 +29,9 @@ class AnthropicChat(ChatModel):
 
     provider = "anthropic"
 
-    def __init__(self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None):
+    def __init__(
+        self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None
+    ):
         self.model = model or conf.get("LLM_MODEL") or "claude-haiku-4-5"
         self.base_url = base_url or conf.get("LLM_BASE_URL") or None
         self.api_key = api_key or conf.get("LLM_API_KEY") or "not-needed"
@@ -38,7 +40,9 @@ class AnthropicChat(ChatModel):
         try:
             import anthropic
         except ImportError as exc:  # an optional extra
-            raise Fatal("the anthropic provider needs the 'anthropic' package: pip install agentruns[anthropic]") from exc
+            raise Fatal(
+                "the anthropic provider needs the 'anthropic' package: pip install agentruns[anthropic]"
+            ) from exc
         key = (self.base_url, self.api_key)
         with _clients_lock:
             client = _clients.get(key)
@@ -59,8 +63,11 @@ class AnthropicChat(ChatModel):
             params["system"] = system
         if tools:
             params["tools"] = [
-                {"name": t["function"]["name"], "description": t["function"].get("description", ""),
-                 "input_schema": t["function"]["parameters"]}
+                {
+                    "name": t["function"]["name"],
+                    "description": t["function"].get("description", ""),
+                    "input_schema": t["function"]["parameters"],
+                }
                 for t in tools
             ]
         if timeout:
@@ -70,20 +77,37 @@ class AnthropicChat(ChatModel):
         tokens_out = response.usage.output_tokens or 0
         cost = pricing.cost_cents(response.model or "", tokens_in, tokens_out, fallback=self.model)
         if response.stop_reason == "refusal":
-            raise Fatal("the model refused to answer", tokens_in=tokens_in, tokens_out=tokens_out, cost_cents=float(cost))
+            raise Fatal(
+                "the model refused to answer",
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                cost_cents=float(cost),
+            )
         texts, calls = [], []
         for block in response.content:
             if block.type == "text":
                 texts.append(block.text)
             elif block.type == "tool_use":
-                calls.append({"id": block.id, "type": "function",
-                              "function": {"name": block.name, "arguments": json.dumps(block.input)}})
+                calls.append(
+                    {
+                        "id": block.id,
+                        "type": "function",
+                        "function": {"name": block.name, "arguments": json.dumps(block.input)},
+                    }
+                )
         message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
         if on_text is not None and message["content"]:
             on_text(message["content"])
         if calls:
             message["tool_calls"] = calls
-        return Completion(message, tokens_in, tokens_out, cost, response.model or self.model, response.stop_reason or "")
+        return Completion(
+            message,
+            tokens_in,
+            tokens_out,
+            cost,
+            response.model or self.model,
+            response.stop_reason or "",
+        )
 
 
 def to_anthropic(messages: list[dict]) -> tuple[str, list[dict]]:
@@ -106,7 +130,16 @@ def to_anthropic(messages: list[dict]) -> tuple[str, list[dict]]:
         elif role == "user":
             add("user", [{"type": "text", "text": content or ""}])
         elif role == "tool":
-            add("user", [{"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content or ""}])
+            add(
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": message["tool_call_id"],
+                        "content": content or "",
+                    }
+                ],
+            )
         elif role == "assistant":
             blocks: list[dict] = [{"type": "text", "text": content}] if content else []
             for call in message.get("tool_calls") or []:
@@ -116,6 +149,13 @@ def to_anthropic(messages: list[dict]) -> tuple[str, list[dict]]:
                     arguments = {}
                 if not isinstance(arguments, dict):
                     arguments = {}
-                blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments})
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": call["function"]["name"],
+                        "input": arguments,
+                    }
+                )
             add("assistant", blocks or [{"type": "text", "text": ""}])
     return "\n\n".join(system), turns

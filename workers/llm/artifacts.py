@@ -37,12 +37,16 @@ def summarize(data: bytes, content_type: str = "text/plain") -> str:
     return f"{text.count(chr(10)) + 1} lines, {len(data)} bytes; begins: {first[:120]}"
 
 
-def for_the_model(*, run_id: UUID, name: str, content: str, content_type: str = "text/plain") -> dict:
+def for_the_model(
+    *, run_id: UUID, name: str, content: str, content_type: str = "text/plain"
+) -> dict:
     """What a tool step records for ``content``: itself when small, else an excerpt and the artifact id."""
     data = content.encode("utf-8")
     if len(data) <= conf.get("RUNS_ARTIFACT_THRESHOLD_BYTES"):
         return {"content": content}
-    artifact = save_artifact(run_id=run_id, name=name, data=data, content_type=content_type, summarize=summarize)
+    artifact = save_artifact(
+        run_id=run_id, name=name, data=data, content_type=content_type, summarize=summarize
+    )
     return {"content": excerpt(artifact, content), "artifact_id": artifact.pk}
 
 

@@ -55,7 +55,9 @@ def documents() -> dict[str, Document]:
 
 @cache
 def _index() -> tuple[dict[str, Counter], dict[str, int], float]:
-    bags = {doc_id: Counter(terms(f"{d.title} {d.title} {d.text}")) for doc_id, d in documents().items()}
+    bags = {
+        doc_id: Counter(terms(f"{d.title} {d.title} {d.text}")) for doc_id, d in documents().items()
+    }
     frequency: Counter = Counter()
     for bag in bags.values():
         frequency.update(set(bag))
@@ -82,7 +84,12 @@ def search(query: str, limit: int = 5) -> list[dict]:
     scored.sort(key=lambda item: (-item[0], item[1]))
     docs = documents()
     return [
-        {"doc_id": doc_id, "title": docs[doc_id].title, "score": score, "snippet": best_sentence(docs[doc_id], query)}
+        {
+            "doc_id": doc_id,
+            "title": docs[doc_id].title,
+            "score": score,
+            "snippet": best_sentence(docs[doc_id], query),
+        }
         for score, doc_id in scored[:limit]
     ]
 

@@ -103,56 +103,89 @@ def run_agent_loop(
     specs = [t.spec() for t in toolbox.values()]
 
     chosen = choose_model(model, script=script)
-    setup = ctx.step("Starting the agent", lambda: {**chosen.describe(), "system": system, "user": user})
-    chat = model if isinstance(model, ChatModel) else model_for(setup["provider"], setup["model"], script=script)
+    setup = ctx.step(
+        "Starting the agent", lambda: {**chosen.describe(), "system": system, "user": user}
+    )
+    chat = (
+        model
+        if isinstance(model, ChatModel)
+        else model_for(setup["provider"], setup["model"], script=script)
+    )
 
     step_timeout = ctx.step_timeout(timeout)
     cap = max_output_tokens or conf.get("LLM_MAX_OUTPUT_TOKENS")
     # Runs started before the prompt was recorded have none: theirs is the one passed in.
     conversation: list[dict] = [
-        {"role": "system", "content": setup["system"]}, {"role": "user", "content": setup.get("user", user)},
+        {"role": "system", "content": setup["system"]},
+        {"role": "user", "content": setup.get("user", user)},
     ]
     calls_made: list[dict] = []
 
     for iteration in range(1, max_iterations + 2):
         if iteration > max_iterations:
             raise StopRun(
-                "step_limit", f"the agent made {max_iterations} model calls without a final answer (max_iterations)"
+                "step_limit",
+                f"the agent made {max_iterations} model calls without a final answer (max_iterations)",
             )
         if iteration > 1:
             for message in ctx.messages():
                 conversation.append(
-                    {"role": "user", "content": f"[Message from {message['author']}] {message['text']}"}
+                    {
+                        "role": "user",
+                        "content": f"[Message from {message['author']}] {message['text']}",
+                    }
                 )
 
         snapshot = list(conversation)
 
-        def think(request: dict, snapshot: list[dict] = snapshot, iteration: int = iteration) -> StepResult:
+        def think(
+            request: dict, snapshot: list[dict] = snapshot, iteration: int = iteration
+        ) -> StepResult:
             limit = _output_limit(ctx, chat, snapshot, specs, cap)
             live = LiveText(ctx, iteration=iteration)
             # A ChatModel written before on_text existed still works, without live text.
             extra = {"on_text": live} if _accepts_on_text(chat) else {}
             try:
-                done = chat.complete(snapshot, tools=specs, max_tokens=limit,
-                                     timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS, **extra)
+                done = chat.complete(
+                    snapshot,
+                    tools=specs,
+                    max_tokens=limit,
+                    timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS,
+                    **extra,
+                )
             finally:
                 live.close()
             return StepResult(done.message, done.tokens_in, done.tokens_out, done.cost_cents)
 
-        request = {"model": chat.model, "iteration": iteration, "messages": len(snapshot), "tools": list(toolbox)}
-        assistant = ctx.step(f"Thinking (iteration {iteration})", think, kwargs={"request": request}, kind="llm",
-                             timeout=step_timeout)
+        request = {
+            "model": chat.model,
+            "iteration": iteration,
+            "messages": len(snapshot),
+            "tools": list(toolbox),
+        }
+        assistant = ctx.step(
+            f"Thinking (iteration {iteration})",
+            think,
+            kwargs={"request": request},
+            kind="llm",
+            timeout=step_timeout,
+        )
         conversation.append(assistant)
         calls = assistant.get("tool_calls") or []
         if not calls:
             return AgentResult(
-                answer=assistant.get("content") or "", iterations=iteration, model=chat.model,
-                tool_calls=calls_made, messages=conversation,
+                answer=assistant.get("content") or "",
+                iterations=iteration,
+                model=chat.model,
+                tool_calls=calls_made,
+                messages=conversation,
             )
         for call in calls:
             outcome = _use_tool(ctx, toolbox, call, note=assistant.get("content") or "")
             calls_made.append(outcome)
-            conversation.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": outcome["content"]})
+            conversation.append(
+                {"role": "tool", "tool_call_id": call.get("id", ""), "content": outcome["content"]}
+            )
     raise AssertionError("unreachable")
 
 
@@ -163,7 +196,12 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
     raw = function.get("arguments") or ""
     if not isinstance(raw, str):  # some compatible servers send an object
         raw = json.dumps(raw)
-    outcome: dict[str, Any] = {"id": call.get("id", ""), "name": name, "arguments": raw, "error": False}
+    outcome: dict[str, Any] = {
+        "id": call.get("id", ""),
+        "name": name,
+        "arguments": raw,
+        "error": False,
+    }
     tool_ = toolbox.get(name)
     try:
         if tool_ is None:
@@ -172,7 +210,9 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         try:
             arguments = json.loads(raw) if raw.strip() else {}
         except json.JSONDecodeError as exc:
-            raise ToolError(f"the arguments of {name} are not valid JSON ({exc.msg} at position {exc.pos})") from None
+            raise ToolError(
+                f"the arguments of {name} are not valid JSON ({exc.msg} at position {exc.pos})"
+            ) from None
         outcome["arguments"] = arguments
         tool_.validate(arguments)
     except ToolError as exc:
@@ -180,23 +220,34 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         # that the audit trail shows what the model was told.
         told = {"content": f"Error: {exc}", "error": True}
         # The name is the model's text: keep the step name short whatever it sent.
-        answer = ctx.step(f"Rejecting a call to {name[:80] or 'a tool'}", lambda call: told, kind="tool",
-                          kwargs={"call": {"id": outcome["id"], "name": name, "arguments": outcome["arguments"]}})
+        answer = ctx.step(
+            f"Rejecting a call to {name[:80] or 'a tool'}",
+            lambda call: told,
+            kind="tool",
+            kwargs={"call": {"id": outcome["id"], "name": name, "arguments": outcome["arguments"]}},
+        )
         return outcome | answer
 
     if tool_.needs_approval:
         proposal = _proposal(ctx, tool_, arguments, note=note)
         if isinstance(proposal, str):  # the tool's propose refused the call
             told = {"content": f"Error: {proposal}", "error": True}
-            answer = ctx.step(f"Rejecting a call to {name}", lambda call: told, kind="tool",
-                              kwargs={"call": {"id": outcome["id"], "name": name, "arguments": arguments}})
+            answer = ctx.step(
+                f"Rejecting a call to {name}",
+                lambda call: told,
+                kind="tool",
+                kwargs={"call": {"id": outcome["id"], "name": name, "arguments": arguments}},
+            )
             return outcome | answer
         decision = ctx.approval(f"Approve {name}", proposal=proposal)
         outcome["approved"] = decision.approved
         if not decision.approved:
             reason = f": {decision.comment}" if decision.comment else ""
             who = sentence_start(decision.by_name or "a person")
-            outcome |= {"error": True, "content": f"{who} rejected this call{reason}. Do not retry it."}
+            outcome |= {
+                "error": True,
+                "content": f"{who} rejected this call{reason}. Do not retry it.",
+            }
             return outcome
 
     def execute(call: dict) -> Any:
@@ -210,18 +261,28 @@ def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: st
         if isinstance(value, str):
             content, content_type = value, "text/plain"
         else:
-            content, content_type = json.dumps(value, ensure_ascii=False, default=str), "application/json"
+            content, content_type = (
+                json.dumps(value, ensure_ascii=False, default=str),
+                "application/json",
+            )
         recorded = artifacts.for_the_model(
-            run_id=ctx.run_id, name=f"{name} output ({call['id']})", content=content, content_type=content_type
+            run_id=ctx.run_id,
+            name=f"{name} output ({call['id']})",
+            content=content,
+            content_type=content_type,
         )
         if usage is not None:
             return StepResult(recorded, usage.tokens_in, usage.tokens_out, usage.cost_cents)
         return recorded
 
     answer = ctx.step(
-        f"Calling {name}", execute, kwargs={"call": {"id": outcome["id"], "name": name, "arguments": arguments}},
+        f"Calling {name}",
+        execute,
+        kwargs={"call": {"id": outcome["id"], "name": name, "arguments": arguments}},
         kind="tool",
-        side_effect=tool_.side_effect, idempotency_key=True if tool_.side_effect else None, timeout=tool_.timeout,
+        side_effect=tool_.side_effect,
+        idempotency_key=True if tool_.side_effect else None,
+        timeout=tool_.timeout,
     )
     return outcome | answer
 
@@ -249,7 +310,9 @@ def _proposal(ctx: RunContext, tool_: Tool, arguments: dict, *, note: str) -> Pr
     if "error" in made:
         return made["error"]
     proposed = Proposal.from_json(made["proposal"])
-    return Proposal(proposed.summary, proposed.target, proposed.changes, {**proposed.details, **details})
+    return Proposal(
+        proposed.summary, proposed.target, proposed.changes, {**proposed.details, **details}
+    )
 
 
 class LiveText:
@@ -262,7 +325,9 @@ class LiveText:
     effort: an emit that fails is logged, and the call goes on.
     """
 
-    def __init__(self, ctx: RunContext, *, iteration: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, ctx: RunContext, *, iteration: int, clock: Callable[[], float] = time.monotonic
+    ):
         self.ctx = ctx
         self.iteration = iteration
         self.clock = clock
@@ -285,8 +350,12 @@ class LiveText:
         try:
             self.ctx.emit("model.text", data)
         except Exception:
-            logger.debug("could not show the text of model call %s", self.iteration, exc_info=True,
-                         extra={"run_id": str(self.ctx.run_id)})
+            logger.debug(
+                "could not show the text of model call %s",
+                self.iteration,
+                exc_info=True,
+                extra={"run_id": str(self.ctx.run_id)},
+            )
 
 
 def _accepts_on_text(chat: ChatModel) -> bool:
@@ -303,12 +372,14 @@ def _fitting(text: str) -> str:
     size = len(json.dumps(text))
     while size > LIVE_TEXT_JSON_BYTES:
         keep = len(text) * LIVE_TEXT_JSON_BYTES // size
-        text = text[len(text) - keep:]
+        text = text[len(text) - keep :]
         size = len(json.dumps(text))
     return text
 
 
-def _output_limit(ctx: RunContext, chat: ChatModel, messages: list[dict], specs: list[dict], cap: int) -> int:
+def _output_limit(
+    ctx: RunContext, chat: ChatModel, messages: list[dict], specs: list[dict], cap: int
+) -> int:
     """Output tokens the next call may use: ``cap``, or fewer when the run's budget cannot pay for them."""
     left = ctx.budget_left_cents
     price = pricing.price_for(chat.model) if left is not None else None
@@ -323,5 +394,3 @@ def _output_limit(ctx: RunContext, chat: ChatModel, messages: list[dict], specs:
             f"(about {input_cost:.6f}¢ of input alone)",
         )
     return min(cap, affordable)
-
-

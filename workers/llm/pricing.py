@@ -67,7 +67,10 @@ def price_for(model: str, *, warn: bool = True) -> Price | None:
     if not matches:
         if warn and model not in _warned:
             _warned.add(model)
-            logger.warning("no price for model %r: its calls are recorded at 0 cents (set RUNS_LLM_PRICES)", model)
+            logger.warning(
+                "no price for model %r: its calls are recorded at 0 cents (set RUNS_LLM_PRICES)",
+                model,
+            )
         return None
     entry = table[max(matches, key=len)]
     per_token = Decimal(100) / Decimal(1_000_000)  # dollars per million tokens -> cents per token

@@ -40,7 +40,9 @@ class OpenAIChat(ChatModel):
 
     provider = "openai"
 
-    def __init__(self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None):
+    def __init__(
+        self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None
+    ):
         self.model = model or conf.get("LLM_MODEL") or "gpt-4o-mini"
         self.base_url = base_url or conf.get("LLM_BASE_URL") or None
         # Local servers ignore the key, but the SDK insists on one.
@@ -53,7 +55,9 @@ class OpenAIChat(ChatModel):
         with _clients_lock:
             client = _clients.get(key)
             if client is None:
-                client = _clients[key] = OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
+                client = _clients[key] = OpenAI(
+                    base_url=self.base_url, api_key=self.api_key, max_retries=0
+                )
         return client
 
     def _max_tokens_parameter(self) -> str:
@@ -91,15 +95,25 @@ class OpenAIChat(ChatModel):
         tokens_out = (usage.completion_tokens or 0) if usage else 0
         cost = pricing.cost_cents(answer.model, tokens_in, tokens_out, fallback=self.model)
         if not answer.chosen:
-            raise Retryable("the model answered without a choice", tokens_in=tokens_in, tokens_out=tokens_out,
-                            cost_cents=float(cost))
+            raise Retryable(
+                "the model answered without a choice",
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                cost_cents=float(cost),
+            )
         if answer.refusal or answer.finish_reason == "content_filter":
-            raise Fatal(f"the model refused: {answer.refusal or 'content filter'}", tokens_in=tokens_in,
-                        tokens_out=tokens_out, cost_cents=float(cost))
+            raise Fatal(
+                f"the model refused: {answer.refusal or 'content filter'}",
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                cost_cents=float(cost),
+            )
         added: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.tool_calls:
             added["tool_calls"] = answer.tool_calls
-        return Completion(added, tokens_in, tokens_out, cost, answer.model or self.model, answer.finish_reason)
+        return Completion(
+            added, tokens_in, tokens_out, cost, answer.model or self.model, answer.finish_reason
+        )
 
 
 @dataclass
@@ -125,8 +139,14 @@ class _Answer:
             answer.content = message.content
             answer.refusal = getattr(message, "refusal", None) or ""
             answer.tool_calls = [
-                {"id": call.id, "type": "function",
-                 "function": {"name": call.function.name, "arguments": call.function.arguments or ""}}
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": call.function.arguments or "",
+                    },
+                }
                 for call in message.tool_calls or []
                 if getattr(call, "function", None) is not None
             ]
@@ -139,7 +159,9 @@ class _StreamedAnswer:
     def __init__(self, on_text: TextSink) -> None:
         self.on_text = on_text
         self.answer = _Answer()
-        self.texts: list[str] | None = None  # None until a chunk carries content (a tool call answer may not)
+        self.texts: list[str] | None = (
+            None  # None until a chunk carries content (a tool call answer may not)
+        )
         self.refusals: list[str] = []
         # Tool call deltas come by index: the id and name first, then the arguments in pieces.
         self.calls: dict[int, dict[str, str]] = {}
@@ -175,7 +197,11 @@ class _StreamedAnswer:
         answer.content = None if self.texts is None else "".join(self.texts)
         answer.refusal = "".join(self.refusals)
         answer.tool_calls = [
-            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
             for _, call in sorted(self.calls.items())
         ]
         return answer
@@ -193,7 +219,9 @@ class ScriptedModel(ChatModel):
 
     provider = "scripted"
 
-    def __init__(self, script: Script | None = None, *, model: str = "scripted", latency: float = 0.4):
+    def __init__(
+        self, script: Script | None = None, *, model: str = "scripted", latency: float = 0.4
+    ):
         self.script = script
         self.model = model
         self.latency = latency
@@ -210,19 +238,28 @@ class ScriptedModel(ChatModel):
             on_text(piece)
         if not pieces:
             time.sleep(latency)
-        tokens_in = pricing.estimate_tokens(messages) + (pricing.estimate_tokens(tools) if tools else 0)
+        tokens_in = pricing.estimate_tokens(messages) + (
+            pricing.estimate_tokens(tools) if tools else 0
+        )
         tokens_out = pricing.estimate_tokens(message)
         if max_tokens:
             tokens_out = min(tokens_out, max_tokens)
         cost = pricing.cost_cents(self.model, tokens_in, tokens_out)
-        return Completion(message, tokens_in, tokens_out, cost, self.model, "tool_calls" if "tool_calls" in message else "stop")
+        return Completion(
+            message,
+            tokens_in,
+            tokens_out,
+            cost,
+            self.model,
+            "tool_calls" if "tool_calls" in message else "stop",
+        )
 
 
 def _word_chunks(text: str, count: int) -> list[str]:
     """``text`` cut between words into at most ``count`` pieces that join back to it."""
     words = re.split(r"(?<=\s)(?=\S)", text) if text else []
     size = -(-len(words) // count) if words else 1
-    return ["".join(words[i:i + size]) for i in range(0, len(words), size)]
+    return ["".join(words[i : i + size]) for i in range(0, len(words), size)]
 
 
 def to_assistant_message(reply: dict, *, turn: int) -> dict:
@@ -231,14 +268,18 @@ def to_assistant_message(reply: dict, *, turn: int) -> dict:
     calls = []
     for index, call in enumerate(reply.get("tool_calls") or [], start=1):
         arguments = call.get("arguments", {})
-        calls.append({
-            "id": f"call_{turn}_{index}",
-            "type": "function",
-            "function": {
-                "name": call["name"],
-                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
-            },
-        })
+        calls.append(
+            {
+                "id": f"call_{turn}_{index}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": arguments
+                    if isinstance(arguments, str)
+                    else json.dumps(arguments, ensure_ascii=False),
+                },
+            }
+        )
     if calls:
         message["tool_calls"] = calls
     return message
@@ -249,7 +290,9 @@ def echo_script(messages: list[dict], tools: list[dict]) -> dict:
     return {"content": f"(scripted model) You said: {last}"}
 
 
-def choose_model(model: ChatModel | str | None = None, *, script: Script | None = None) -> ChatModel:
+def choose_model(
+    model: ChatModel | str | None = None, *, script: Script | None = None
+) -> ChatModel:
     """The model a run that starts now uses: ``model`` itself, a model name for the configured provider, or the default.
 
     The provider is ``LLM_PROVIDER`` when set, else ``openai`` when
@@ -270,4 +313,6 @@ def model_for(provider: str, model: str | None, *, script: Script | None = None)
         from workers.llm.anthropic_chat import AnthropicChat
 
         return AnthropicChat(model)
-    raise ImproperlyConfigured(f"unknown LLM provider {provider!r}: use openai, anthropic or scripted")
+    raise ImproperlyConfigured(
+        f"unknown LLM provider {provider!r}: use openai, anthropic or scripted"
+    )

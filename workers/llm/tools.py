@@ -55,13 +55,19 @@ class Tool:
         """The tool as the OpenAI Chat Completions ``tools`` entry."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
         }
 
     def validate(self, arguments: Any) -> dict:
         """The model's arguments checked against the schema; raises ToolError with a readable reason."""
         if not isinstance(arguments, dict):
-            raise ToolError(f"the arguments of {self.name} must be a JSON object, not {type(arguments).__name__}")
+            raise ToolError(
+                f"the arguments of {self.name} must be a JSON object, not {type(arguments).__name__}"
+            )
         try:
             model = self.arguments_model.model_validate(arguments)
         except ValidationError as exc:
@@ -83,9 +89,13 @@ class Tool:
         if self.propose is None:
             raise TypeError(f"tool {self.name} has no propose function")
         values = self.validate(arguments)
-        proposed = self.propose(ctx, **values) if _takes_ctx(self.propose) else self.propose(**values)
+        proposed = (
+            self.propose(ctx, **values) if _takes_ctx(self.propose) else self.propose(**values)
+        )
         if not isinstance(proposed, Proposal):
-            raise TypeError(f"the propose function of tool {self.name} returned {type(proposed).__name__}, not a Proposal")
+            raise TypeError(
+                f"the propose function of tool {self.name} returned {type(proposed).__name__}, not a Proposal"
+            )
         return proposed
 
 
@@ -126,7 +136,9 @@ def tool(
             return crm.update(lead_id, stage, idempotency_key=ctx.idempotency_key)
     """
     if propose is not None and not needs_approval:
-        raise TypeError("propose= describes a call to the person who approves it: give needs_approval=True too")
+        raise TypeError(
+            "propose= describes a call to the person who approves it: give needs_approval=True too"
+        )
 
     def decorate(func: Callable[..., Any]) -> Tool:
         model, takes_ctx = _arguments_model(func)
@@ -161,7 +173,9 @@ def _arguments_model(func: Callable[..., Any]) -> tuple[type[BaseModel], bool]:
     fields: dict[str, Any] = {}
     for param in params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {func.__name__}: *args and **kwargs cannot be described to a model")
+            raise TypeError(
+                f"tool {func.__name__}: *args and **kwargs cannot be described to a model"
+            )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)

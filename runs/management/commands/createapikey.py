@@ -10,7 +10,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--name", default="cli")
-        parser.add_argument("--scopes", default=",".join(ALL_SCOPES), help=f"comma-separated, from {', '.join(ALL_SCOPES)}")
+        parser.add_argument(
+            "--scopes",
+            default=",".join(ALL_SCOPES),
+            help=f"comma-separated, from {', '.join(ALL_SCOPES)}",
+        )
 
     def handle(self, *args, **options):
         tenant = Tenant.objects.filter(slug=options["slug"]).first()
@@ -21,5 +25,7 @@ class Command(BaseCommand):
             issued = create_api_key(tenant=tenant, name=options["name"], scopes=scopes)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"API key {issued.api_key.prefix} for {tenant.slug} with scopes {','.join(scopes)}:")
+        self.stdout.write(
+            f"API key {issued.api_key.prefix} for {tenant.slug} with scopes {','.join(scopes)}:"
+        )
         self.stdout.write(issued.secret)

@@ -14,8 +14,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         tenant, created = ensure_tenant(
-            slug=options["slug"], name=options["name"],
-            max_running=options["max_running"], max_queued=options["max_queued"],
+            slug=options["slug"],
+            name=options["name"],
+            max_running=options["max_running"],
+            max_queued=options["max_queued"],
         )
         verb = "created" if created else "exists"
-        self.stdout.write(f"tenant {tenant.slug} {verb} (id {tenant.id}, max_running {tenant.max_running}, max_queued {tenant.max_queued})")
+        self.stdout.write(
+            f"tenant {tenant.slug} {verb} (id {tenant.id}, max_running {tenant.max_running}, max_queued {tenant.max_queued})"
+        )

@@ -9,8 +9,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("slug")
-        parser.add_argument("--rotate", action="store_true",
-                            help="make a new secret; the old one keeps signing for 24 h")
+        parser.add_argument(
+            "--rotate",
+            action="store_true",
+            help="make a new secret; the old one keeps signing for 24 h",
+        )
 
     def handle(self, *args, slug, rotate, **options):
         tenant = Tenant.objects.filter(slug=slug).first()
@@ -18,7 +21,9 @@ class Command(BaseCommand):
             raise CommandError(f"no tenant with slug {slug!r}")
         if rotate:
             secret = signing.rotate(tenant.pk)
-            self.stdout.write(f"Rotated the webhook secret of {slug}; the previous one also signs for 24 h.")
+            self.stdout.write(
+                f"Rotated the webhook secret of {slug}; the previous one also signs for 24 h."
+            )
         else:
             secret = signing.current_secret(tenant.pk)
             self.stdout.write(f"Webhook signing secret of {slug}:")

@@ -10,8 +10,12 @@ class Command(BaseCommand):
     help = "Send signed webhooks (Standard Webhooks) for finished and waiting runs, with retries for 24 h."
 
     def add_arguments(self, parser):
-        parser.add_argument("--concurrency", type=int, default=8, help="sends in flight at once (default 8)")
-        parser.add_argument("--poll", type=float, default=0.5, help="seconds between looks for due deliveries")
+        parser.add_argument(
+            "--concurrency", type=int, default=8, help="sends in flight at once (default 8)"
+        )
+        parser.add_argument(
+            "--poll", type=float, default=0.5, help="seconds between looks for due deliveries"
+        )
         parser.add_argument("--once", action="store_true", help="send what is due, then exit")
 
     def handle(self, *args, concurrency, poll, once, **options):

@@ -10,7 +10,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
-        parser.add_argument("--interval", type=float, default=None, help="seconds between passes (RUNS_REAP_INTERVAL_SECONDS, 10)")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=None,
+            help="seconds between passes (RUNS_REAP_INTERVAL_SECONDS, 10)",
+        )
 
     def handle(self, *args, **options):
         with publishing(role="reaper"):
@@ -27,5 +32,9 @@ class Command(BaseCommand):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: reaper.stopping.set())
-        reaper.run(interval=options["interval"] or settings.RUNS_REAP_INTERVAL_SECONDS,
-                   timer_interval=min(settings.RUNS_TIMER_INTERVAL_SECONDS, options["interval"] or float("inf")))
+        reaper.run(
+            interval=options["interval"] or settings.RUNS_REAP_INTERVAL_SECONDS,
+            timer_interval=min(
+                settings.RUNS_TIMER_INTERVAL_SECONDS, options["interval"] or float("inf")
+            ),
+        )
