@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from django.db.backends.utils import CursorWrapper
 from psycopg import _queries as psycopg_queries
 
-from runs.states import TERMINAL_STATUSES, RunStatus, StepStatus
+from runs.states import TERMINAL_STATUSES, WEBHOOK_EVENT_TYPES, RunStatus, StepStatus
 from runs.text import scrub
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ if getattr(psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 0) < 200:
 NOTIFY_CHANNEL = "agent_runs"
 CONTROL_PAYLOAD = "control"
 
+# The NOTIFY channel of live event streams (runs.streams); the payload is the run's id.
+EVENTS_CHANNEL = "agent_run_events"
+
 # Status literals for SQL templates: {queued}, {running}, ..., {step_done}, ...,
 # {terminal} and {parked} (the states a run waits for people or children in).
 PARKED_STATUSES = (RunStatus.WAITING_HUMAN, RunStatus.WAITING, RunStatus.PAUSED)
@@ -55,6 +58,8 @@ _LITERALS = (
         "live": "("
         + ", ".join(f"'{s.value}'" for s in RunStatus if s not in TERMINAL_STATUSES)
         + ")",
+        "webhook_types": "(" + ", ".join(f"'{t}'" for t in WEBHOOK_EVENT_TYPES) + ")",
+        "events_channel": EVENTS_CHANNEL,
     }
 )
 

@@ -32,11 +32,8 @@ from uuid import UUID
 
 from django.db import connection
 
-from runs.db import dumps, sql
+from runs.db import EVENTS_CHANNEL, dumps, sql
 from runs.states import WEBHOOK_EVENT_TYPES
-
-# The NOTIFY channel of live event streams; the payload is the run's id.
-EVENTS_CHANNEL = "agent_run_events"
 
 # The SET clause that gives a transition its Event's seq.
 NEXT_SEQ = "last_event_seq = {table}.last_event_seq + 1"
