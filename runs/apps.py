@@ -10,8 +10,10 @@ class RunsConfig(AppConfig):
         # installed apps' agents.py and AGENT_MODULES here, and their tasks.py when
         # TASKS names this project's backend (each @task on it becomes a kind, runs.tasks).
         import runs.checks  # noqa: F401  (registers the system checks)
+        from runs.driver import raise_cache_limits
         from runs.registry import autodiscover
         from runs.tasks import autodiscover_tasks
 
+        raise_cache_limits()  # psycopg's, for the engine's long statements (runs.driver)
         autodiscover()
         autodiscover_tasks()

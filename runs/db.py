@@ -1,8 +1,11 @@
 """What every statement of the run domain shares: connections, retries, JSON, status literals, NOTIFY.
 
-The engine's statements (``runs.engine``) are raw SQL on purpose (see there);
-their status literals come from ``RunStatus`` and ``StepStatus`` through
-``sql()``, never from strings typed into the SQL.
+The run domain's statements are raw SQL on purpose (``runs.engine`` says
+why), each by name with its whole text in ``runs/sql/*.sql``
+(``runs.queries``); their status literals come from ``RunStatus`` and
+``StepStatus`` through ``sql()``, never from strings typed into the SQL.
+The engine's cursor, and what it asks of psycopg beyond its public API, is
+``runs.driver``'s.
 """
 
 from __future__ import annotations
@@ -10,33 +13,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, connection, connections
-from django.db.backends.utils import CursorWrapper
-from psycopg import _queries as psycopg_queries
 
+from runs.driver import engine_cursor  # noqa: F401  (the engine's cursor, named here for its callers)
 from runs.states import TERMINAL_STATUSES, WEBHOOK_EVENT_TYPES, RunStatus, StepStatus
 from runs.text import scrub
 
 logger = logging.getLogger(__name__)
-
-# psycopg caches how it turns a statement's placeholders into $n (or merges
-# the parameters in) only for statements up to 4096 characters and 50
-# parameters; the claim and the exit are longer, a submit's insert has more,
-# and parsing them again cost a worker and a submit more CPU than anything
-# else of theirs. They are a fixed handful: let them be cached.
-if getattr(psycopg_queries, "MAX_CACHED_STATEMENT_LENGTH", 0) < 16384:
-    psycopg_queries.MAX_CACHED_STATEMENT_LENGTH = 16384
-if getattr(psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 0) < 200:
-    psycopg_queries.MAX_CACHED_STATEMENT_PARAMS = 200
 
 # The one channel of the wake-ups: the payload is a queue name, or "control"
 # (a person cancelled or paused a running run: heartbeat now).
@@ -79,31 +68,6 @@ def connection_kwargs() -> dict:
     # here too, or psycopg's default (5) prepares statements that a
     # transaction-pooling PgBouncer loses between transactions.
     return params | {"autocommit": True}
-
-
-@contextmanager
-def engine_cursor() -> Iterator[CursorWrapper]:
-    """A cursor for the engine's own statements, on this thread's Django connection (its transaction).
-
-    Django's cursors bind parameters on the client: every execution sends
-    the statement's text, to be parsed and planned again, and the claim,
-    checkpoint and exit statements cost more to plan than to run. This one
-    binds them on the server, so that ``prepare_threshold`` (``RUNS_DB_PREPARE``)
-    prepares each statement once per connection; behind a transaction
-    pooler without prepared statements it still sends parameters apart
-    (unnamed statements). Parameters are typed by their Python values: a
-    ``None`` whose type the statement does not fix needs a cast there.
-    Otherwise it is what ``connection.cursor()`` gives: Django's errors,
-    execute wrappers and query log.
-    """
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        raw = psycopg.Cursor(connection.connection)
-    cursor = connection._prepare_cursor(raw)
-    try:
-        yield cursor
-    finally:
-        cursor.close()
 
 
 def release_connection() -> None:

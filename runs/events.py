@@ -3,15 +3,22 @@
 Every transition of a run and every finished step appends one Event in the
 same statement, or the same transaction, as the change it reports. Its
 ``seq`` is the run's ``last_event_seq``, raised by the same UPDATE that makes
-the change (``NEXT_SEQ``), so readers page a run's events by ``(run, seq)``
-with no gap and no duplicate.
+the change, so readers page a run's events by ``(run, seq)`` with no gap
+and no duplicate.
 
 Two doors, one writer:
 
-- ``event_ctes()`` is the SQL fragment every engine statement puts in its
-  ``WITH``: it inserts one Event per row of the statement's updated-run CTE.
+- an engine statement (``runs/sql/*.sql``) ends its ``WITH`` with a CTE
+  ``new_events``, one row per Event, and then the fragment ``{outbox}``, or
+  ``{outbox_and_webhooks}`` when it may write a type webhooks are sent for:
+  its author says which (``runs/sql/fragments.sql``, ``runs.queries``);
 - ``append_event()`` is the same fragment behind a Python call, for people's
-  transitions (``runs.control``) that change the run through the ORM.
+  transitions (``runs.control``) that change the run through the ORM
+  (``runs/sql/events.sql``).
+
+``event_ctes()`` and ``next_seq()`` build the same CTEs for the statements
+still assembled in Python (``runs.engine.exit``, ``runs.engine.steps``),
+until they too are named statements.
 
 Its consumers are fed here, by the same statement, so that none can miss an
 Event or see one that did not commit:
@@ -33,6 +40,7 @@ from uuid import UUID
 from django.db import connection
 
 from runs.db import EVENTS_CHANNEL, dumps, sql
+from runs.queries import one, queries
 from runs.states import WEBHOOK_EVENT_TYPES
 
 # The SET clause that gives a transition its Event's seq.
@@ -131,36 +139,6 @@ _DELIVERIES_CTE = sql(
 )
 
 
-# A run inserted with last_event_seq = 1 (a submit) gets its first Event
-# without touching the run row again.
-_FIRST_SQL = (
-    "WITH born AS (SELECT %(run)s::uuid AS id, 1 AS last_event_seq), "
-    + event_ctes(
-        "born",
-        type="%(type)s",
-        actor_type="%(actor_type)s",
-        actor_id="%(actor_id)s",
-        payload="%(payload)s::jsonb",
-    )
-    + " SELECT last_event_seq FROM born"
-)
-
-_APPEND_SQL = (
-    "WITH bumped AS ("
-    " UPDATE runs_run SET " + next_seq() + ", updated_at = statement_timestamp()"
-    " WHERE id = %(run)s RETURNING id, last_event_seq"
-    "), "
-    + event_ctes(
-        "bumped",
-        type="%(type)s",
-        actor_type="%(actor_type)s",
-        actor_id="%(actor_id)s",
-        payload="%(payload)s::jsonb",
-    )
-    + " SELECT last_event_seq FROM bumped"
-)
-
-
 def append_event(
     *,
     run_id: UUID,
@@ -176,7 +154,7 @@ def append_event(
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            _FIRST_SQL if first else _APPEND_SQL,
+            queries.append_first_event if first else queries.append_event,
             {
                 "run": run_id,
                 "type": type,
@@ -185,7 +163,7 @@ def append_event(
                 "payload": dumps(payload or {}),
             },
         )
-        row = cursor.fetchone()
+        row = one(cursor)
     if row is None:
         raise LookupError(f"run {run_id} does not exist")
-    return row[0]
+    return row["seq"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -17,7 +16,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from runs.db import dumps
-from runs.events import SYSTEM, Actor, event_ctes
+from runs.events import SYSTEM, Actor
 from runs.exceptions import (
     IdempotencyConflict,
     InvalidAgentInput,
@@ -28,6 +27,7 @@ from runs.kinds import unknown_kind
 from runs.limits import checked_cents, checked_deadline, checked_int
 from runs.models import Run, Tenant
 from runs.notify import count_and_notify_after_commit, uncounted_submits
+from runs.queries import one, queries
 from runs.registry import QUEUE_NAME, all_kinds, declared_queues, get_kind
 from runs.text import find_unstorable
 from runs.titles import title_for
@@ -206,64 +206,38 @@ def submit(
     return Submitted(run=run, created=True)
 
 
-# The run's row and its first Event (run.queued, which no webhook takes) in
-# one statement: one round trip in autocommit, no transaction to open and
-# commit, and no savepoint inside a caller's transaction, since losing an
-# idempotency race inserts nothing instead of raising.
 _INSERT_FIELDS = [field for field in Run._meta.local_concrete_fields if not field.generated]
-
-
-@functools.cache
-def _insert_statement(defaulted: tuple[bool, ...]) -> tuple[str, list, str]:
-    """The INSERT of a run whose fields ``defaulted`` take their ``db_default``, what it fills, and its RETURNING."""
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in _INSERT_FIELDS)
-    values = ", ".join("DEFAULT" if default else "%s" for default in defaulted)
-    filled = [field for field, default in zip(_INSERT_FIELDS, defaulted, strict=True) if default]
-    returning = ", ".join(["id", "last_event_seq", *(quote(field.column) for field in filled)])
-    return (
-        f"INSERT INTO {quote(Run._meta.db_table)} ({columns}) VALUES ({values})",
-        filled,
-        returning,
-    )
-
-
-_BORN_EVENT = (
-    event_ctes("born", type="'run.queued'", actor_type="%s", actor_id="%s", payload="%s::jsonb")
-    + " SELECT * FROM born"
-)
 
 
 def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
     """Insert ``run`` (``last_event_seq = 1``) with its run.queued Event; False when a unique key was taken.
 
-    What ``save()`` would write for the row: every concrete field but generated
-    ones, ``pre_save`` applied, ``get_db_prep_save`` for the value, ``DEFAULT``
-    for a field left to its ``db_default``, whose value is read back into
-    ``run``. Built here rather than by Django's insert compiler, which spent
-    half of a submit's CPU assembling the same statement again every time.
+    What ``save()`` would write for the row (``insert_queued_run``): every
+    concrete field but generated ones, ``pre_save`` applied,
+    ``get_db_prep_save`` for the value, each a parameter named after its
+    column; ``run_after`` left to its ``db_default`` is None there, and the
+    database's now that the statement puts instead is read back into ``run``.
+    Not Django's insert compiler, which spent half of a submit's CPU
+    assembling the same statement again every time.
     """
-    values = [field.pre_save(run, True) for field in _INSERT_FIELDS]
-    defaulted = tuple(isinstance(value, DatabaseDefault) for value in values)
-    insert, filled, returning = _insert_statement(defaulted)
     db = connections[
         DEFAULT_DB_ALIAS
     ]  # the connection itself: the proxy looks it up on every attribute
-    params = [
-        field.get_db_prep_save(value, connection=db)
-        for field, value, default in zip(_INSERT_FIELDS, values, defaulted, strict=True)
-        if not default
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH born AS ({insert} ON CONFLICT DO NOTHING RETURNING {returning}), {_BORN_EVENT}",
-            [*params, actor.type, actor.id, dumps(payload)],
+    params: dict[str, Any] = {}
+    for field in _INSERT_FIELDS:
+        value = field.pre_save(run, True)
+        params[field.column] = (
+            None
+            if isinstance(value, DatabaseDefault)
+            else field.get_db_prep_save(value, connection=db)
         )
-        row = cursor.fetchone()
+    params |= {"actor_type": actor.type, "actor_id": actor.id, "payload": dumps(payload)}
+    with connection.cursor() as cursor:
+        cursor.execute(queries.insert_queued_run, params)
+        row = one(cursor)
     if row is None:
         return False
-    for field, value in zip(filled, row[2:], strict=True):
-        setattr(run, field.attname, value)
+    run.run_after = row["run_after"]
     run._state.adding = False
     run._state.db = connection.alias
     return True
@@ -337,13 +311,12 @@ def check_queue_room(tenant: Tenant, *, fresh: bool = False) -> None:
     if fresh:
         queued, max_queued = tenant.queued, tenant.max_queued
     else:
-        # Raw: on every submit, the ORM's compiling of this one lookup cost more than the insert.
         with connection.cursor() as cursor:
-            cursor.execute("SELECT queued, max_queued FROM runs_tenant WHERE id = %s", [tenant.pk])
-            row = cursor.fetchone()
+            cursor.execute(queries.queue_room, {"tenant": tenant.pk})
+            row = one(cursor)
         if row is None:
             raise Tenant.DoesNotExist(f"tenant {tenant.pk} does not exist")
-        queued, max_queued = row
+        queued, max_queued = row["queued"], row["max_queued"]
     # Submits of this process still waiting in the debounced counter update count too.
     queued += uncounted_submits(tenant.pk)
     if queued >= max_queued:

@@ -22,18 +22,9 @@ from runs.events import Actor, append_event
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.models import LIVE_STATUSES, Run, Step, StepKind, StepStatus
 from runs.notify import count_and_notify_after_commit
+from runs.queries import queries
 from runs.services import check_queue_room, request_hash
 from runs.tracing import current_trace_context
-
-# The origin's steps before N, copied as the fork's generation 1: their
-# outputs replay, their tokens and cost stay with the origin, and no
-# execution of them happened in the fork.
-_COPY_STEPS_SQL = (
-    "INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key, tokens_in,"
-    " tokens_out, cost_cents, status, executions, error, text_replaced, started_at, ended_at)"
-    " SELECT %s, 1, seq, name, kind, input, output, idempotency_key, 0, 0, 0, %s, 0, '', text_replaced,"
-    " started_at, ended_at FROM runs_step WHERE run_id = %s AND generation = %s AND seq < %s"
-)
 
 
 @transaction.atomic
@@ -93,7 +84,13 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
     fork.save(force_insert=True)
     with connection.cursor() as cursor:
         cursor.execute(
-            _COPY_STEPS_SQL, [fork.pk, StepStatus.DONE, origin.pk, origin.generation, from_step]
+            queries.copy_steps_to_fork,
+            {
+                "fork": fork.pk,
+                "origin": origin.pk,
+                "generation": origin.generation,
+                "from_step": from_step,
+            },
         )
     append_event(
         run_id=fork.pk,

@@ -14,6 +14,7 @@ from runs.events import Actor
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.limits import checked_cents, checked_deadline
 from runs.models import Message, Run, RunStatus, Step, StepStatus
+from runs.queries import queries
 
 BOUND_KINDS = {"deadline", "budget", "step_limit"}
 
@@ -124,11 +125,13 @@ def _archive_from(run: Run, from_step: int) -> dict[str, Any]:
     new_generation = run.generation + 1
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key, tokens_in,"
-            " tokens_out, cost_cents, status, executions, error, text_replaced, started_at, ended_at)"
-            " SELECT run_id, %s, seq, name, kind, input, output, idempotency_key, 0, 0, 0, status, executions,"
-            " error, text_replaced, started_at, ended_at FROM runs_step WHERE run_id = %s AND generation = %s AND seq < %s",
-            [new_generation, run.pk, run.generation, from_step],
+            queries.archive_steps_from,
+            {
+                "new_generation": new_generation,
+                "run": run.pk,
+                "generation": run.generation,
+                "from_step": from_step,
+            },
         )
     Message.objects.filter(
         run=run, consumed_by_step__generation=run.generation, consumed_by_step__seq__gte=from_step

@@ -9,21 +9,26 @@ from uuid import UUID
 
 from django.db import connection
 
+from runs.queries import queries
+
 
 def register_worker(
     *, worker_id: UUID, queues: list[str], kinds: list[str], concurrency: int
 ) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO runs_worker (id, host, pid, queues, kinds, concurrency, started_at, last_seen_at, runs_held)"
-            " VALUES (%s, %s, %s, %s, %s, %s, statement_timestamp(), statement_timestamp(), 0)",
-            [worker_id, socket.gethostname(), os.getpid(), queues, sorted(kinds), concurrency],
+            queries.register_worker,
+            {
+                "worker": worker_id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": queues,
+                "kinds": sorted(kinds),
+                "concurrency": concurrency,
+            },
         )
 
 
 def worker_stopped(*, worker_id: UUID) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE runs_worker SET stopped_at = statement_timestamp(), runs_held = 0 WHERE id = %s",
-            [worker_id],
-        )
+        cursor.execute(queries.worker_stopped, {"worker": worker_id})

@@ -20,7 +20,7 @@ waits for it. The artifacts' files go from storage after the rows' commit.
 Most of a batch's time is spent at its commit, in PostgreSQL's checks of
 those deferred constraints: each deleted run, step and event is looked up in
 every table that references it (about 14 index probes for a run with a step
-and three events; bench/retention.py).
+and three events; bench/retention.py). The statement is in ``runs/sql/retention.sql``.
 """
 
 from __future__ import annotations
@@ -33,71 +33,9 @@ from django.conf import settings
 from django.core.files.storage import default_storage
 from django.db import connection, transaction
 
-from runs.db import sql
-from runs.models.notifications import LIVE_DELIVERY_STATUSES
+from runs.queries import one, queries
 
 logger = logging.getLogger(__name__)
-
-# The cutoff on the database's clock (an age), or a time the caller names.
-_CUTOFF = "COALESCE(%(before)s::timestamptz, statement_timestamp() - make_interval(secs => %(age)s::float8))"
-
-_PRUNE_SQL = sql(
-    """
-WITH doomed AS (
-    -- Oldest first on run_finished_idx; finished_at IS NOT NULL spelt out so the partial index applies.
-    SELECT r.id FROM runs_run r
-    WHERE r.finished_at IS NOT NULL AND r.finished_at < {cutoff} AND r.status IN {terminal}
-      -- Leaves first (run_parent_idx): a parent waits until its children are gone.
-      AND NOT EXISTS (SELECT 1 FROM runs_run c WHERE c.parent_id = r.id)
-      -- A child goes only with a parent that is itself past retention (a live one may still read it).
-      -- A scalar subquery, one primary-key lookup per child: as an EXISTS under OR, PostgreSQL may
-      -- hash every finished run of the table instead.
-      AND (r.parent_id IS NULL OR (
-          SELECT p.status IN {terminal} AND p.finished_at < {cutoff} FROM runs_run p WHERE p.id = r.parent_id))
-      -- A webhook delivery still within its retry window is the delivery loop's work.
-      AND NOT EXISTS (
-          SELECT 1 FROM runs_webhookdelivery d
-          WHERE d.run_id = r.id AND d.status IN {live_deliveries}
-            AND d.created_at > statement_timestamp() - make_interval(secs => %(give_up)s::float8))
-    ORDER BY r.finished_at
-    LIMIT %(batch)s
-    FOR UPDATE OF r SKIP LOCKED
-),
--- ON DELETE SET NULL of runs_run.origin, which the database does not do. An array, so that
--- run_origin_idx is probed for these ids whatever the planner guesses of forks and of the batch.
--- The forks, which may be running, are waited for (their origin must go),
--- so they are locked in id order (runs.engine.steps.LOCK_IN_ORDER): a worker's
--- heartbeat over them would deadlock with this otherwise. The doomed runs
--- above are skipped when locked, never waited for: they need no order.
-fork_rows AS (
-    SELECT f.id FROM runs_run f
-    WHERE f.origin_id = ANY (ARRAY(SELECT id FROM doomed)) AND f.id NOT IN (SELECT id FROM doomed)
-    ORDER BY f.id
-    FOR NO KEY UPDATE
-),
-forks AS (
-    UPDATE runs_run f SET origin_id = NULL
-    FROM fork_rows l
-    WHERE f.id = l.id AND f.origin_id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING f.id
-),
--- Every table below is read through an index that leads with run_id.
-deliveries AS (DELETE FROM runs_webhookdelivery WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-attempts AS (DELETE FROM runs_stepattempt WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-messages AS (DELETE FROM runs_message WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-artifacts AS (DELETE FROM runs_artifact WHERE run_id IN (SELECT id FROM doomed) RETURNING file),
-steps AS (DELETE FROM runs_step WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-events AS (DELETE FROM runs_event WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-watches AS (DELETE FROM runs_streamwatch WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-gone AS (DELETE FROM runs_run WHERE id IN (SELECT id FROM doomed) RETURNING 1)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM steps), (SELECT count(*) FROM attempts),
-       (SELECT count(*) FROM events), (SELECT count(*) FROM messages), (SELECT count(*) FROM artifacts),
-       (SELECT count(*) FROM deliveries), (SELECT count(*) FROM watches), (SELECT count(*) FROM forks),
-       ARRAY(SELECT file FROM artifacts WHERE file <> '')
-""",
-    cutoff=_CUTOFF,
-    live_deliveries="(" + ", ".join(f"'{s.value}'" for s in LIVE_DELIVERY_STATUSES) + ")",
-)
 
 
 @dataclass
@@ -146,10 +84,11 @@ def prune_finished(
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            _PRUNE_SQL, {"before": before, "age": age, "give_up": give_up, "batch": batch}
+            queries.prune_finished,
+            {"before": before, "age": age, "give_up": give_up, "batch": batch},
         )
-        row = cursor.fetchone()
-    pruned = PruneBatch(*row[:9], files=list(row[9]))
+        row = one(cursor)
+    pruned = PruneBatch(**row | {"files": list(row["files"])})
     if pruned.files:
         files = pruned.files
         # In autocommit (the reaper) at once; inside a transaction, once it commits.

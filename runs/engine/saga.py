@@ -19,9 +19,8 @@ from uuid import UUID
 
 from django.db import connection
 
-from runs.db import dumps, sql
-from runs.engine.steps import RUN_GUARD
-from runs.events import event_ctes, next_seq
+from runs.db import dumps
+from runs.queries import one, queries, rows
 
 ROLLBACK_STEP = "rollback"
 
@@ -56,48 +55,13 @@ class RollbackPlan:
         )
 
 
-_BEGIN_SQL = sql(
-    """
-WITH r AS (
-    UPDATE runs_run SET compensation = 'running', error = %(error)s, error_kind = %(error_kind)s,
-        current_step = %(name)s, updated_at = statement_timestamp(), {next_seq}
-    WHERE {guard}
-    RETURNING id, last_event_seq
-),
-s AS (
-    INSERT INTO runs_step (run_id, generation, seq, name, kind, input, output, idempotency_key, tokens_in,
-                           tokens_out, cost_cents, status, executions, error, text_replaced, started_at, ended_at)
-    SELECT r.id, %(generation)s, %(seq)s, %(name)s, 'compensation', NULL, %(output)s::jsonb, '', 0, 0, 0,
-           {step_done}, 1, '', false, statement_timestamp(), statement_timestamp()
-    FROM r
-    ON CONFLICT (run_id, generation, seq) DO NOTHING
-    RETURNING id
-),
-{events}
-SELECT 1 FROM r
-""",
-    guard=sql(RUN_GUARD),
-    next_seq=next_seq(),
-    events=event_ctes(
-        "r",
-        type="'rollback.started'",
-        actor_type="'worker'",
-        actor_id="%(worker)s::text",
-        payload=(
-            "jsonb_build_object('seq', %(seq)s, 'reason', %(reason)s::text, 'error_kind', %(error_kind)s::text,"
-            " 'plan', %(output)s::jsonb -> 'plan', 'target', %(target)s::text)"
-        ),
-    ),
-)
-
-
 def begin_rollback(
     *, run_id: UUID, token: int, generation: int, plan: RollbackPlan, worker_id: UUID
 ) -> bool:
     """Record the rollback's plan and mark the run as rolling back. False when the lease is lost."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _BEGIN_SQL,
+            queries.begin_rollback,
             {
                 "run": run_id,
                 "token": token,
@@ -112,15 +76,11 @@ def begin_rollback(
                 "worker": worker_id,
             },
         )
-        return cursor.fetchone() is not None
+        return one(cursor) is not None
 
 
 def not_undone(*, run_id: UUID, generation: int, seqs: list[int]) -> list[int]:
     """Which of these steps are still ``done``: their compensation was skipped (or never ran)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT seq FROM runs_step WHERE run_id = %s AND generation = %s AND seq = ANY(%s) AND status = 'done'"
-            " ORDER BY seq DESC",
-            [run_id, generation, seqs],
-        )
-        return [row[0] for row in cursor.fetchall()]
+        cursor.execute(queries.not_undone, {"run": run_id, "generation": generation, "seqs": seqs})
+        return [row["seq"] for row in rows(cursor)]

@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from runs.db import engine_cursor, loads
+from runs.queries import queries, rows
 
 # At most this many messages are handed to one `message` step; the rest wait
 # for the next one (a run's inbox is read in bounded pages).
@@ -26,30 +27,22 @@ class RecordedStep:
 def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
     """The run's recorded steps in its current generation, read once per claim."""
     with engine_cursor() as cursor:
-        cursor.execute(
-            "SELECT seq, name, status, output, idempotency_key, kind FROM runs_step"
-            " WHERE run_id = %s AND generation = %s ORDER BY seq",
-            [run_id, generation],
-        )
-        rows = cursor.fetchall()
-    return {
-        seq: RecordedStep(
-            seq=seq, name=name, status=status, output=loads(output), idempotency_key=key, kind=kind
-        )
-        for seq, name, status, output, key, kind in rows
-    }
+        cursor.execute(queries.load_step_log, {"run": run_id, "generation": generation})
+        found = rows(cursor)
+    return {row["seq"]: RecordedStep(**row | {"output": loads(row["output"])}) for row in found}
 
 
 def unconsumed_messages(run_id: UUID, *, limit: int = MESSAGES_PER_STEP) -> list[dict]:
     """The run's oldest messages no step consumed yet, at most ``limit``."""
     with engine_cursor() as cursor:
-        cursor.execute(
-            "SELECT id, text, author_type, author_id, created_at FROM runs_message"
-            " WHERE run_id = %s AND consumed_by_step_id IS NULL ORDER BY id LIMIT %s",
-            [run_id, limit],
-        )
-        rows = cursor.fetchall()
+        cursor.execute(queries.unconsumed_messages, {"run": run_id, "limit": limit})
+        found = rows(cursor)
     return [
-        {"id": pk, "text": text, "author": f"{author_type}:{author_id}", "at": created.isoformat()}
-        for pk, text, author_type, author_id, created in rows
+        {
+            "id": row["id"],
+            "text": row["text"],
+            "author": f"{row['author_type']}:{row['author_id']}",
+            "at": row["created_at"].isoformat(),
+        }
+        for row in found
     ]

@@ -46,3 +46,12 @@ deliveries AS (
 -- fragment: run_guard
 -- The run is still this worker's: running, with the lease token of its claim.
 id = %(run)s AND status = {running} AND lease_token = %(token)s
+
+-- fragment: live_deliveries
+-- A webhook delivery still being attempted: LIVE_DELIVERY_STATUSES (runs.models).
+('pending', 'sending')
+
+-- fragment: receiver_of_d
+-- The receiver of delivery d (scheme, host and port of its url): RECEIVER_SQL
+-- of d.url (runs.models), which the ORM's ReceiverOf and these statements share.
+lower(substring(d.url from '^[^/?#]*//[^/?#]*'))

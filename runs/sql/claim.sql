@@ -1,0 +1,209 @@
+-- queued → running (runs.engine.claim): the claim, adopting a claim whose
+-- answer was lost, and the heartbeat that keeps a claim.
+
+-- name: claim
+-- Walk tenant by tenant: only tenants that are not paused and have a free
+-- slot are visited, and each contributes at most its free slots, so a tenant
+-- at its limit with 100,000 queued runs costs the claim nothing. Inside a
+-- tenant, queue by queue, a loose index scan of run_claim_order_idx (one descent
+-- per kind present) finds which kinds have queued runs; only those this
+-- worker claims (registered, not paused) are read, each in index order, so
+-- 100,000 queued runs of a paused or unregistered kind cost one descent too.
+-- The tenant counter is bumped by a guarded update on the row locked in id
+-- order (so that concurrent multi-tenant claims cannot deadlock), re-checked
+-- on its latest version under READ COMMITTED: concurrent claims never
+-- overshoot max_running, and a tenant whose bump fails keeps its runs queued.
+--
+-- The same update gives back the slots of runs this worker finished since
+-- its last claim (leave_running(give_slot=False)): one write of a busy
+-- tenant's row per claim instead of one per exit. A slot counts only if its
+-- run left running after the reaper last set the counter to the truth
+-- (running_reconciled_at, read under the row lock): the reaper's count
+-- already left out a run that had finished before it.
+WITH returns AS (
+    SELECT * FROM unnest(%(ret_tenants)s::uuid[], %(ret_times)s::timestamptz[]) AS x(tenant_id, left_at)
+),
+returns_per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM returns GROUP BY tenant_id
+),
+tenants AS (
+    SELECT t.id, t.max_running - t.running + COALESCE(ret.n, 0) AS free
+    FROM runs_tenant t LEFT JOIN returns_per_tenant ret ON ret.tenant_id = t.id
+    WHERE NOT t.paused AND t.running - COALESCE(ret.n, 0) < t.max_running
+      -- A tenant with nothing queued in these queues costs one index probe
+      -- (the loose scans below cost a descent per queue and kind present).
+      AND (SELECT true FROM runs_run r
+           WHERE r.tenant_id = t.id AND r.status = {queued} AND r.queue = ANY(%(queues)s::text[])
+           ORDER BY r.queue, r.kind LIMIT 1)
+      AND (t.daily_cost_cap_cents IS NULL OR t.daily_cost_cap_cents > COALESCE(
+          (SELECT c.cost_cents FROM runs_tenantdailycost c
+           WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
+),
+queues AS (
+    SELECT name FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE NOT EXISTS (SELECT 1 FROM runs_queue x WHERE x.name = q.name AND x.paused)
+),
+kinds AS (
+    SELECT unnest(%(kinds)s::text[]) AS name EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused
+),
+candidates AS (
+    SELECT c.*
+    FROM tenants t
+    CROSS JOIN LATERAL (
+        SELECT x.* FROM queues q
+        CROSS JOIN LATERAL (
+            WITH RECURSIVE present(kind) AS (
+                (SELECT r.kind FROM runs_run r
+                 WHERE r.tenant_id = t.id AND r.status = {queued} AND r.queue = q.name
+                 ORDER BY r.kind LIMIT 1)
+                UNION ALL
+                SELECT (SELECT r.kind FROM runs_run r
+                        WHERE r.tenant_id = t.id AND r.status = {queued} AND r.queue = q.name AND r.kind > p.kind
+                        ORDER BY r.kind LIMIT 1)
+                FROM present p WHERE p.kind IS NOT NULL
+            )
+            SELECT kind FROM present WHERE kind IN (SELECT name FROM kinds)
+        ) k
+        CROSS JOIN LATERAL (
+            SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after, r.created_at
+            FROM runs_run r
+            WHERE r.tenant_id = t.id
+              AND r.status = {queued}
+              AND r.queue = q.name
+              AND r.kind = k.kind
+              AND r.run_after <= statement_timestamp()
+              -- Only versions this worker's code can resume (a rolling deploy):
+              -- a run recorded by a newer version waits for a worker that has it.
+              AND (r.kind_version IS NULL OR (r.kind, r.kind_version) IN (
+                   SELECT * FROM unnest(%(rkinds)s::text[], %(rversions)s::int[])))
+            ORDER BY r.priority, (r.started_at IS NULL), r.run_after, r.created_at, r.id
+            LIMIT LEAST(t.free, %(n)s)
+            -- Skipping is safe here, and never waiting is why these rows need
+            -- no id order: a run another transaction holds is not claimable
+            -- now anyway. The UPDATE's own lock, so that a foreign-key check
+            -- (a message posted to the run) neither waits nor makes it skipped.
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) x
+        -- The tenant's best runs across its queues and kinds; rows locked
+        -- above but not kept here are let go when the claim commits.
+        ORDER BY x.priority, x.fresh, x.run_after, x.created_at, x.id
+        LIMIT LEAST(t.free, %(n)s)
+    ) c
+),
+picked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.priority, c.fresh, c.run_after, c.created_at, c.id) AS rank
+    FROM (SELECT * FROM candidates ORDER BY priority, fresh, run_after, created_at, id LIMIT %(n)s) c
+),
+per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
+),
+changes AS (
+    SELECT tenant_id FROM per_tenant UNION SELECT tenant_id FROM returns_per_tenant
+),
+locked_tenants AS (
+    SELECT t.id, t.running, t.max_running, t.running_reconciled_at FROM runs_tenant t
+    WHERE t.id IN (SELECT tenant_id FROM changes)
+    ORDER BY t.id FOR NO KEY UPDATE
+),
+given_back AS (
+    SELECT l.id AS tenant_id, count(*) AS n
+    FROM locked_tenants l JOIN returns x ON x.tenant_id = l.id
+    WHERE l.running_reconciled_at IS NULL OR x.left_at > l.running_reconciled_at
+    GROUP BY l.id
+),
+-- As many of each tenant's picked runs, best first, as its latest counter
+-- leaves room for: a concurrent claim or a slot that does not count makes
+-- it fewer, never more than max_running.
+decided AS (
+    SELECT l.id AS tenant_id, COALESCE(g.n, 0) AS returned,
+           GREATEST(LEAST(COALESCE(p.n, 0), l.max_running - l.running + COALESCE(g.n, 0)), 0) AS n
+    FROM locked_tenants l
+    LEFT JOIN per_tenant p ON p.tenant_id = l.id
+    LEFT JOIN given_back g ON g.tenant_id = l.id
+),
+bumped AS (
+    -- queued may dip below 0 for a moment: a run can be claimed before the
+    -- increment of its submit (sent after commit) lands; they cancel out.
+    UPDATE runs_tenant t SET running = GREATEST(t.running + d.n - d.returned, 0), queued = t.queued - d.n
+    FROM decided d
+    WHERE t.id = d.tenant_id AND (d.n > 0 OR d.returned > 0)
+),
+claimed AS (
+    UPDATE runs_run r SET
+        status = {running},
+        lease_token = nextval('runs_lease_token_seq'),
+        locked_by = %(worker)s,
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        claimed_at = statement_timestamp(),
+        heartbeat_at = statement_timestamp(),
+        attempt = r.attempt + 1,
+        kind_version = COALESCE(r.kind_version, v.version),
+        started_at = COALESCE(r.started_at, statement_timestamp()),
+        updated_at = statement_timestamp(),
+        last_event_seq = r.last_event_seq + 1
+    FROM picked p
+    JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
+    JOIN decided d ON d.tenant_id = p.tenant_id
+    -- The status as a parameter: the picked runs are found by primary key in any plan (BATCH_GUARD says why).
+    WHERE r.id = p.id AND r.status = %(queued)s::text AND v.kind = r.kind AND p.rank <= d.n
+    RETURNING r.*
+),
+new_events AS (
+    SELECT id AS run_id, last_event_seq AS seq, 'run.running' AS type, 'worker' AS actor_type,
+           %(worker)s::text AS actor_id, jsonb_build_object('from', {queued}, 'attempt', attempt) AS payload
+    FROM claimed
+),
+{outbox}
+SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation,
+       deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents,
+       cancel_requested_at IS NOT NULL AS cancel_requested, pause_requested_at IS NOT NULL AS pause_requested,
+       queue, claimed_at, parent_id, children_cost_cents, compensation, run_after, created_at, started_at,
+       priority, trace_context
+FROM claimed
+
+-- name: claimed_but_not_held
+-- The runs this worker holds in the database but not in memory: a claim
+-- whose commit succeeded but whose answer was lost. The same columns as the
+-- claim's answer.
+SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation,
+       deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents,
+       cancel_requested_at IS NOT NULL AS cancel_requested, pause_requested_at IS NOT NULL AS pause_requested,
+       queue, claimed_at, parent_id, children_cost_cents, compensation, run_after, created_at, started_at,
+       priority, trace_context
+FROM runs_run
+WHERE status = {running} AND locked_by = %(worker)s AND NOT (id = ANY(%(held)s::uuid[]))
+
+-- name: heartbeat
+-- Extend the lease of every run the worker holds, in one statement, and
+-- mark its Worker row seen; the cancel and pause flags come back with it.
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS h(id, token)
+),
+-- The runs' rows locked in id order, as every statement that writes several
+-- runs locks them (runs.engine.steps.LOCK_IN_ORDER): taken in the order of
+-- the array, they deadlocked with the committer's checkpoints and exits,
+-- and the heartbeat PostgreSQL aborted lost every lease it was renewing.
+-- It waits for each row, never skips one: a run missing from its answer is
+-- a lost lease.
+locked AS (
+    SELECT r.id FROM runs_run r JOIN held h ON r.id = h.id
+    -- By primary key, whatever the statistics say of how many runs are
+    -- running (runs.engine.steps.BATCH_GUARD): a generic plan made when few
+    -- were joined every running run with every held one, 6.8 s for 5,000.
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.lease_token = h.token AND r.status = %(running)s::text
+    ORDER BY r.id
+    FOR NO KEY UPDATE OF r
+),
+extended AS (
+    UPDATE runs_run r SET
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        heartbeat_at = statement_timestamp()
+    FROM locked l
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = l.id
+    RETURNING r.lease_token, r.cancel_requested_at IS NOT NULL AS cancel, r.pause_requested_at IS NOT NULL AS pause
+),
+seen AS (
+    UPDATE runs_worker SET last_seen_at = statement_timestamp(), runs_held = (SELECT count(*) FROM extended)
+    WHERE id = %(worker)s
+)
+SELECT lease_token, cancel, pause FROM extended
