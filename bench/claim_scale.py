@@ -283,6 +283,7 @@ def explain_claim(worker_id, claim_kinds) -> list[str]:
 
     from runs.db import engine_cursor
     from runs.engine import claim as claims
+    from runs.queries import queries
 
     captured: dict = {}
 
@@ -300,7 +301,7 @@ def explain_claim(worker_id, claim_kinds) -> list[str]:
             )
         except Captured:
             pass
-    assert captured["sql"] == claims._CLAIM_STATEMENT
+    assert captured["sql"] == queries.claim
     with transaction.atomic(), engine_cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + captured["sql"], captured["params"])
         lines = [row[0] for row in cursor.fetchall()]

@@ -229,11 +229,11 @@ def explain_one_batch() -> list[str]:
     from django.conf import settings
     from django.db import connection, transaction
 
-    from runs.engine import retention
+    from runs.queries import queries
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            "EXPLAIN (ANALYZE, BUFFERS) " + retention._PRUNE_SQL,
+            "EXPLAIN (ANALYZE, BUFFERS) " + queries.prune_finished,
             {
                 "before": None,
                 "age": settings.RUNS_RETENTION_DAYS * 86400.0,

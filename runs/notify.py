@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.db import notify_queues, release_connection
+from runs.queries import queries
 
 logger = logging.getLogger(__name__)
 
@@ -86,14 +87,9 @@ def _flush(queues: set[str], counts: Counter[UUID]) -> None:
         if counts:
             tenants = sorted(counts)
             with connection.cursor() as cursor:
-                # The rows locked in id order, as every statement writing several tenants locks them.
                 cursor.execute(
-                    "WITH v AS (SELECT * FROM unnest(%s::uuid[], %s::int[]) AS v(id, n)),"
-                    " locked AS (SELECT t.id FROM runs_tenant t WHERE t.id IN (SELECT id FROM v)"
-                    " ORDER BY t.id FOR NO KEY UPDATE)"
-                    " UPDATE runs_tenant t SET queued = t.queued + v.n"
-                    " FROM v JOIN locked l ON l.id = v.id WHERE t.id = l.id",
-                    [tenants, [counts[t] for t in tenants]],
+                    queries.count_queued,
+                    {"tenants": tenants, "counts": [counts[t] for t in tenants]},
                 )
     except Exception:
         logger.exception("could not count queued runs (the reaper reconciles the counters)")

@@ -93,6 +93,7 @@ class Queries:
         filled: dict[str, str] = {}
         for name, text in fragments.items():  # a fragment may use the fragments declared before it
             filled[name] = self._fill(f"fragment {name}", text, filled)
+        self._fragments = filled
         self._statements = {
             name: self._fill(f"{file}: {name}", text, filled)
             for name, (file, text) in statements.items()
@@ -113,6 +114,10 @@ class Queries:
 
     def names(self) -> list[str]:
         return sorted(self._statements)
+
+    def fragment(self, name: str) -> str:
+        """A fragment's text as statements get it (for tests that hold it to the Python it mirrors)."""
+        return self._fragments[name]
 
 
 queries = Queries()

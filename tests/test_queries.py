@@ -82,3 +82,31 @@ def test_rows_are_read_by_column_name():
         assert rows(cursor) == [{"one": 1, "two": "two"}, {"one": 3, "two": "four"}]
         cursor.execute("SELECT 1 AS one WHERE false")
         assert one(cursor) is None
+
+
+def test_the_submits_insert_names_every_column_of_a_run():
+    # A field added to Run must be added to insert_queued_run too, or a
+    # submit would leave it to a default the database does not have.
+    from runs.models import Run
+
+    text = queries.insert_queued_run
+    listed = re.search(r"INSERT INTO runs_run \((.*?)\) VALUES", text, re.S).group(1)
+    columns = [c.strip() for c in listed.split(",")]
+    fields = [f for f in Run._meta.local_concrete_fields if not f.generated]
+    assert sorted(columns) == sorted(f.column for f in fields)
+    for column in columns:
+        assert f"%({column})s" in text, column
+    # The one db_default, filled by the statement when a submit leaves it out.
+    assert [f.column for f in fields if f.has_db_default()] == ["run_after"]
+    assert "COALESCE(%(run_after)s, statement_timestamp())" in text
+
+
+def test_the_webhook_fragments_say_what_the_models_say():
+    from runs.models import RECEIVER_SQL
+    from runs.models.notifications import LIVE_DELIVERY_STATUSES
+
+    assert queries.fragment("receiver_of_d") == RECEIVER_SQL.format(url="d.url")
+    assert (
+        queries.fragment("live_deliveries")
+        == "(" + ", ".join(f"'{s}'" for s in LIVE_DELIVERY_STATUSES) + ")"
+    )

@@ -34,6 +34,7 @@ from django.db import DatabaseError, connection, transaction
 from runs.db import dumps, loads, release_connection
 from runs.metrics.process import series
 from runs.models import MetricSnapshot
+from runs.queries import one, queries, rows
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,6 @@ def unkeyed(values: Values) -> list[list]:
     ]
 
 
-_INSERT_SQL = (
-    "INSERT INTO runs_metricsnapshot (process, role, host, pid, samples, updated_at)"
-    " VALUES (%s, %s, %s, %s, %s::jsonb, statement_timestamp())"
-)
-_UPDATE_SQL = "UPDATE runs_metricsnapshot SET samples = %s::jsonb, updated_at = statement_timestamp() WHERE process = %s"
-
-
 class Publisher:
     """Writes this process's figures to its row; ``start()`` does it every ``interval`` seconds on a thread."""
 
@@ -102,7 +96,10 @@ class Publisher:
             try:
                 with connection.cursor() as cursor:
                     if self._inserted:
-                        cursor.execute(_UPDATE_SQL, [dumps(unkeyed(own)), self.process])
+                        cursor.execute(
+                            queries.update_snapshot,
+                            {"samples": dumps(unkeyed(own)), "process": self.process},
+                        )
                         if cursor.rowcount == 0:
                             # Folded into RETIRED while this process was silent: what the row
                             # held is counted there, so a new row carries the rest.
@@ -111,14 +108,14 @@ class Publisher:
                             own = minus(current, self._folded)
                     if not self._inserted:
                         cursor.execute(
-                            _INSERT_SQL,
-                            [
-                                self.process,
-                                self.role,
-                                socket.gethostname()[:255],
-                                os.getpid(),
-                                dumps(unkeyed(own)),
-                            ],
+                            queries.insert_snapshot,
+                            {
+                                "process": self.process,
+                                "role": self.role,
+                                "host": socket.gethostname()[:255],
+                                "pid": os.getpid(),
+                                "samples": dumps(unkeyed(own)),
+                            },
                         )
                         self._inserted = True
                 self._published = own
@@ -158,35 +155,25 @@ def publishing(*, role: str) -> Iterator[Publisher]:
         publisher.stop()
 
 
-_SILENT_SQL = (
-    "SELECT process, samples FROM runs_metricsnapshot"
-    " WHERE process <> %s AND updated_at < statement_timestamp() - make_interval(secs => %s)"
-    " ORDER BY process LIMIT %s FOR UPDATE SKIP LOCKED"
-)
-
-
 def retire_silent(*, silent_seconds: float | None = None, batch: int = 500) -> int:
     """Fold the rows of processes silent for ``silent_seconds`` into the RETIRED row; returns how many."""
     silent = settings.RUNS_METRICS_RETIRE_SECONDS if silent_seconds is None else silent_seconds
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_SILENT_SQL, [MetricSnapshot.RETIRED, silent, batch])
-        rows = cursor.fetchall()
-        if not rows:
+        retired = {"retired": MetricSnapshot.RETIRED}
+        cursor.execute(queries.silent_snapshots, retired | {"silent": silent, "batch": batch})
+        silent_rows = rows(cursor)
+        if not silent_rows:
             return 0
+        cursor.execute(queries.insert_retired_snapshot, retired)
+        cursor.execute(queries.lock_retired_snapshot, retired)
+        total = keyed(loads(one(cursor)["samples"]))
+        for row in silent_rows:
+            total = summed(total, keyed(loads(row["samples"])))
         cursor.execute(
-            "INSERT INTO runs_metricsnapshot (process, role, host, pid, samples, updated_at)"
-            " VALUES (%s, 'retired', '', 0, '[]'::jsonb, statement_timestamp()) ON CONFLICT (process) DO NOTHING",
-            [MetricSnapshot.RETIRED],
+            queries.update_snapshot,
+            {"samples": dumps(unkeyed(total)), "process": MetricSnapshot.RETIRED},
         )
         cursor.execute(
-            "SELECT samples FROM runs_metricsnapshot WHERE process = %s FOR UPDATE",
-            [MetricSnapshot.RETIRED],
+            queries.delete_snapshots, {"processes": [row["process"] for row in silent_rows]}
         )
-        total = keyed(loads(cursor.fetchone()[0]))
-        for _, data in rows:
-            total = summed(total, keyed(loads(data)))
-        cursor.execute(_UPDATE_SQL, [dumps(unkeyed(total)), MetricSnapshot.RETIRED])
-        cursor.execute(
-            "DELETE FROM runs_metricsnapshot WHERE process = ANY(%s)", [[p for p, _ in rows]]
-        )
-    return len(rows)
+    return len(silent_rows)

@@ -11,6 +11,8 @@ Two sources, each the natural one for what it measures:
 - what happens (runs finishing, steps and their durations, retries,
   rescues, webhook attempts) is counted where it happens and published by
   each process (``runs.metrics.publish``); the scrape sums the rows.
+
+The statements are in ``runs/sql/scrape.sql``.
 """
 
 from __future__ import annotations
@@ -24,45 +26,16 @@ from django.db import connection
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from runs.db import loads, sql
+from runs.db import loads
 from runs.metrics.process import REGISTRY
 from runs.metrics.publish import keyed, summed
+from runs.queries import one, queries, rows
 from runs.states import LIVE_STATUSES, RunStatus
 
 # Counted exactly up to this many; past it the figure says "at least this many".
 DELIVERIES_COUNTED_UP_TO = 100_000
 ESTIMATED_TABLES = ("runs_run", "runs_step", "runs_event", "runs_webhookdelivery")
 LIVE = [s for s in RunStatus if s in LIVE_STATUSES]
-
-_LIVE_RUNS_SQL = sql(
-    "SELECT queue, status, count(*) FROM runs_run WHERE status IN {live} GROUP BY queue, status",
-)
-# The claim index holds (queue, run_after) of every queued run.
-_OLDEST_SQL = sql(
-    "SELECT queue, EXTRACT(EPOCH FROM statement_timestamp() - min(run_after)) FROM runs_run"
-    " WHERE status = {queued} AND run_after <= statement_timestamp() GROUP BY queue"
-)
-_WORKERS_SQL = (
-    "SELECT count(*), COALESCE(sum(runs_held), 0), COALESCE(sum(concurrency), 0) FROM runs_worker"
-    " WHERE stopped_at IS NULL AND last_seen_at > statement_timestamp() - make_interval(secs => %s)"
-)
-_TENANTS_SQL = (
-    "SELECT slug, running, queued, max_running FROM runs_tenant WHERE running > 0 OR queued > 0"
-)
-_COST_SQL = (
-    "SELECT t.slug, sum(c.cost_cents),"
-    " COALESCE(sum(c.cost_cents) FILTER (WHERE c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0)"
-    " FROM runs_tenantdailycost c JOIN runs_tenant t ON t.id = c.tenant_id GROUP BY t.slug"
-)
-_DELIVERIES_SQL = (
-    "SELECT status, count(*) FROM (SELECT status FROM runs_webhookdelivery"
-    " WHERE status IN ('pending', 'sending') LIMIT %s) d GROUP BY status"
-)
-_ESTIMATES_SQL = (
-    "SELECT c.relname, c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-    " WHERE c.relname = ANY(%s) AND c.relkind = 'r' AND n.nspname = current_schema()"
-)
-_SNAPSHOTS_SQL = "SELECT role, samples, updated_at > statement_timestamp() - make_interval(secs => %s) FROM runs_metricsnapshot"
 
 
 class DatabaseCollector:
@@ -83,10 +56,10 @@ class DatabaseCollector:
             "Live runs by queue and status (finished runs: agentruns_runs_finished_total).",
             labels=["queue", "status"],
         )
-        cursor.execute(_LIVE_RUNS_SQL)
-        counts = {(queue, status): n for queue, status, n in cursor.fetchall()}
-        cursor.execute(_OLDEST_SQL)
-        oldest = dict(cursor.fetchall())
+        cursor.execute(queries.live_runs)
+        counts = {(row["queue"], row["status"]): row["n"] for row in rows(cursor)}
+        cursor.execute(queries.oldest_queued)
+        oldest = {row["queue"]: row["age"] for row in rows(cursor)}
         queues = sorted({queue for queue, _ in counts} | set(oldest) | set(settings.RUNS_QUEUES))
         for queue in queues:
             for status in LIVE:
@@ -102,8 +75,9 @@ class DatabaseCollector:
         yield age
 
     def _workers(self, cursor) -> Iterable[Metric]:
-        cursor.execute(_WORKERS_SQL, [settings.RUNS_LEASE_SECONDS])
-        live, held, slots = cursor.fetchone()
+        cursor.execute(queries.live_workers, {"lease": settings.RUNS_LEASE_SECONDS})
+        workers = one(cursor)
+        live, held, slots = workers["live"], workers["held"], workers["slots"]
         yield GaugeMetricFamily(
             "agentruns_workers_live",
             "Worker processes registered, not stopped, seen within a lease.",
@@ -136,11 +110,11 @@ class DatabaseCollector:
             "Runs queued per tenant (the backpressure counter).",
             labels=["tenant"],
         )
-        cursor.execute(_TENANTS_SQL)
-        for slug, n_running, n_queued, max_running in cursor.fetchall():
-            running.add_metric([slug], n_running)
-            queued.add_metric([slug], n_queued)
-            limit.add_metric([slug], max_running)
+        cursor.execute(queries.busy_tenants)
+        for row in rows(cursor):
+            running.add_metric([row["slug"]], row["running"])
+            queued.add_metric([row["slug"]], row["queued"])
+            limit.add_metric([row["slug"]], row["max_running"])
         yield from (running, limit, queued)
         total = CounterMetricFamily(
             "agentruns_cost_cents",
@@ -152,10 +126,10 @@ class DatabaseCollector:
             "Money spent by each tenant today (UTC), in cents: what its daily cap counts.",
             labels=["tenant"],
         )
-        cursor.execute(_COST_SQL)
-        for slug, cents, cents_today in cursor.fetchall():
-            total.add_metric([slug], float(cents or Decimal(0)))
-            today.add_metric([slug], float(cents_today or Decimal(0)))
+        cursor.execute(queries.tenant_costs)
+        for row in rows(cursor):
+            total.add_metric([row["slug"]], float(row["cents"] or Decimal(0)))
+            today.add_metric([row["slug"]], float(row["cents_today"] or Decimal(0)))
         yield from (total, today)
 
     def _deliveries(self, cursor) -> Iterable[Metric]:
@@ -164,31 +138,35 @@ class DatabaseCollector:
             f"Webhook deliveries not yet delivered or given up, by status (counted up to {DELIVERIES_COUNTED_UP_TO}).",
             labels=["status"],
         )
-        cursor.execute(_DELIVERIES_SQL, [DELIVERIES_COUNTED_UP_TO])
-        counts = dict(cursor.fetchall())
+        cursor.execute(queries.live_deliveries_by_status, {"up_to": DELIVERIES_COUNTED_UP_TO})
+        counts = {row["status"]: row["n"] for row in rows(cursor)}
         for status in ("pending", "sending"):
             pending.add_metric([status], counts.get(status, 0))
         yield pending
 
     def _estimates(self, cursor) -> Iterable[Metric]:
-        rows = GaugeMetricFamily(
+        estimated = GaugeMetricFamily(
             "agentruns_table_rows_estimated",
             "Rows in the largest tables, as the planner estimates them (retention keeps them bounded).",
             labels=["table"],
         )
-        cursor.execute(_ESTIMATES_SQL, [list(ESTIMATED_TABLES)])
-        for table, estimate in cursor.fetchall():
-            rows.add_metric([table], max(0.0, float(estimate)))  # -1: never analysed
-        yield rows
+        cursor.execute(queries.table_estimates, {"tables": list(ESTIMATED_TABLES)})
+        for row in rows(cursor):
+            estimated.add_metric(
+                [row["name"]], max(0.0, float(row["estimate"]))
+            )  # -1: never analysed
+        yield estimated
 
     def _published(self, cursor) -> Iterable[Metric]:
-        cursor.execute(_SNAPSHOTS_SQL, [3 * settings.RUNS_METRICS_PUBLISH_SECONDS])
+        cursor.execute(
+            queries.metric_snapshots, {"recent": 3 * settings.RUNS_METRICS_PUBLISH_SECONDS}
+        )
         total: dict = {}
         reporting: dict[str, int] = {}
-        for role, data, recent in cursor.fetchall():
-            total = summed(total, keyed(loads(data)))
-            if recent and role != "retired":
-                reporting[role] = reporting.get(role, 0) + 1
+        for row in rows(cursor):
+            total = summed(total, keyed(loads(row["samples"])))
+            if row["recent"] and row["role"] != "retired":
+                reporting[row["role"]] = reporting.get(row["role"], 0) + 1
         processes = GaugeMetricFamily(
             "agentruns_metrics_processes",
             "Processes that published their figures recently, by role.",
@@ -212,9 +190,9 @@ def summed_families(total: dict) -> Iterator[Metric]:
     families: dict[tuple[str, str], list] = {}
     for (family, kind, labels, bounds), values in total.items():
         families.setdefault((family, kind), []).append((labels, bounds, values))
-    for (family, kind), rows in sorted(families.items()):
+    for (family, kind), series in sorted(families.items()):
         metric = Metric(family, helps.get(family, family), kind)
-        for labels, bounds, values in sorted(rows):
+        for labels, bounds, values in sorted(series):
             if kind == "counter":
                 metric.add_sample(f"{family}_total", dict(labels), values[0])
             elif kind == "histogram":

@@ -17,16 +17,12 @@ from django.db import connection
 
 from runs.db import dumps_storable
 from runs.events import EVENTS_CHANNEL
+from runs.queries import queries
 
 # NOTIFY payloads stop at 8000 bytes; the envelope needs some of them.
 MAX_DATA_BYTES = 7000
 # An SSE `event:` field: no line breaks, nothing a client would trip on.
 TYPE_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")
-
-_SEND_SQL = (
-    "SELECT pg_notify(%(channel)s, %(payload)s)"
-    " WHERE EXISTS (SELECT 1 FROM runs_streamwatch WHERE run_id = %(run)s)"
-)
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,9 @@ def encode(run_id: UUID, type: str, data: Any, *, step: int | None = None) -> st
 def send(run_id: UUID, payload: str) -> None:
     """Push one ``encode``d update to the run's streams (if anyone watches it); commits at once."""
     with connection.cursor() as cursor:
-        cursor.execute(_SEND_SQL, {"channel": EVENTS_CHANNEL, "payload": payload, "run": run_id})
+        cursor.execute(
+            queries.send_ephemeral, {"channel": EVENTS_CHANNEL, "payload": payload, "run": run_id}
+        )
 
 
 def decode(payload: str) -> tuple[UUID, Ephemeral | None] | None:

@@ -19,6 +19,8 @@ A stream dies with the credential it was opened with: every
 ``RUNS_STREAM_BACKSTOP_SECONDS`` the hub asks which of its streams' grants
 still hold, for all of them at once (runs.streams.grants: at most three
 queries, however many streams), and ends the streams whose grant is gone.
+
+The statements are in ``runs/sql/hub.sql``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from uuid import UUID
 import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from runs.db import connection_kwargs
 from runs.events import EVENTS_CHANNEL
+from runs.queries import queries
 from runs.streams import ephemeral, grants
 
 logger = logging.getLogger(__name__)
@@ -91,33 +95,6 @@ class Subscription:
         return await self.items.get()
 
 
-_READ_SQL = """
-SELECT w.run_id, e.seq, e.type, e.actor_type, e.actor_id, e.payload::text, e.created_at
-FROM unnest(%(runs)s::uuid[], %(after)s::int[]) AS w(run_id, after)
-CROSS JOIN LATERAL (
-    SELECT seq, type, actor_type, actor_id, payload, created_at
-    FROM runs_event
-    WHERE run_id = w.run_id AND seq > w.after
-    ORDER BY seq
-    LIMIT %(page)s
-) e
-ORDER BY w.run_id, e.seq
-"""
-
-_WATCH_SQL = """
-INSERT INTO runs_streamwatch (run_id, server, seen_at)
-SELECT unnest(%(runs)s::uuid[]), %(server)s, statement_timestamp()
-ON CONFLICT (run_id, server) DO UPDATE SET seen_at = EXCLUDED.seen_at
-"""
-
-_UNWATCH_SQL = (
-    "DELETE FROM runs_streamwatch WHERE server = %(server)s AND run_id = ANY(%(runs)s::uuid[])"
-)
-
-# Watches of web processes that stopped refreshing them (killed, or cut off).
-_SWEEP_SQL = "DELETE FROM runs_streamwatch WHERE seen_at < statement_timestamp() - make_interval(secs => %(stale)s)"
-
-
 class EventHub:
     """Fans a run's Events out to its streams in this process; see the module's docstring."""
 
@@ -143,7 +120,7 @@ class EventHub:
         if run_id not in self._subs:
             self._subs[run_id] = set()
             async with self._watch_lock:
-                await self._execute(_WATCH_SQL, {"runs": [run_id], "server": self.server})
+                await self._execute(queries.watch_runs, {"runs": [run_id], "server": self.server})
         self._subs.setdefault(run_id, set()).add(sub)
         self.wake(run_id)
         return sub
@@ -164,7 +141,7 @@ class EventHub:
         # insert would leave that stream on the backstop alone.
         async with self._watch_lock:
             if run_id not in self._subs:
-                await self._execute(_UNWATCH_SQL, {"runs": [run_id], "server": self.server})
+                await self._execute(queries.unwatch_runs, {"runs": [run_id], "server": self.server})
 
     def wake(self, run_id: UUID) -> None:
         if run_id in self._subs:
@@ -310,12 +287,14 @@ class EventHub:
         while True:
             await asyncio.sleep(WATCH_REFRESH_SECONDS)
             await self._refresh_watches()
-            await self._execute(_SWEEP_SQL, {"stale": WATCH_STALE_SECONDS})
+            await self._execute(queries.sweep_watches, {"stale": WATCH_STALE_SECONDS})
 
     async def _refresh_watches(self) -> None:
         async with self._watch_lock:
             if self._subs:
-                await self._execute(_WATCH_SQL, {"runs": list(self._subs), "server": self.server})
+                await self._execute(
+                    queries.watch_runs, {"runs": list(self._subs), "server": self.server}
+                )
 
     def _wake_all(self) -> None:
         for run_id in self._subs:
@@ -347,11 +326,12 @@ class EventHub:
 
     async def _read(self, cursors: dict[UUID, int]) -> list[StoredEvent]:
         assert self._pool is not None
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                _READ_SQL, {"runs": list(cursors), "after": list(cursors.values()), "page": PAGE}
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(
+                queries.read_new_events,
+                {"runs": list(cursors), "after": list(cursors.values()), "page": PAGE},
             )
-            return [StoredEvent(*row) for row in await cursor.fetchall()]
+            return [StoredEvent(**row) for row in await cursor.fetchall()]
 
     def _hand_out(self, rows: list[StoredEvent]) -> None:
         by_run: dict[UUID, list[StoredEvent]] = {}

@@ -17,6 +17,8 @@ share of the loop's send slots, counting the sends it already has in flight;
 so a tenant whose receiver hangs holds at most its share while others have
 deliveries due. A receiver that keeps not answering is paused
 (``runs.webhooks.receivers``): its deliveries are left out of the claim.
+
+The statements are in ``runs/sql/deliveries.sql``.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from runs.db import sql, storable_text
+from runs.db import storable_text
 from runs.errors import tenant_error
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
 from runs.metrics import process as metrics
-from runs.models import RECEIVER_SQL, DeliveryStatus, WebhookDelivery
+from runs.models import DeliveryStatus, WebhookDelivery
+from runs.queries import one, queries, rows
 from runs.webhooks import receivers
 from runs.webhooks.signing import current_secret
 
@@ -53,81 +56,6 @@ class DeliveryJob:
     body: str  # the same bytes on every attempt: built from the Event and the run's fixed fields
     secrets: list[str]  # every secret that signs now (two during a rotation)
     receiver: str = ""  # RECEIVER_SQL of url: whose health the attempt tells about
-
-
-_LIVE = "d.status IN ('pending', 'sending')"  # the predicate of the claim's index
-_LIVE_AND_DUE = f"{_LIVE} AND d.next_attempt_at <= statement_timestamp()"
-
-# The tenants with live deliveries, one index probe each (PostgreSQL has no
-# skip scan of its own); then each one's oldest due deliveries, at most a
-# loop's slots of them, numbered (`place`). A delivery's turn is its place
-# after the tenant's sends in flight, and turns are taken in order
-# (round-robin), up to the tenant's share of the slots. So a claim costs the
-# number of busy tenants, not the length of anyone's backlog.
-_CLAIM_SQL = sql(
-    """
-WITH RECURSIVE busy(tenant_id) AS (
-    (SELECT d.tenant_id FROM runs_webhookdelivery d WHERE {live_delivery} ORDER BY d.tenant_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT d.tenant_id FROM runs_webhookdelivery d
-            WHERE {live_delivery} AND d.tenant_id > busy.tenant_id ORDER BY d.tenant_id LIMIT 1)
-    FROM busy WHERE busy.tenant_id IS NOT NULL
-),
-flight AS (
-    SELECT * FROM unnest(%(flight_tenants)s::uuid[], %(flight_counts)s::int[]) AS f(tenant_id, sending)
-),
-due AS (
-    SELECT oldest.id, busy.tenant_id, oldest.next_attempt_at,
-           row_number() OVER (PARTITION BY busy.tenant_id ORDER BY oldest.next_attempt_at, oldest.id) AS place
-    FROM busy CROSS JOIN LATERAL (
-        SELECT d.id, d.next_attempt_at FROM runs_webhookdelivery d
-        WHERE d.tenant_id = busy.tenant_id AND {live_and_due}
-          AND NOT EXISTS (SELECT 1 FROM runs_webhookreceiver h
-                          WHERE h.tenant_id = d.tenant_id AND h.paused_at IS NOT NULL AND h.receiver = {receiver_d})
-        ORDER BY d.next_attempt_at
-        LIMIT %(slots)s
-    ) oldest
-    WHERE busy.tenant_id IS NOT NULL
-),
-share AS (
-    SELECT GREATEST(1, LEAST(%(most)s, ceil(%(slots)s::numeric / GREATEST(1, count(*)))))::int AS slots
-    FROM (SELECT tenant_id FROM due UNION SELECT tenant_id FROM flight) active
-),
-picked AS (
-    SELECT due.id FROM due LEFT JOIN flight USING (tenant_id) CROSS JOIN share
-    WHERE due.place + COALESCE(flight.sending, 0) <= share.slots
-    ORDER BY due.place + COALESCE(flight.sending, 0), due.next_attempt_at
-    LIMIT %(batch)s
-),
-locked AS (
-    SELECT d.id FROM runs_webhookdelivery d
-    WHERE d.id IN (SELECT id FROM picked) AND {live_and_due}
-    FOR UPDATE OF d SKIP LOCKED
-),
-claimed AS (
-    UPDATE runs_webhookdelivery d SET
-        status = 'sending', attempts = d.attempts + 1, last_attempt_at = statement_timestamp(),
-        next_attempt_at = statement_timestamp() + make_interval(secs => %(lease)s)
-    FROM locked WHERE d.id = locked.id
-    RETURNING d.id, d.attempts, d.url, d.webhook_id, d.event_type, d.event_id, d.run_id, d.tenant_id
-)
-SELECT c.id, c.attempts, c.url, c.webhook_id, c.event_type, c.tenant_id, c.run_id,
-       e.seq, e.created_at, e.actor_type, e.actor_id, e.payload::text,
-       r.kind, r.queue, t.slug, t.webhook_secret,
-       CASE WHEN t.webhook_secret_previous <> '' AND t.webhook_secret_previous_until > statement_timestamp()
-            THEN t.webhook_secret_previous END,
-       {receiver_c}
-FROM claimed c
-JOIN runs_event e ON e.id = c.event_id
-JOIN runs_run r ON r.id = c.run_id
-JOIN runs_tenant t ON t.id = c.tenant_id
-ORDER BY c.id
-""",
-    live_delivery=_LIVE,
-    live_and_due=_LIVE_AND_DUE,
-    receiver_d=RECEIVER_SQL.format(url="d.url"),
-    receiver_c=RECEIVER_SQL.format(url="c.url"),
-)
 
 
 def claim(
@@ -149,7 +77,7 @@ def claim(
     in_flight = {tenant: count for tenant, count in (in_flight or {}).items() if count > 0}
     with connection.cursor() as cursor:
         cursor.execute(
-            _CLAIM_SQL,
+            queries.claim_deliveries,
             {
                 "batch": batch,
                 "lease": lease_seconds,
@@ -159,52 +87,32 @@ def claim(
                 "flight_counts": list(in_flight.values()),
             },
         )
-        rows = cursor.fetchall()
+        claimed = rows(cursor)
     jobs = []
-    for (
-        delivery_id,
-        attempt,
-        url,
-        webhook_id,
-        event_type,
-        tenant_id,
-        run_id,
-        seq,
-        at,
-        actor_type,
-        actor_id,
-        payload,
-        kind,
-        queue,
-        slug,
-        secret,
-        previous,
-        receiver,
-    ) in rows:
-        if not secret:
-            secret = current_secret(tenant_id)
+    for row in claimed:
+        secret = row["secret"] or current_secret(row["tenant_id"])
         jobs.append(
             DeliveryJob(
-                id=delivery_id,
-                attempt=attempt,
-                url=url,
-                webhook_id=webhook_id,
-                event_type=event_type,
-                tenant_id=tenant_id,
+                id=row["id"],
+                attempt=row["attempt"],
+                url=row["url"],
+                webhook_id=row["webhook_id"],
+                event_type=row["event_type"],
+                tenant_id=row["tenant_id"],
                 body=body_for(
-                    event_type=event_type,
-                    seq=seq,
-                    at=at,
-                    actor_type=actor_type,
-                    actor_id=actor_id,
-                    payload=json.loads(payload),
-                    run_id=str(run_id),
-                    kind=kind,
-                    queue=queue,
-                    tenant=slug,
+                    event_type=row["event_type"],
+                    seq=row["seq"],
+                    at=row["at"],
+                    actor_type=row["actor_type"],
+                    actor_id=row["actor_id"],
+                    payload=json.loads(row["payload"]),
+                    run_id=str(row["run_id"]),
+                    kind=row["kind"],
+                    queue=row["queue"],
+                    tenant=row["slug"],
                 ),
-                secrets=[secret] + ([previous] if previous else []),
-                receiver=receiver or "",
+                secrets=[secret] + ([row["previous_secret"]] if row["previous_secret"] else []),
+                receiver=row["receiver"] or "",
             )
         )
     return jobs
@@ -251,24 +159,6 @@ def body_for(
     )
 
 
-_RECORD_SQL = """
-UPDATE runs_webhookdelivery SET
-    status = CASE
-        WHEN %(delivered)s THEN 'delivered'
-        WHEN %(permanent)s OR statement_timestamp() >= created_at + make_interval(secs => %(give_up)s) THEN 'dead'
-        ELSE 'pending' END,
-    next_attempt_at = LEAST(statement_timestamp() + make_interval(secs => %(gap)s),
-                            created_at + make_interval(secs => %(give_up)s)),
-    delivered_at = CASE WHEN %(delivered)s THEN statement_timestamp() END,
-    response_code = %(code)s,
-    response_body = %(body)s,
-    last_error = %(error)s,
-    failure = %(failure)s
-WHERE id = %(id)s AND status = 'sending' AND attempts = %(attempt)s
-RETURNING status, tenant_id
-"""
-
-
 def retry_gap(attempt: int) -> float:
     """Seconds before the attempt after ``attempt`` (1 = the first)."""
     schedule = settings.RUNS_WEBHOOK_RETRY_SCHEDULE or [5.0]
@@ -294,7 +184,7 @@ def record(
     error = _storable(error)[:1000]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            _RECORD_SQL,
+            queries.record_delivery,
             {
                 "id": job.id,
                 "attempt": job.attempt,
@@ -308,10 +198,10 @@ def record(
                 "give_up": settings.RUNS_WEBHOOK_GIVE_UP_SECONDS,
             },
         )
-        row = cursor.fetchone()
+        row = one(cursor)
         if row is None:
             return None
-        status, tenant_id = row
+        status, tenant_id = row["status"], row["tenant_id"]
         if job.receiver and (unanswered or code is not None):
             receivers.attempted(
                 tenant_id=tenant_id, receiver=job.receiver, answered=not unanswered, error=error
