@@ -8,6 +8,9 @@
   rescue);
 - ``reaping``: rescue of expired leases, deadlines, expiry of waiting runs,
   the tenant counters;
+- ``family``, ``timers``, ``marks``, ``saga``: parents and children, durable
+  time, what a step records before it ends, a saga's rollback;
+- ``retention``: deleting finished runs past their time;
 - ``fleet``: the Worker rows.
 
 Raw SQL on purpose: each is a single statement (data-modifying CTEs), so
@@ -17,5 +20,11 @@ atomic change, fenced on the run's lease token. Times are the database's
 ``FOR UPDATE SKIP LOCKED`` inside a LATERAL join, nor write three tables in
 one statement. Every statement runs in autocommit on the calling thread's
 Django connection, which the caller hands back to the pool
-(``runs.db.release_connection``). Events go through ``runs.events``.
+(``runs.db.release_connection``). Events go through the outbox
+(``runs.events``).
+
+Each statement has a name and its whole text, with the comments that say
+why, in ``runs/sql/<module>.sql`` (``claim.sql``, ``family.sql``...), read by
+``runs.queries``: a module executes ``queries.<name>`` and reads its rows by
+column name. (``exit`` and ``steps`` still assemble theirs in Python.)
 """
