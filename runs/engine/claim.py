@@ -55,16 +55,11 @@ class ClaimedRun:
 
 def _claimed(found: list[dict[str, Any]]) -> list[ClaimedRun]:
     """The claim's rows (by column name: the statement's columns are ClaimedRun's fields)."""
-    return [
-        ClaimedRun(
-            **row
-            | {
-                "input": loads(row["input"]),
-                "trace_context": loads(row["trace_context"]) if row["trace_context"] else None,
-            }
-        )
-        for row in found
-    ]
+    claimed = [ClaimedRun(**row) for row in found]
+    for run in claimed:
+        run.input = loads(run.input)
+        run.trace_context = loads(run.trace_context) if run.trace_context else None
+    return claimed
 
 
 def claim(
