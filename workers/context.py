@@ -472,19 +472,14 @@ class RunContext(Workflow, StepMachinery):
         return result
 
     def _checkpoint(self, record: checkpoint.StepRecord, output: Any, consumes_messages: bool):
-        """Commit the finished step: with the worker's other runs' (workers.committer), or alone."""
-        committer = self._worker.committer
-        if not consumes_messages and record.compensates is None and committer.running:
-            return committer.checkpoint(
-                checkpoint.Checkpoint(step=record, output=output, steps_total=self._steps_total)
+        """Commit the finished step (workers.committer); raises TypeError when its output is not JSON."""
+        return self._worker.committer.commit(
+            checkpoint.Checkpoint.of(
+                record,
+                output=output,
+                steps_total=self._steps_total,
+                consumed_message_ids=[m["id"] for m in output] if consumes_messages else (),
             )
-        return checkpoint.checkpoint(
-            record,
-            output=output,
-            worker_id=self._worker.id,
-            lease=self._worker.lease,
-            steps_total=self._steps_total,
-            consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
         )
 
     # Deterministic values, recorded as steps so replay sees the same ones.
