@@ -128,10 +128,7 @@ class Claimer:
         from runs.engine.exit import Exit, leave
 
         for run in claimed:
-            if (
-                leave(Exit.release(reason="bench").of_run(run.id, run.lease_token))
-                is None
-            ):
+            if leave(Exit.release(reason="bench").of_run(run.id, run.lease_token)) is None:
                 raise RuntimeError(f"could not give run {run.id} back")
 
     def time_claims(

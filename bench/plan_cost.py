@@ -64,7 +64,7 @@ def main() -> None:
         )
         item = steps.Checkpoint.of(step, output={"a": 1}, steps_total=None)
         checkpoint = {
-            "rows": recordset.rows([item], steps.COLUMNS),
+            "rows": recordset.rows([item]),
             "run": [run_id],
             "lock": [run_id],
             "running": "running",
@@ -81,16 +81,16 @@ def main() -> None:
         }
         exit = exits.Exit.done(result='{"a": 1}').of_run(run_id, 1, actor_id="w")
         leave = {
-            "rows": recordset.rows([exit], exits.COLUMNS),
+            "rows": recordset.rows([exit]),
             "run": [run_id],
             "expires": 3600,
             "running": "running",
         }
         cases = {
-            "checkpoint of a no-op step": (steps.CHECKPOINT, checkpoint),
-            "checkpoint consuming messages": (steps.CHECKPOINT_CONSUMING_MESSAGES, checkpoint),
-            "checkpoint of a compensation": (steps.CHECKPOINT_COMPENSATION, checkpoint),
-            "exit from running": (exits.LEAVE_RUNNING, leave),
+            "checkpoint of a no-op step": (queries.checkpoint, checkpoint),
+            "checkpoint consuming messages": (queries.checkpoint_consuming_messages, checkpoint),
+            "checkpoint of a compensation": (queries.checkpoint_compensation, checkpoint),
+            "exit from running": (queries.leave_running, leave),
             "step failure": (queries.record_step_failure, failure),
         }
         say(f"PostgreSQL: {db.version.split(',')[0]}; {args.plans} plans of each statement")

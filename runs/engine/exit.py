@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
@@ -47,41 +47,36 @@ _TARGETS = frozenset(RunStatus) - {RunStatus.RUNNING, RunStatus.PAUSED}
 
 
 @dataclass(frozen=True)
-class Exit:
+class Exit(recordset.Row.of(queries.leave_running)):
     """How a run leaves running: one row of the exit statement, built by a named constructor.
 
     ``Exit.done(result=...)``, ``Exit.fail(...)``, ``Exit.retry(...)``,
     ``Exit.release(...)``, ``Exit.sleep(...)``, ``Exit.await_human(...)``,
     ``Exit.await_message(...)``, ``Exit.await_children(...)``,
     ``Exit.rolled_back(...)``, ``Exit.rescue(...)``; then ``of_run()`` says
-    whose exit it is, and ``reporting()`` adds what the agent reported.
-    Its fields are the statement's columns (``runs.engine.recordset``), but
-    for the two Python keeps: the run's parent and the metrics' name of a
-    retry's error. A combination the statement cannot mean is refused
-    (ValueError) however the value is made.
+    whose exit it is, and ``reporting()`` adds what the agent reported. A
+    combination the statement cannot mean is refused (ValueError) however
+    the value is made.
+
+    Its fields are the columns of ``p`` in ``runs/sql/exit.sql``
+    (``leave_running``), declared there only: ``target`` (what the exit
+    asks for), ``reason``, ``result`` (a done run's result, JSON text
+    already storable), ``error`` (untrusted text, made storable here; None
+    keeps the run's error), ``error_kind``, ``add_failure`` (a failed
+    attempt: it counts against ``max_attempts``), ``delay`` (seconds before
+    a run back in the queue may be claimed), ``wake_at`` (when a sleep
+    ends, or a parked run's timer), ``wake_on_message`` and
+    ``wake_on_children`` (parking re-checked under the row lock),
+    ``compensation`` (the rollback state, set with the exit), ``outcome``
+    and ``summary`` (``ctx.report``), ``run``, ``token``, ``actor_type``,
+    ``actor_id``, ``give_slot`` (False: the worker's next claim gives the
+    tenant slot back) and ``only_if_expired`` (the reaper's rescue: only
+    while the lease is still expired). Two more are Python's: the run's
+    ``parent`` and the metrics' name of a retry's error.
     """
 
-    target: RunStatus
-    reason: str
-    result: str | None = None  # JSON text, storable (runs.db.dumps_storable): a done run's result
-    error: str | None = None  # untrusted text, made storable here; None keeps the run's error
-    error_kind: str | None = None
-    add_failure: bool = False  # a failed attempt: counts against max_attempts
-    delay: float = 0.0  # seconds before a run going back to the queue may be claimed
-    wake_at: datetime | None = None  # when a sleep ends, or a parked run's timer
-    wake_on_message: bool = False  # parking for a message: re-checked under the row lock
-    wake_on_children: bool = False  # parking for children: likewise
-    compensation: str | None = None  # the run's rollback state, set with the exit
-    outcome: str | None = None  # what the agent reported (ctx.report), kept if the run ends
-    summary: str | None = None
-    run: UUID | None = None
-    token: int | None = None
-    actor_type: str = "worker"
-    actor_id: str = ""
-    give_slot: bool = True  # False: the worker's next claim gives the tenant slot back
-    only_if_expired: bool = False  # the reaper's rescue: only while the lease is still expired
-    parent: UUID | None = field(default=None, metadata=recordset.NOT_A_COLUMN)
-    error_class: str | None = field(default=None, metadata=recordset.NOT_A_COLUMN)
+    parent: UUID | None = None
+    error_class: str | None = None
 
     def __post_init__(self) -> None:
         target = RunStatus(self.target)
@@ -117,7 +112,7 @@ class Exit:
     @classmethod
     def done(cls, *, result: str, reason: str = "finished") -> Exit:
         """The agent returned ``result`` (JSON text, already storable)."""
-        return cls(RunStatus.DONE, reason, result=result)
+        return cls(target=RunStatus.DONE, reason=reason, result=result)
 
     @classmethod
     def fail(cls, *, reason: str, error: str, error_kind: str) -> Exit:
@@ -127,7 +122,7 @@ class Exit:
                 f"a run fails for good on a fatal error or a bound, not {error_kind!r}: "
                 "a retryable error is Exit.retry, an ambiguous one Exit.await_human"
             )
-        return cls(RunStatus.FAILED, reason, error=error, error_kind=error_kind)
+        return cls(target=RunStatus.FAILED, reason=reason, error=error, error_kind=error_kind)
 
     @classmethod
     def retry(
@@ -140,8 +135,8 @@ class Exit:
     ) -> Exit:
         """A failed attempt: back to the queue after ``delay`` seconds, or failed once the budget is spent."""
         return cls(
-            RunStatus.QUEUED,
-            reason,
+            target=RunStatus.QUEUED,
+            reason=reason,
             error=error,
             error_kind="retryable",
             add_failure=True,
@@ -152,24 +147,26 @@ class Exit:
     @classmethod
     def release(cls, *, reason: str, delay: float = 0.0, error: str | None = None) -> Exit:
         """Back to the queue spending nothing (a shutdown, a cancel or pause to honour, a lost connection)."""
-        return cls(RunStatus.QUEUED, reason, error=error, delay=delay)
+        return cls(target=RunStatus.QUEUED, reason=reason, error=error, delay=delay)
 
     @classmethod
     def sleep(cls, *, until: datetime) -> Exit:
         """A durable sleep: queued, claimable at ``until``."""
-        return cls(RunStatus.QUEUED, "sleep", wake_at=until)
+        return cls(target=RunStatus.QUEUED, reason="sleep", wake_at=until)
 
     @classmethod
     def await_human(cls, *, reason: str, error: str = "", error_kind: str = "") -> Exit:
         """A person decides next (an approval, an ambiguous side effect, a compensation that failed)."""
-        return cls(RunStatus.WAITING_HUMAN, reason, error=error, error_kind=error_kind)
+        return cls(
+            target=RunStatus.WAITING_HUMAN, reason=reason, error=error, error_kind=error_kind
+        )
 
     @classmethod
     def await_message(cls, *, wake_at: datetime | None = None) -> Exit:
         """Parked until a message arrives (or ``wake_at``); one already there queues the run at once."""
         return cls(
-            RunStatus.WAITING,
-            "message",
+            target=RunStatus.WAITING,
+            reason="message",
             error="",
             error_kind="",
             wake_on_message=True,
@@ -180,8 +177,8 @@ class Exit:
     def await_children(cls, *, wake_at: datetime | None = None) -> Exit:
         """Parked until enough children finished (or ``wake_at``); if they have, queued at once."""
         return cls(
-            RunStatus.WAITING,
-            "children",
+            target=RunStatus.WAITING,
+            reason="children",
             error="",
             error_kind="",
             wake_on_children=True,
@@ -199,7 +196,13 @@ class Exit:
         reason: str = "compensated",
     ) -> Exit:
         """A rollback ended: the run ends ``target`` (failed or cancelled) with its rollback state."""
-        return cls(target, reason, error=error, error_kind=error_kind, compensation=compensation)
+        return cls(
+            target=target,
+            reason=reason,
+            error=error,
+            error_kind=error_kind,
+            compensation=compensation,
+        )
 
     @classmethod
     def rescue(
@@ -212,8 +215,8 @@ class Exit:
     ) -> Exit:
         """The reaper's: a run whose lease expired is a failed attempt, fenced on that lease still expired."""
         return cls(
-            RunStatus.QUEUED,
-            reason,
+            target=RunStatus.QUEUED,
+            reason=reason,
             error=error,
             add_failure=True,
             only_if_expired=True,
@@ -233,14 +236,17 @@ class Exit:
         actor_id: str | None = None,
         give_slot: bool = True,
     ) -> Exit:
-        """This exit for run ``run`` under lease ``token``; ``parent`` is the run's parent, for a child."""
+        """This exit for run ``run`` under lease ``token``, by a worker unless the exit says otherwise.
+
+        ``parent`` is the run's parent, for a child run.
+        """
         return dataclasses.replace(
             self,
             run=run,
             token=token,
             parent=parent,
-            actor_type=self.actor_type if actor_type is None else actor_type,
-            actor_id=self.actor_id if actor_id is None else actor_id,
+            actor_type=actor_type or self.actor_type or "worker",
+            actor_id=actor_id if actor_id is not None else (self.actor_id or ""),
             give_slot=give_slot,
         )
 
@@ -261,10 +267,6 @@ class Exit:
         for a message or children takes the row lock before it decides.
         """
         return self.parent is None and not (self.wake_on_message or self.wake_on_children)
-
-
-COLUMNS = tuple(name for name, _ in recordset.columns(Exit))
-LEAVE_RUNNING = recordset.fill(queries.leave_running, "exit", Exit)
 
 
 class Exited(NamedTuple):
@@ -339,13 +341,13 @@ def leave_many(exits: Sequence[Exit]) -> list[Exited | None]:
 
 def _execute(exits: Sequence[Exit], *, expires: float) -> list[Exited | None]:
     params = {
-        "rows": recordset.rows(exits, COLUMNS),
+        "rows": recordset.rows(exits),
         "run": [exit.run for exit in exits],
         "expires": float(expires),
         "running": RunStatus.RUNNING.value,
     }
     with engine_cursor() as cursor:
-        cursor.execute(LEAVE_RUNNING, params)
+        cursor.execute(queries.leave_running, params)
         found = {
             row["id"]: Exited(
                 status=RunStatus(row["status"]),

@@ -1,73 +1,80 @@
-"""A statement's table of parameters, declared once: the fields of a frozen dataclass.
+"""A statement's table of parameters, declared once: in the statement, read from there by the value it carries.
 
 A checkpoint or an exit of several runs is one statement over a table ``p``
-of one row per run, sent as one JSON parameter and read back by
-``json_to_recordset(%(rows)s::json) AS p(<columns>)`` (one parameter instead
-of an array per column: psycopg adapts arrays in Python, element by
-element, and a dozen of them cost a worker more than the rest of the
-statement's Python). The columns are the value's fields, names and types:
-its ``.sql`` statement says ``{{<name>}}`` where they go, filled in here when
-the module that executes it loads (``fill``), and its rows are its values
-(``rows``). A field that is not a column says so (``NOT_A_COLUMN``).
+of one row per run, sent as one JSON parameter and read by
+``json_to_recordset(%(rows)s::json) AS p(<name> <type>, ...)`` (one
+parameter instead of an array per column: psycopg adapts arrays in Python,
+element by element, and a dozen of them cost a worker more than the rest of
+the statement's Python). That column list, in the ``.sql`` file, is the one
+declaration: ``Row.of(statement)`` makes the frozen dataclass whose fields
+are those columns, in that order, for the value that is written by the
+statement to subclass (``runs.engine.exit.Exit``,
+``runs.engine.steps.Checkpoint``), and ``rows()`` turns such values into the
+parameter. A field the subclass adds is Python's alone, never sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
+import re
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 from enum import Enum
 from typing import Any
 from uuid import UUID
 
-# A field's metadata that keeps it out of the statement (it is for Python only).
-NOT_A_COLUMN = {"column": False}
-
-_SQL_TYPES: dict[Any, str] = {
-    UUID: "uuid",
-    bool: "bool",
-    int: "bigint",
-    float: "float8",
-    Decimal: "numeric",
-    str: "text",
-    datetime: "timestamptz",
-    tuple[int, ...]: "bigint[]",
+_TYPES: dict[str, Any] = {
+    "uuid": UUID,
+    "bool": bool,
+    "int": int,
+    "bigint": int,
+    "float8": float,
+    "numeric": Decimal,
+    "text": str,
+    "timestamptz": datetime,
 }
+# What a column is when a value does not say: a flag is off, a number of seconds zero, the rest unknown.
+_BLANK: dict[Any, Any] = {bool: False, float: 0.0}
+
+_RECORDSET = re.compile(r"json_to_recordset\(%\(rows\)s::json\)\s+AS\s+p\(([^()]*)\)", re.S)
 
 
-def _sql_type(annotation: Any) -> str:
-    if isinstance(annotation, types.UnionType):  # X | None: the column is nullable anyway
-        (annotation,) = (arg for arg in typing.get_args(annotation) if arg is not type(None))
-    if isinstance(annotation, type) and issubclass(annotation, str) and annotation is not str:
-        annotation = str  # RunStatus and the other TextChoices
-    try:
-        return _SQL_TYPES[annotation]
-    except KeyError:
-        raise TypeError(f"{annotation!r} has no column type of json_to_recordset rows") from None
+def columns(statement: str) -> tuple[tuple[str, str], ...]:
+    """(name, SQL type) of each column of the statement's ``p``, in their order."""
+    found = _RECORDSET.search(statement)
+    if found is None:
+        raise ValueError("the statement reads no json_to_recordset(%(rows)s::json) AS p(...)")
+    pairs = []
+    for column in found.group(1).split(","):
+        name, sql_type = column.split()
+        if sql_type not in _TYPES:
+            raise ValueError(f"column {name} of p has a type rows cannot carry: {sql_type}")
+        pairs.append((name, sql_type))
+    return tuple(pairs)
 
 
-def columns(cls: type) -> tuple[tuple[str, str], ...]:
-    """``cls``'s columns: (name, SQL type) of each field that is one, in the fields' order."""
-    hints = typing.get_type_hints(cls)
-    return tuple(
-        (field.name, _sql_type(hints[field.name]))
-        for field in dataclasses.fields(cls)
-        if field.metadata.get("column", True)
-    )
+class Row:
+    """The base of a value written as one row of ``p``: ``class Exit(Row.of(queries.leave_running))``."""
+
+    COLUMNS: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, statement: str) -> type[Row]:
+        """A frozen dataclass whose fields are the columns of ``statement``'s ``p`` (defaults: blank)."""
+        declared = columns(statement)
+        fields = []
+        for name, sql_type in declared:
+            python_type = _TYPES[sql_type]
+            default = _BLANK.get(python_type)
+            fields.append((name, python_type | None, dataclasses.field(default=default)))
+        base = dataclasses.make_dataclass("Columns", fields, bases=(cls,), frozen=True)
+        base.COLUMNS = tuple(name for name, _ in declared)
+        return base
 
 
-def fill(statement: str, name: str, cls: type) -> str:
-    """``statement`` with ``{name}`` replaced by ``cls``'s column list; refuses one that does not say where."""
-    placeholder = "{" + name + "}"
-    if placeholder not in statement:
-        raise ValueError(f"the statement has no {placeholder} for the columns of {cls.__name__}")
-    return statement.replace(placeholder, ", ".join(f"{n} {t}" for n, t in columns(cls)))
-
-
-def _default(value: Any) -> str:
+def _default(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, datetime):
@@ -77,10 +84,10 @@ def _default(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not a parameter type of json_to_recordset rows")
 
 
-def rows(items: typing.Iterable[Any], names: tuple[str, ...]) -> str:
-    """The items' columns (``names``, from ``columns()``) as one JSON text, one object per item."""
+def rows(items: Iterable[Row]) -> str:
+    """The parameter of the statement the items' class was made of: one JSON object of columns per item."""
     return json.dumps(
-        [{name: getattr(item, name) for name in names} for item in items],
+        [{name: getattr(item, name) for name in item.COLUMNS} for item in items],
         default=_default,
         separators=(",", ":"),
         allow_nan=False,

@@ -25,7 +25,7 @@ committed with them (``checkpoint_many(lock=...)``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -91,31 +91,20 @@ STEP_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """A finished step to record, as stored: one row of the checkpoint statement (``Checkpoint.of``).
+class Checkpoint(recordset.Row.of(queries.checkpoint)):
+    """A finished step to record, as stored: one row of the checkpoint statements (``Checkpoint.of``).
 
-    Its fields are the statement's columns (``runs.engine.recordset``), but
-    for the two a single step's statement takes apart: the messages a
+    Its fields are the columns of ``p`` in ``runs/sql/steps.sql`` (the
+    fragment ``checkpoint_step``), declared there only: the step's
+    identity, name, kind, input and ``output`` (JSON text, storable: what
+    replay will return), idempotency ``key``, tokens, ``cost``, when it
+    started, whether text was replaced, and the run's ``steps_total``. Two
+    more are Python's, for the statement of a single step: the messages a
     message step consumed, and the step a compensation undid.
     """
 
-    run: UUID
-    token: int
-    generation: int
-    seq: int
-    name: str
-    kind: str
-    input: str  # JSON, storable
-    output: str  # JSON, storable: what replay will return
-    key: str
-    tokens_in: int
-    tokens_out: int
-    cost: Decimal
-    started_at: datetime
-    text_replaced: bool
-    steps_total: int | None
-    message_ids: tuple[int, ...] = field(default=(), metadata=recordset.NOT_A_COLUMN)
-    compensates: int | None = field(default=None, metadata=recordset.NOT_A_COLUMN)
+    message_ids: tuple[int, ...] = ()
+    compensates: int | None = None
 
     @classmethod
     def of(
@@ -138,21 +127,11 @@ class Checkpoint:
         message_ids = tuple(consumed_message_ids)
         if message_ids and step.compensates is not None:
             raise ValueError("a compensation consumes no messages")
+        # The step's own columns as its statements' other parameters name them (StepRecord.params).
+        own = {name: params[name] for name in cls.COLUMNS if name in params}
         return cls(
-            run=params["run"],
-            token=params["token"],
-            generation=params["generation"],
-            seq=params["seq"],
-            name=params["name"],
-            kind=params["kind"],
-            input=params["input"],
+            **own,
             output=output_json,
-            key=params["key"],
-            tokens_in=params["tokens_in"],
-            tokens_out=params["tokens_out"],
-            cost=params["cost"],
-            started_at=params["started_at"],
-            text_replaced=params["text_replaced"],
             steps_total=steps_total,
             message_ids=message_ids,
             compensates=step.compensates,
@@ -168,18 +147,10 @@ class Checkpoint:
 
     def statement(self) -> str:
         if self.message_ids:
-            return CHECKPOINT_CONSUMING_MESSAGES
+            return queries.checkpoint_consuming_messages
         if self.compensates is not None:
-            return CHECKPOINT_COMPENSATION
-        return CHECKPOINT
-
-
-COLUMNS = tuple(name for name, _ in recordset.columns(Checkpoint))
-CHECKPOINT = recordset.fill(queries.checkpoint, "checkpoint", Checkpoint)
-CHECKPOINT_CONSUMING_MESSAGES = recordset.fill(
-    queries.checkpoint_consuming_messages, "checkpoint", Checkpoint
-)
-CHECKPOINT_COMPENSATION = recordset.fill(queries.checkpoint_compensation, "checkpoint", Checkpoint)
+            return queries.checkpoint_compensation
+        return queries.checkpoint
 
 
 class Checkpointed(NamedTuple):
@@ -203,7 +174,7 @@ def _execute(
 ) -> list[Checkpointed | None]:
     runs = [item.run for item in items]
     params = {
-        "rows": recordset.rows(items, COLUMNS),
+        "rows": recordset.rows(items),
         "run": runs,
         "lock": list({*runs, *lock}),
         "running": RunStatus.RUNNING.value,
@@ -262,7 +233,7 @@ def checkpoint_many(
         raise ValueError("checkpoint_many takes one step per run")
     if not all(item.batchable for item in items):
         raise ValueError("a checkpoint that consumes messages or undoes a step is written alone")
-    return _execute(CHECKPOINT, items, worker_id=worker_id, lease=lease, lock=lock)
+    return _execute(queries.checkpoint, items, worker_id=worker_id, lease=lease, lock=lock)
 
 
 def record_step_failure(

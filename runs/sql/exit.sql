@@ -3,13 +3,16 @@
 -- name: leave_running
 -- One exit or several (of different runs): a worker commits the exits of
 -- its runs that end at the same time in one statement. One row of p per
--- exit, a runs.engine.exit.Exit: its columns are that value's fields,
--- filled in when runs.engine.exit loads ({{exit}}), declared once there.
--- What the exit asks for is p.target; the status it reaches is decided
--- here, under the row lock, so that a cancel or pause that landed
--- meanwhile wins.
+-- exit: p's columns, declared here and only here, are the fields of
+-- runs.engine.exit.Exit (runs.engine.recordset). What the exit asks for is
+-- p.target; the status it reaches is decided here, under the row lock, so
+-- that a cancel or pause that landed meanwhile wins.
 WITH p AS (
-    SELECT * FROM json_to_recordset(%(rows)s::json) AS p({{exit}})
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS p(run uuid, token bigint, target text, reason text, result text, error text, error_kind text,
+             add_failure bool, delay float8, wake_at timestamptz, wake_on_message bool, wake_on_children bool,
+             compensation text, outcome text, summary text, actor_type text, actor_id text, give_slot bool,
+             only_if_expired bool)
 ),
 cur AS (
     SELECT runs_run.id, runs_run.tenant_id, runs_run.claimed_at, runs_run.heartbeat_at, p.*,

@@ -5,11 +5,14 @@
 -- fragment: checkpoint_step
 -- The checkpoint of one step or of many (each of another run): a worker
 -- commits the checkpoints of its runs that finished a step at the same time
--- in one statement. One row of p per step, a runs.engine.steps.Checkpoint:
--- its columns are that value's fields, filled in when runs.engine.steps
--- loads ({{checkpoint}}), declared once there.
+-- in one statement. One row of p per step: p's columns, declared here and
+-- only here, are the fields of runs.engine.steps.Checkpoint
+-- (runs.engine.recordset).
 p AS (
-    SELECT * FROM json_to_recordset(%(rows)s::json) AS p({{checkpoint}})
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS p(run uuid, token bigint, generation int, seq int, name text, kind text, input text, output text, key text,
+             tokens_in bigint, tokens_out bigint, cost numeric, started_at timestamptz, text_replaced bool,
+             steps_total int)
 ),
 -- Every statement that writes several runs locks their rows in one order,
 -- the primary key's, before it writes them: two such statements over the
