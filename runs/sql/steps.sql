@@ -8,12 +8,7 @@
 -- in one statement. One row of p per step: p's columns, declared here and
 -- only here, are the fields of runs.engine.steps.Checkpoint
 -- (runs.engine.recordset).
-p AS (
-    SELECT * FROM json_to_recordset(%(rows)s::json)
-        AS p(run uuid, token bigint, generation int, seq int, name text, kind text, input text, output text, key text,
-             tokens_in bigint, tokens_out bigint, cost numeric, started_at timestamptz, text_replaced bool,
-             steps_total int)
-),
+--
 -- Every statement that writes several runs locks their rows in one order,
 -- the primary key's, before it writes them: two such statements over the
 -- same runs (the heartbeat, the committer's checkpoints and exits, the
@@ -28,6 +23,16 @@ p AS (
 -- checkpoints' in no order. So the checkpoint locks the runs of its lock
 -- parameter: its own and those of the exits that follow it
 -- (checkpoint_many(lock=...)), found by primary key.
+--
+-- (The statement's first kilobyte, which pg_stat_activity shows, is kept
+-- free of comments: these stay here, above it.)
+p AS (
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS p(run uuid, token bigint, generation int, seq int, name text, kind text, input text, output text, key text,
+             tokens_in bigint, tokens_out bigint, cost numeric, started_at timestamptz, text_replaced bool,
+             steps_total int)
+),
+-- The lock order: see above.
 locked AS (
     SELECT runs_run.id FROM runs_run
     WHERE runs_run.id = ANY(%(lock)s::uuid[])
