@@ -236,7 +236,7 @@ def _database() -> dict:
         # are bound on the client). Planned once: a checkpoint or exit of several
         # runs takes its rows from arrays whose length a generic plan cannot know,
         # and PostgreSQL would otherwise plan it again on every execution. Their
-        # generic plans find runs by primary key (runs.engine.steps.BATCH_GUARD).
+        # generic plans find runs by primary key (batch_guard, runs/sql/fragments.sql).
         session.append("-c plan_cache_mode=force_generic_plan")
     if not pooled:
         options.setdefault("options", " ".join(session))
