@@ -456,7 +456,7 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
 def test_a_run_waiting_on_a_step_after_a_checkpoint_holds_no_connection(tenant, monkeypatch):
     # Announcing late keeps the announcement from handing the connection
     # back: only the wait for a step that is not done at once may.
-    monkeypatch.setattr("workers.recording.ANNOUNCE_AFTER_SECONDS", 5.0)
+    monkeypatch.setattr("workers.step_thread.ANNOUNCE_AFTER_SECONDS", 5.0)
     run = submit_run(tenant=tenant, kind="fast_then_slow", input={"within": 1.0})
     burst_worker()
     run = fresh(run)

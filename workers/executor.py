@@ -22,7 +22,7 @@ from runs.metrics import process as metrics
 from runs.registry import get_kind
 from runs.states import TERMINAL_STATUSES
 from workers.classify import classify, interruption
-from workers.context import RunContext, RunControl
+from workers.context import RunContext
 from workers.errors import (
     AwaitApproval,
     AwaitChildren,
@@ -30,13 +30,13 @@ from workers.errors import (
     LeaseLost,
     ParkForHuman,
     ReleaseRun,
+    RunSignal,
     Sleep,
     StopRun,
-    Suspend,
 )
-from workers.recording import BETWEEN_STEPS
+from workers.host import Host, RunControl
 from workers.saga import Rollback, recorded_plan
-from workers.step_support import Host
+from workers.step_thread import BETWEEN_STEPS
 from workers.tracing import observed_run
 
 if TYPE_CHECKING:
@@ -139,9 +139,9 @@ class RunExecutor:
             logger.warning("abandoning run: %s", exc, extra=self.log_extra)
             return None
         except ReleaseRun as exc:
-            # Shutdown, cancel or pause: back to queued; the exit turns a
-            # requested cancel or pause into cancelled or paused.
-            return self._leave("queued", reason=str(exc) or "released")
+            # Shutdown, cancel or pause (exc.reason): back to queued; the exit
+            # turns a requested cancel or pause into cancelled or paused.
+            return self._leave("queued", reason=exc.reason.value)
         except StopRun as exc:
             logger.info("run stopped (%s): %s", exc.error_kind, exc, extra=self.log_extra)
             if self._rolls_back(ctx, kind, exc.error_kind):
@@ -177,7 +177,7 @@ class RunExecutor:
             )
         except Sleep as exc:
             return self._leave("queued", reason="sleep", wake_at=exc.until)
-        except Suspend:
+        except RunSignal:
             raise
         except DatabaseError as exc:
             if ctx.last_failure is not None and ctx.last_failure.exc is exc:
@@ -340,15 +340,13 @@ class RunExecutor:
             done = rollback.run(plan)
         except LeaseLost:
             return None
-        except ReleaseRun:
-            return self._leave(
-                "queued", reason="released"
-            )  # the next claim carries the rollback on
+        except ReleaseRun as exc:  # a shutdown: the next claim carries the rollback on
+            return self._leave("queued", reason=exc.reason.value)
         except (ParkForHuman, StopRun) as exc:
             return self._leave(
                 "waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous"
             )
-        except Suspend:
+        except RunSignal:
             raise
         except BaseException as exc:  # noqa: BLE001 - a compensation's SystemExit too (workers.classify)
             failure = (
