@@ -149,6 +149,7 @@ INSTALLED_APPS = [
     "ninja",
     "runs",
     "workers",
+    "config.serving",  # manage.py serve
     "axes",
 ]
 # Demo and example content (the examples package): the research kinds, the demo CRM and deploys apps
