@@ -11,7 +11,7 @@ works in a database ``bench_<pid>`` of its own, dropped at the end.
 
 Every timed claim is ``runs.engine.claim.claim(...)`` exactly as a worker calls
 it (one statement, autocommit, so the commit is included); the claimed runs
-are given back with ``runs.engine.exit.leave_running(target="queued")``,
+are given back with ``runs.engine.exit.leave(Exit.release(...))``,
 untimed, so that each claim meets the same queue. Scenarios:
 
 1. A at its limit with 0 queued: B's claim (the baseline).
@@ -125,13 +125,10 @@ class Claimer:
 
     @staticmethod
     def give_back(claimed) -> None:
-        from runs.engine.exit import leave_running
+        from runs.engine.exit import Exit, leave
 
         for run in claimed:
-            if (
-                leave_running(run_id=run.id, token=run.lease_token, target="queued", reason="bench")
-                is None
-            ):
+            if leave(Exit.release(reason="bench").of_run(run.id, run.lease_token)) is None:
                 raise RuntimeError(f"could not give run {run.id} back")
 
     def time_claims(

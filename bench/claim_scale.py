@@ -19,7 +19,7 @@ asserted; the machine's CPUs and load average are printed with them.
      (default 100,000); ``--quick``: 100,000 + 10,000 and 50 iterations.
 
    The goal is large <= 2x small (p50 and p95). After each timed claim the
-   runs are given back, untimed, with ``leave_running(target="queued")``,
+   runs are given back, untimed, with ``leave(Exit.release(...))``,
    so that each claim meets the same queue. Each state is one
    ``INSERT INTO runs_run ... SELECT ... FROM generate_series`` (every NOT
    NULL column filled as bench/retention.py's and bench/admin_million.py's
@@ -227,12 +227,10 @@ def mb(n: int) -> str:
 
 
 def give_back(claimed) -> None:
-    from runs.engine.exit import leave_running
+    from runs.engine.exit import Exit, leave
 
     for run in claimed:
-        exited = leave_running(
-            run_id=run.id, token=run.lease_token, target="queued", reason="bench", delay_seconds=0
-        )
+        exited = leave(Exit.release(reason="bench").of_run(run.id, run.lease_token))
         if exited is None or exited.status != "queued":
             raise RuntimeError(f"could not give run {run.id} back ({exited})")
 

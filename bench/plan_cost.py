@@ -6,8 +6,8 @@
 Django sends every statement as text, so PostgreSQL plans each execution
 anew: a CTE or a subquery that touches no row still costs its planning.
 This prints the median ``Planning Time`` of ``EXPLAIN (SUMMARY ON)`` for the
-checkpoint (a no-op step, and a step that consumes messages, undoes a step
-and costs money), the exit from running and the step failure, on a fresh
+checkpoint (a no-op step, a step that consumes messages, a compensation),
+the exit from running and the step failure, on a fresh
 database of its own, which it drops.
 """
 
@@ -48,7 +48,8 @@ def main() -> None:
     try:
         db.setup()
         from runs.engine import exit as exits
-        from runs.engine import steps
+        from runs.engine import recordset, steps
+        from runs.queries import queries
 
         run_id = uuid.uuid4()
         step = steps.StepRecord(
@@ -61,12 +62,16 @@ def main() -> None:
             input=None,
             started_at=datetime.now(UTC),
         )
-        checkpoint = step.params() | {
-            "output": '{"a": 1}',
+        item = steps.Checkpoint.of(step, output={"a": 1}, steps_total=None)
+        checkpoint = {
+            "rows": recordset.rows([item]),
+            "run": [run_id],
+            "lock": [run_id],
+            "running": "running",
             "lease": 300,
             "worker": run_id,
-            "steps_total": None,
-            "message_ids": [],
+            "message_ids": [1],
+            "compensates": 1,
         }
         failure = step.params() | {
             "error": "boom",
@@ -74,33 +79,19 @@ def main() -> None:
             "worker": run_id,
             "status": "failed",
         }
+        exit = exits.Exit.done(result='{"a": 1}').of_run(run_id, 1, actor_id="w")
         leave = {
-            "run": run_id,
-            "token": 1,
-            "target": "done",
-            "add_failure": 0,
-            "delay": 0.0,
-            "wake_at": None,
-            "result": '{"a": 1}',
-            "error": None,
-            "error_kind": None,
-            "actor_type": "worker",
-            "actor_id": "w",
-            "reason": "finished",
+            "rows": recordset.rows([exit]),
+            "run": [run_id],
             "expires": 3600,
-            "wake_on_message": False,
-            "wake_on_children": False,
-            "compensation": None,
-            "give_slot": True,
+            "running": "running",
         }
         cases = {
-            "checkpoint of a no-op step": (steps._CHECKPOINT_SQL[False, False, False], checkpoint),
-            "checkpoint with messages, an undo and money": (
-                steps._CHECKPOINT_SQL[True, True, True],
-                checkpoint | {"compensates": 1},
-            ),
-            "exit from running": (exits._STATEMENTS[False], leave),
-            "step failure": (steps._STEP_FAILED_SQL, failure),
+            "checkpoint of a no-op step": (queries.checkpoint, checkpoint),
+            "checkpoint consuming messages": (queries.checkpoint_consuming_messages, checkpoint),
+            "checkpoint of a compensation": (queries.checkpoint_compensation, checkpoint),
+            "exit from running": (queries.leave_running, leave),
+            "step failure": (queries.record_step_failure, failure),
         }
         say(f"PostgreSQL: {db.version.split(',')[0]}; {args.plans} plans of each statement")
         for name, (statement, params) in cases.items():

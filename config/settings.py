@@ -149,6 +149,7 @@ INSTALLED_APPS = [
     "ninja",
     "runs",
     "workers",
+    "config.serving",  # manage.py serve
     "axes",
 ]
 # Demo and example content (the examples package): the research kinds, the demo CRM and deploys apps
@@ -236,7 +237,7 @@ def _database() -> dict:
         # are bound on the client). Planned once: a checkpoint or exit of several
         # runs takes its rows from arrays whose length a generic plan cannot know,
         # and PostgreSQL would otherwise plan it again on every execution. Their
-        # generic plans find runs by primary key (runs.engine.steps.BATCH_GUARD).
+        # generic plans find runs by primary key (batch_guard, runs/sql/fragments.sql).
         session.append("-c plan_cache_mode=force_generic_plan")
     if not pooled:
         options.setdefault("options", " ".join(session))

@@ -30,7 +30,7 @@ from runs.registry import agent
 from runs.states import RunOutcome
 from workers.context import RunContext
 from workers.errors import Fatal
-from workers.step_support import StepResult
+from workers.values import StepResult
 
 SOURCES = ["company site", "press releases", "industry news", "job postings", "public filings"]
 

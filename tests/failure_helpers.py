@@ -14,8 +14,8 @@ from runs.engine.claim import ClaimedRun
 from runs.models import Event, Run
 from tests.agents import LEDGER_TABLE
 from tests.conftest import fresh
-from workers.context import RunControl
 from workers.executor import RunExecutor
+from workers.host import RunControl
 from workers.reaper import Reaper
 from workers.worker import Worker, WorkerOptions
 

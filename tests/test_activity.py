@@ -209,7 +209,7 @@ def test_rejected_then_cancelled_through_the_api_then_retried_from_a_step(tenant
 
 @flow
 def test_a_message_then_a_cancel_honoured_by_the_worker_names_who_asked(tenant):
-    from runs.engine.exit import leave_running
+    from runs.engine.exit import Exit, leave
 
     ana, as_ana = person(first_name="Ana", last_name="Lopez")
     run = chat_run(tenant)
@@ -218,9 +218,7 @@ def test_a_message_then_a_cancel_honoured_by_the_worker_names_who_asked(tenant):
     outcome = control.cancel_run(run=run, actor=as_ana)
     assert outcome.later
     # The worker honours the request at its step boundary: the engine's own exit statement.
-    leave_running(
-        run_id=run.pk, token=1, target="queued", reason="released", actor_id=str(uuid.uuid4())
-    )
+    leave(Exit.release(reason="released").of_run(run.pk, 1, actor_id=str(uuid.uuid4())))
     assert fresh(run).status == "cancelled"
 
     log = activity(fresh(run))

@@ -95,7 +95,9 @@ class TestDeadline:
         )
         assert (
             checkpoint.checkpoint(
-                record, output=None, worker_id=stepper.worker.id, lease=60, steps_total=None
+                checkpoint.Checkpoint.of(record, output=None, steps_total=None),
+                worker_id=stepper.worker.id,
+                lease=60,
             )
             is None
         )

@@ -336,7 +336,7 @@ def test_a_claim_does_not_read_the_queued_runs_of_a_paused_or_unregistered_kind(
 def test_a_slot_the_reaper_already_counted_is_not_given_back_again_by_the_next_claim():
     """Item 1, step by step: exit keeping the slot, reconcile, then the claim that would give it back."""
     from runs.engine import claim as claims
-    from runs.engine.exit import leave_running
+    from runs.engine.exit import Exit, leave
     from runs.engine.reaping import reconcile_tenants
 
     tenant = TenantFactory(max_running=1)
@@ -357,18 +357,14 @@ def test_a_slot_the_reaper_already_counted_is_not_given_back_again_by_the_next_c
         return Tenant.objects.get(pk=tenant.pk).running
 
     [a] = claim()
-    gone = leave_running(
-        run_id=a.id, token=a.lease_token, target="done", reason="t", give_slot=False
-    )
+    gone = leave(Exit.done(result="{}").of_run(a.id, a.lease_token, give_slot=False))
     assert gone.status == "done" and running() == 1  # the slot is still counted, for the next claim
     assert reconcile_tenants(queued=False) == 1 and running() == 0  # the reaper counted the truth
 
     [b] = claim(returned=[(tenant.pk, gone.at)])  # the slot a's exit kept: already given back
     assert running() == 1
     assert claim() == []  # at its limit: the third run waits
-    later = leave_running(
-        run_id=b.id, token=b.lease_token, target="done", reason="t", give_slot=False
-    )
+    later = leave(Exit.done(result="{}").of_run(b.id, b.lease_token, give_slot=False))
     [c] = claim(returned=[(tenant.pk, later.at)])  # left after the reconciliation: this one counts
     assert running() == 1
     assert {a.id, b.id, c.id} == {first.pk, second.pk, third.pk}

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from runs.engine import claim as claims
 from runs.engine import steps as checkpoint
-from runs.engine.exit import leave_running
+from runs.engine.exit import Exit, leave
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
 from tests.agents import executions
@@ -79,7 +79,7 @@ class TestClaim:
     def test_every_claim_gets_a_new_token(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [first] = claim()
-        assert leave_running(run_id=run.id, token=first.lease_token, target="queued", reason="test")
+        assert leave(Exit.release(reason="test").of_run(run.id, first.lease_token))
         [second] = claim()
         assert second.lease_token > first.lease_token
         assert second.attempt == 2
@@ -130,11 +130,9 @@ class TestFencing:
         [claimed] = claim()
         with django_assert_num_queries(1):
             answer = checkpoint.checkpoint(
-                step_record(claimed, 1),
-                output={"a": 1},
+                checkpoint.Checkpoint.of(step_record(claimed, 1), output={"a": 1}, steps_total=3),
                 worker_id=WORKER_ID,
                 lease=60,
-                steps_total=3,
             )
         assert answer is not None
         run = Run.objects.get(pk=claimed.id)
@@ -152,7 +150,9 @@ class TestFencing:
         assert new.lease_token != old.lease_token
 
         answer = checkpoint.checkpoint(
-            step_record(old, 1), output="stale", worker_id=WORKER_ID, lease=60, steps_total=None
+            checkpoint.Checkpoint.of(step_record(old, 1), output="stale", steps_total=None),
+            worker_id=WORKER_ID,
+            lease=60,
         )
         assert answer is None
         assert not Step.objects.filter(run=run).exists()
@@ -162,17 +162,14 @@ class TestFencing:
             )
             is None
         )
-        assert (
-            leave_running(
-                run_id=run.id, token=old.lease_token, target="done", reason="stale", result_json="1"
-            )
-            is None
-        )
+        assert leave(Exit.done(result="1", reason="stale").of_run(run.id, old.lease_token)) is None
         run = fresh(run)
         assert (run.status, run.lease_token, run.steps_done) == ("running", new.lease_token, 0)
         # The new owner writes normally.
         assert checkpoint.checkpoint(
-            step_record(new, 1), output="fresh", worker_id=WORKER_ID, lease=60, steps_total=None
+            checkpoint.Checkpoint.of(step_record(new, 1), output="fresh", steps_total=None),
+            worker_id=WORKER_ID,
+            lease=60,
         )
         assert Step.objects.get(run=run).output == "fresh"
 
@@ -180,14 +177,14 @@ class TestFencing:
         submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         assert checkpoint.checkpoint(
-            step_record(claimed, 1), output="first", worker_id=WORKER_ID, lease=60, steps_total=None
-        )
-        checkpoint.checkpoint(
-            step_record(claimed, 1),
-            output="second",
+            checkpoint.Checkpoint.of(step_record(claimed, 1), output="first", steps_total=None),
             worker_id=WORKER_ID,
             lease=60,
-            steps_total=None,
+        )
+        checkpoint.checkpoint(
+            checkpoint.Checkpoint.of(step_record(claimed, 1), output="second", steps_total=None),
+            worker_id=WORKER_ID,
+            lease=60,
         )
         assert Step.objects.get(run_id=claimed.id).output == "first"
 
@@ -198,13 +195,10 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(claimed_at=timezone.now() - timedelta(seconds=5))
-        assert leave_running(
-            run_id=run.id,
-            token=claimed.lease_token,
-            target="done",
-            reason="t",
-            result_json='{"ok": 1}',
-        )[:2] == ("done", "default")
+        assert leave(Exit.done(result='{"ok": 1}').of_run(run.id, claimed.lease_token))[:2] == (
+            "done",
+            "default",
+        )
         run = fresh(run)
         assert (run.status, run.result, run.lease_token, run.locked_by, run.locked_until) == (
             "done",
@@ -226,23 +220,17 @@ class TestExit:
         run = submit_run(tenant=tenant, kind="noop3", input={})
         [claimed] = claim()
         Run.objects.filter(pk=run.pk).update(**{flag: timezone.now()})
-        status, *_ = leave_running(
-            run_id=run.id, token=claimed.lease_token, target="queued", reason="release"
-        )
+        status, *_ = leave(Exit.release(reason="release").of_run(run.id, claimed.lease_token))
         assert status == expected
         assert fresh(run).status == expected
 
     def test_retry_that_spends_the_last_attempt_fails_the_run(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, *_ = leave_running(
-            run_id=run.id,
-            token=claimed.lease_token,
-            target="queued",
-            reason="retry",
-            error="503",
-            error_kind="retryable",
-            add_failure=True,
+        status, *_ = leave(
+            Exit.retry(error="503", delay=0, error_class="HTTPError").of_run(
+                run.id, claimed.lease_token
+            )
         )
         assert status == "failed"
         run = fresh(run)
@@ -251,9 +239,7 @@ class TestExit:
     def test_graceful_release_spends_no_attempt(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, max_attempts=1)
         [claimed] = claim()
-        status, *_ = leave_running(
-            run_id=run.id, token=claimed.lease_token, target="queued", reason="shutdown"
-        )
+        status, *_ = leave(Exit.release(reason="shutdown").of_run(run.id, claimed.lease_token))
         assert status == "queued"
         assert fresh(run).failures == 0
 
@@ -292,9 +278,7 @@ class TestReaper:
         reaper = Reaper()
         [stale] = reaper.find_expired()
         # The slow worker finishes between the reaper's read and its write.
-        assert leave_running(
-            run_id=run.id, token=claimed.lease_token, target="done", reason="t", result_json='"r"'
-        )
+        assert leave(Exit.done(result='"r"').of_run(run.id, claimed.lease_token))
         assert reaper.rescue(stale) is None
         run = fresh(run)
         assert (run.status, run.result, run.failures) == ("done", "r", 0)
@@ -353,13 +337,15 @@ class TestExecution:
         [claimed] = claim()
         for seq in (1, 2, 3):
             checkpoint.checkpoint(
-                step_record(claimed, seq, f"step{seq}"),
-                output={"seq": seq, "name": f"step{seq}"},
+                checkpoint.Checkpoint.of(
+                    step_record(claimed, seq, f"step{seq}"),
+                    output={"seq": seq, "name": f"step{seq}"},
+                    steps_total=5,
+                ),
                 worker_id=WORKER_ID,
                 lease=60,
-                steps_total=5,
             )
-        leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
+        leave(Exit.release(reason="test").of_run(run.id, claimed.lease_token))
         burst_worker()
         run = fresh(run)
         assert run.status == "done"
@@ -370,13 +356,13 @@ class TestExecution:
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 3})
         [claimed] = claim()
         checkpoint.checkpoint(
-            step_record(claimed, 1, "old_name"),
-            output=1,
+            checkpoint.Checkpoint.of(
+                step_record(claimed, 1, "old_name"), output=1, steps_total=None
+            ),
             worker_id=WORKER_ID,
             lease=60,
-            steps_total=None,
         )
-        leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
+        leave(Exit.release(reason="test").of_run(run.id, claimed.lease_token))
         burst_worker()
         run = fresh(run)
         assert (run.status, run.error_kind) == ("failed", "nondeterministic")
@@ -431,11 +417,11 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
             worker_id=WORKER_ID, held={claimed.lease_token: claimed.id}, lease=60
         )
         assert checkpoint.checkpoint(
-            step_record(claimed, seq, f"s{seq}"),
-            output=None,
+            checkpoint.Checkpoint.of(
+                step_record(claimed, seq, f"s{seq}"), output=None, steps_total=20
+            ),
             worker_id=WORKER_ID,
             lease=60,
-            steps_total=20,
         )
     # Statistics reach the shared counters asynchronously: read until all 40 arrived.
     after = wait_for(
@@ -456,7 +442,7 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
 def test_a_run_waiting_on_a_step_after_a_checkpoint_holds_no_connection(tenant, monkeypatch):
     # Announcing late keeps the announcement from handing the connection
     # back: only the wait for a step that is not done at once may.
-    monkeypatch.setattr("workers.recording.ANNOUNCE_AFTER_SECONDS", 5.0)
+    monkeypatch.setattr("workers.step_thread.ANNOUNCE_AFTER_SECONDS", 5.0)
     run = submit_run(tenant=tenant, kind="fast_then_slow", input={"within": 1.0})
     burst_worker()
     run = fresh(run)

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from runs.engine import claim as claims
 from runs.engine import steps as checkpoint
-from runs.engine.exit import exit_row, leave_many
+from runs.engine.exit import Exit, leave_many
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
 from tests.conftest import fresh, wait_for
@@ -44,8 +44,8 @@ def finished_step(claimed, *, seq=1, output=None, cost=Decimal(0), token=None):
         started_at=datetime.now(UTC),
         cost_cents=cost,
     )
-    return checkpoint.Checkpoint(
-        step=record, output={"seq": seq} if output is None else output, steps_total=3
+    return checkpoint.Checkpoint.of(
+        record, output={"seq": seq} if output is None else output, steps_total=3
     )
 
 
@@ -89,34 +89,13 @@ def test_leave_many_ends_each_run_as_its_own_exit_says(tenant):
     before = timezone.now()
     answers = leave_many(
         [
-            exit_row(
-                run_id=a.id,
-                token=a.lease_token,
-                target="done",
-                reason="finished",
-                result_json='{"ok":1}',
-                give_slot=False,
-                outcome="succeeded",
-                summary="did\nit",
+            Exit.done(result='{"ok":1}')
+            .of_run(a.id, a.lease_token, give_slot=False)
+            .reporting(outcome="succeeded", summary="did\nit"),
+            Exit.retry(error="boom", delay=30, error_class="RuntimeError").of_run(
+                b.id, b.lease_token, give_slot=False
             ),
-            exit_row(
-                run_id=b.id,
-                token=b.lease_token,
-                target="queued",
-                reason="retry",
-                error="boom",
-                error_kind="retryable",
-                add_failure=True,
-                delay_seconds=30,
-                give_slot=False,
-            ),
-            exit_row(
-                run_id=c.id,
-                token=c.lease_token + 1000,
-                target="done",
-                reason="finished",
-                result_json="{}",
-            ),
+            Exit.done(result="{}").of_run(c.id, c.lease_token + 1000),
         ]
     )
     assert [x.status if x else None for x in answers] == ["done", "queued", None]
@@ -159,7 +138,7 @@ def test_the_committer_raises_a_failing_write_to_its_run_only(tenant):
         item = finished_step(claimed, cost=Decimal("10") ** 13 if index == 3 else Decimal(0))
         start.wait()
         try:
-            answers[index] = committer.checkpoint(item)
+            answers[index] = committer.commit(item)
         except DatabaseError as exc:
             answers[index] = exc
 

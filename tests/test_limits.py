@@ -18,7 +18,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from runs.engine import claim as claims
-from runs.engine.exit import leave_running
+from runs.engine.exit import Exit, leave
 from runs.exceptions import InvalidRunInput, QueueFull
 from runs.models import Event, Queue, Run, Tenant, Worker
 from runs.registry import all_kinds, get_kind
@@ -168,9 +168,7 @@ def test_a_tenant_at_its_limit_with_1000_queued_does_not_delay_another_tenants_r
 
     # A slot frees up: the very next claim takes exactly one of A's runs, its best.
     finished = held_claims[0]
-    assert leave_running(
-        run_id=finished.id, token=finished.lease_token, target="done", reason="test"
-    )
+    assert leave(Exit.done(result="{}").of_run(finished.id, finished.lease_token))
     refill = claim(10)
     assert len(refill) == 1
     assert (refill[0].tenant_id, Run.objects.get(pk=refill[0].id).priority) == (a.pk, 0)
@@ -356,7 +354,7 @@ def test_runs_claimed_before_their_count_lands_do_not_fill_the_queue(tenant):
             submit_run(tenant=tenant, kind="echo", input={"text": text})
     assert len(claimed) == 3
     for run in claimed:
-        leave_running(run_id=run.id, token=run.lease_token, target="done", reason="test")
+        leave(Exit.done(result="{}").of_run(run.id, run.lease_token))
     assert not Run.objects.filter(status="queued").exists()
 
     # Nothing is queued, so the tenant has room for three more.

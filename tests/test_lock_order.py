@@ -20,7 +20,7 @@ from django.db import connection, connections, transaction
 
 from runs.engine import claim as claims
 from runs.engine import steps as checkpoint
-from runs.engine.exit import exit_row, leave_many
+from runs.engine.exit import Exit, leave_many
 from runs.models import Run
 from runs.services import submit_run
 from tests.conftest import wait_for
@@ -138,12 +138,8 @@ def test_heartbeat_and_batched_exits_in_opposite_orders_never_deadlock():
     for _ in range(12):
         claimed = claim(tenants, 5)
         exits = [
-            exit_row(
-                run_id=c.id,
-                token=c.lease_token,
-                target="queued" if i % 3 else "done",
-                reason="finished",
-                result_json="{}",
+            (Exit.release(reason="released") if i % 3 else Exit.done(result="{}")).of_run(
+                c.id, c.lease_token
             )
             for i, c in enumerate(reversed(claimed))
         ]
@@ -171,19 +167,9 @@ def test_heartbeat_and_the_committer_s_checkpoints_and_exits_in_one_transaction_
         # The exits' runs come first in id order, the checkpoints' after: locked statement by
         # statement, the transaction would take the later ones first.
         leaving, stepping = claimed[:8], claimed[8:]
-        batch = [_Request(finished_step(c), is_exit=False) for c in reversed(stepping)]
+        batch = [_Request(finished_step(c)) for c in reversed(stepping)]
         batch += [
-            _Request(
-                exit_row(
-                    run_id=c.id,
-                    token=c.lease_token,
-                    target="done",
-                    reason="finished",
-                    result_json="{}",
-                ),
-                is_exit=True,
-            )
-            for c in reversed(leaving)
+            _Request(Exit.done(result="{}").of_run(c.id, c.lease_token)) for c in reversed(leaving)
         ]
         # What the committer's thread does with a batch (Committer._write): one transaction.
         errors += concurrently(

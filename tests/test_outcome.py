@@ -14,7 +14,7 @@ import tests.agents_outcome  # noqa: F401  (registers the kinds in this process)
 from examples.crm.models import LeadUpdate
 from runs.control import approve_run, reject_run
 from runs.engine import claim as claims
-from runs.engine.exit import leave_running
+from runs.engine.exit import Exit, leave
 from runs.models import Event, Run
 from runs.services import Actor, submit_run
 from runs.states import RunOutcome
@@ -74,14 +74,10 @@ def test_the_summary_is_made_one_bounded_line(tenant):
     [claimed] = claims.claim(
         worker_id=uuid4(), queues=["default"], kinds={"reporter": 1}, n=1, lease=60
     )
-    assert leave_running(
-        run_id=run.id,
-        token=claimed.lease_token,
-        target="done",
-        reason="finished",
-        result_json="{}",
-        outcome="partial",
-        summary=hostile,
+    assert leave(
+        Exit.done(result="{}")
+        .of_run(run.id, claimed.lease_token)
+        .reporting(outcome="partial", summary=hostile)
     )
     run = fresh(run)
     assert run.summary.startswith("Moved the lead to won evil x")
@@ -120,14 +116,10 @@ def test_the_report_costs_no_statement_of_its_own(tenant, django_assert_num_quer
         worker_id=uuid4(), queues=["default"], kinds={"silent": 1}, n=1, lease=60
     )
     with django_assert_num_queries(1):
-        leave_running(
-            run_id=run.id,
-            token=claimed.lease_token,
-            target="done",
-            reason="finished",
-            result_json="{}",
-            outcome="succeeded",
-            summary="All good",
+        leave(
+            Exit.done(result="{}")
+            .of_run(run.id, claimed.lease_token)
+            .reporting(outcome="succeeded", summary="All good")
         )
     assert fresh(run).summary == "All good"
 
@@ -137,13 +129,10 @@ def test_a_parked_run_stores_no_report_until_it_ends(tenant):
     [claimed] = claims.claim(
         worker_id=uuid4(), queues=["default"], kinds={"silent": 1}, n=1, lease=60
     )
-    leave_running(
-        run_id=run.id,
-        token=claimed.lease_token,
-        target="queued",
-        reason="retry",
-        outcome="succeeded",
-        summary="too early",
+    leave(
+        Exit.release(reason="retry")
+        .of_run(run.id, claimed.lease_token)
+        .reporting(outcome="succeeded", summary="too early")
     )
     assert (fresh(run).status, fresh(run).outcome, fresh(run).summary) == ("queued", "", "")
 

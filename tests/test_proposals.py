@@ -112,6 +112,23 @@ def test_a_proposal_without_a_summary_or_with_clashing_details_is_refused(make):
         make()
 
 
+@pytest.mark.parametrize(
+    "stored",
+    [
+        [],
+        "Ship it",
+        {"tool": "send_email", "arguments": {"to": "ana@example.com"}},  # an older tool-call shape
+        {"summary": "Ship it", "changes": "all of them"},
+        {"summary": "Ship it", "changes": [{"after": 1}]},  # a change names its field
+        {"summary": "Ship it", "target": 7},
+    ],
+)
+def test_json_of_another_shape_is_not_read_back_as_a_proposal(stored):
+    """The dashboard reads a stored proposal with the type that wrote it (else it shows the JSON as data)."""
+    with pytest.raises(ValueError):
+        Proposal.from_json(stored)
+
+
 def test_propose_needs_an_approval_to_describe():
     with pytest.raises(TypeError, match="needs_approval"):
         tool(lambda lead_id: {}, name="write", propose=lambda lead_id: Proposal("Write"))

@@ -138,7 +138,7 @@ def _recorded_then_resumed(tenant, kind, input, names):
 
     from runs.engine import claim as claims
     from runs.engine import steps as checkpoint
-    from runs.engine.exit import leave_running
+    from runs.engine.exit import Exit, leave
     from runs.services import submit_run
     from tests.conftest import fresh
     from workers.worker import Worker, WorkerOptions
@@ -157,9 +157,11 @@ def _recorded_then_resumed(tenant, kind, input, names):
             started_at=datetime.now(UTC),
         )
         checkpoint.checkpoint(
-            record, output={"n": seq}, worker_id=uuid4(), lease=60, steps_total=None
+            checkpoint.Checkpoint.of(record, output={"n": seq}, steps_total=None),
+            worker_id=uuid4(),
+            lease=60,
         )
-    leave_running(run_id=run.id, token=claimed.lease_token, target="queued", reason="test")
+    leave(Exit.release(reason="test").of_run(run.id, claimed.lease_token))
     Worker(WorkerOptions(burst=True, heartbeat=1, lease=10, listen=False, concurrency=1)).run()
     return fresh(run)
 

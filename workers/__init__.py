@@ -8,7 +8,7 @@ from runs.states import RunOutcome
 from workers.context import RunContext
 from workers.errors import Ambiguous, Fatal, InvalidStepOption, Retryable
 from workers.proposals import Change, Proposal
-from workers.step_support import Decision, StepResult
+from workers.values import Decision, StepResult
 
 __all__ = [
     "agent",

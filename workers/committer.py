@@ -1,13 +1,21 @@
-"""Group commit: one thread of the worker writes its runs' checkpoints and exits, many per transaction.
+"""Group commit: every engine write of a worker's runs (checkpoints and exits) goes through here.
 
-A run's thread hands its finished step (or its exit) to the committer and
-waits until it is committed: the rule does not change, a step's checkpoint
-is durable before the next step starts. What changes is that the runs of a
-worker that finish a step while a commit is under way are written together,
-in one statement of each kind and one commit, instead of one statement and
-one WAL flush each (``runs.engine.steps.checkpoint_many``,
-``runs.engine.exit.leave_many``). Nothing waits to fill a batch: a lone
-checkpoint is written at once, and batches grow only under load.
+A run's thread hands its finished step (a ``Checkpoint``) or its exit (an
+``Exit``) to ``Committer.commit`` and waits until it is committed: the rule
+does not change, a step's checkpoint is durable before the next step
+starts. What changes is that the runs of a worker that finish a step while a
+commit is under way are written together, in one statement of each kind and
+one commit, instead of one statement and one WAL flush each
+(``runs.engine.steps.checkpoint_many``, ``runs.engine.exit.leave_many``).
+Nothing waits to fill a batch: a lone checkpoint is written at once, and
+batches grow only under load.
+
+Which writes are batched is decided here, in ``commit``, and nowhere else:
+those the batched statements can say (``Checkpoint.batchable``,
+``Exit.batchable``), while the committer's thread runs. The others (a
+message step, a compensation, a child's exit, parking that re-checks its
+wake-up), and every write of a worker whose loop is not running, are
+written at once on the caller's thread, each in its own statement.
 
 A batch that fails is rolled back and its requests are written one by one,
 so that an error is raised to the run that caused it and no other (a
@@ -22,14 +30,14 @@ import logging
 import queue
 import threading
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 from django.db import transaction
 
 from runs.db import release_connection
-from runs.engine.exit import Exited, leave_many
-from runs.engine.steps import Checkpoint, Checkpointed, checkpoint_many
+from runs.engine.exit import Exit, Exited, leave, leave_many
+from runs.engine.steps import Checkpoint, Checkpointed, checkpoint, checkpoint_many
 from workers.handoff import Signal
 
 logger = logging.getLogger(__name__)
@@ -40,11 +48,10 @@ MAX_BATCH = 100
 
 
 class _Request:
-    __slots__ = ("item", "is_exit", "done", "value", "error")
+    __slots__ = ("item", "done", "value", "error")
 
-    def __init__(self, item: Any, is_exit: bool) -> None:
+    def __init__(self, item: Checkpoint | Exit) -> None:
         self.item = item
-        self.is_exit = is_exit
         self.done = Signal()
         self.value: Any = None
         self.error: BaseException | None = None
@@ -93,18 +100,24 @@ class Committer:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # What a run's thread calls: each returns once the write is committed (or raises its error).
-    def checkpoint(self, item: Checkpoint) -> Checkpointed | None:
-        """``checkpoint_many`` of one step, committed with those of the worker's other runs."""
-        return self._submit(_Request(item.prepare(), is_exit=False))
+    # What a run's thread calls: it returns once the write is committed (or raises its error).
+    @overload
+    def commit(self, write: Checkpoint) -> Checkpointed | None: ...
+    @overload
+    def commit(self, write: Exit) -> Exited | None: ...
+    def commit(self, write: Checkpoint | Exit) -> Checkpointed | Exited | None:
+        """Write a step's checkpoint or a run's exit; None when the run's lease is lost (nothing written).
 
-    def leave(self, row: dict[str, Any]) -> Exited | None:
-        """``leave_many`` of one exit (an ``exit_row``), committed with the worker's other writes."""
-        return self._submit(_Request(row, is_exit=True))
+        With the worker's other runs' writes when the batched statements can
+        say it and the committer runs; otherwise at once, on this thread.
+        """
+        if write.batchable and self.running:
+            return self._submit(_Request(write))
+        if isinstance(write, Exit):
+            return leave(write)
+        return checkpoint(write, worker_id=self.worker_id, lease=self.lease)
 
     def _submit(self, request: _Request):
-        if not self.running:
-            raise RuntimeError("the committer is not running")
         self._queue.put(request)
         request.done.wait()
         if request.error is not None:
@@ -167,17 +180,17 @@ class Committer:
                 request.done.set()
 
     def _write(self, batch: list[_Request]) -> list[Any]:
-        checkpoints = [r for r in batch if not r.is_exit]
-        exits = [r for r in batch if r.is_exit]
+        checkpoints = [r for r in batch if isinstance(r.item, Checkpoint)]
+        exits = [r for r in batch if isinstance(r.item, Exit)]
         with transaction.atomic() if len(batch) > 1 else nullcontext():
             # The checkpoints lock the exits' runs too, all in one order
-            # (runs.engine.steps.LOCK_IN_ORDER): a heartbeat could deadlock with this transaction otherwise.
+            # (runs.engine.steps: the lock order): a heartbeat could deadlock with this transaction otherwise.
             done = (
                 checkpoint_many(
                     [r.item for r in checkpoints],
                     worker_id=self.worker_id,
                     lease=self.lease,
-                    lock=[r.item["run"] for r in exits],
+                    lock=[r.item.run for r in exits],
                 )
                 if checkpoints
                 else []

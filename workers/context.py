@@ -1,4 +1,4 @@
-"""RunContext: what an agent function receives, and how a step is checkpointed.
+"""RunContext: what an agent function receives, the authoring API over the parts of one execution.
 
 ``ctx.step(name, fn, ...)`` gives each call the next sequence number. When
 the run's step log (loaded once per claim) holds a ``done`` step at that
@@ -7,57 +7,54 @@ free. Otherwise ``fn`` runs on a thread of its own under the step's timeout,
 and its outcome is written in one fenced statement
 (``runs.engine.steps``); a worker that lost its lease writes nothing and
 abandons the run.
+
+``RunContext`` is a facade: each part owns its state and the others use
+its public methods only.
+
+- ``workers.steplog.StepLog``: the positions, the replay lookup and the
+  nondeterminism check;
+- ``workers.bounds.RunBounds``: the lease, people's requests and the bounds
+  a new step is checked against (limits, deadline, money);
+- ``workers.recording.StepRecorder``: executes a step and records its
+  checkpoint or its failure;
+- ``workers.workflow.Workflow``: sleep, waits, child runs, approvals and
+  messages, each a recorded step.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 import uuid as uuid_module
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from runs.db import dumps, release_connection
+from runs.db import release_connection
 from runs.engine import marks
-from runs.engine import steps as checkpoint
-from runs.engine.steplog import RecordedStep, unconsumed_messages
-from runs.metrics import process as metrics
 from runs.states import RunOutcome
 from runs.streams import ephemeral
 from runs.titles import SUMMARY_MAX, one_line
-from workers.errors import (
-    AwaitApproval,
-    Fatal,
-    LeaseLost,
-    StopRun,
-    Suspend,
-)
-from workers.proposals import Proposal
-from workers.recording import BETWEEN_STEPS, REFUSED, Compensator, StepMachinery, describe_args
+from workers.bounds import RunBounds
+from workers.recording import StepRecorder
 from workers.step_options import check_step_options, check_timeout
-from workers.step_support import (
-    Decision,
-    Host,
-    RunControl,
-    StepFailure,
-    StepResult,
-)
-from workers.steplog import Position, StepLog
-from workers.tracing import observed_step
+from workers.step_thread import BETWEEN_STEPS
+from workers.steplog import StepLog
 from workers.workflow import Workflow
 
 if TYPE_CHECKING:
     from runs.engine.claim import ClaimedRun
+    from runs.engine.steplog import RecordedStep
     from runs.registry import AgentKind
+    from workers.bounds import Rollback
+    from workers.errors import LeaseLost
+    from workers.host import Host, RunControl
+    from workers.recording import Compensator, StepFailure
+    from workers.steplog import Position
+    from workers.values import ChildOutcome, ChildRun, Decision
 
 logger = logging.getLogger(__name__)
-
-# Steps written as `waiting` while the run sleeps or waits (not ahead of a side effect).
-WAITING_KINDS = frozenset({"sleep", "message", "child"})
 
 
 def current_run() -> RunContext | None:
@@ -69,7 +66,7 @@ def current_run() -> RunContext | None:
     return BETWEEN_STEPS.get()
 
 
-class RunContext(Workflow, StepMachinery):
+class RunContext:
     """The API an agent function uses: steps, progress, and what it may know of its run."""
 
     def __init__(
@@ -81,54 +78,39 @@ class RunContext(Workflow, StepMachinery):
         control: RunControl,
         kind: AgentKind,
     ):
-        self._claimed = claimed
+        self._bounds = RunBounds(claimed=claimed, worker=worker, control=control, kind=kind)
         self._log = StepLog(recorded)
-        self._worker = worker
-        self._control = control
-        self._kind = kind
-        self._model_steps = 0
-        self._steps_total: int | None = None
-        self._idempotency_key: str | None = None
-        # What the run spent, with what its finished children spent: its ceiling bounds both.
-        self._cost = Decimal(claimed.cost_cents) + Decimal(claimed.children_cost_cents)
-        self._claimed_clock = time.monotonic()
-        self.last_failure: StepFailure | None = None
-        self._rollback = None
-        self._compensations = {}
-        self.progressed = False  # a step completed during this attempt
+        self._recorder = StepRecorder(bounds=self._bounds, log=self._log)
+        self._workflow = Workflow(bounds=self._bounds, log=self._log, recorder=self._recorder)
         # (outcome, summary) of ctx.report(): kept here, written by the exit that ends the run.
-        self.reported: tuple[str, str] | None = None
-        if claimed.cancel_requested:
-            control.cancel_requested.set()
-        if claimed.pause_requested:
-            control.pause_requested.set()
+        self._reported: tuple[str, str] | None = None
 
     # What the agent may know about its run.
     @property
     def run_id(self) -> UUID:
-        return self._claimed.id
+        return self._bounds.claim.id
 
     @property
     def tenant_id(self) -> UUID:
-        return self._claimed.tenant_id
+        return self._bounds.claim.tenant_id
 
     @property
     def claim(self) -> ClaimedRun:
         """The run as this attempt's claim returned it (kind, queue, attempt, timestamps, input)."""
-        return self._claimed
+        return self._bounds.claim
 
     @property
     def worker_id(self) -> UUID:
         """The id of the worker process executing this attempt (its ``Worker`` row)."""
-        return self._worker.id
+        return self._bounds.worker.id
 
     @property
     def attempt(self) -> int:
-        return self._claimed.attempt
+        return self._bounds.claim.attempt
 
     @property
     def generation(self) -> int:
-        return self._claimed.generation
+        return self._bounds.claim.generation
 
     @property
     def cancelled(self) -> bool:
@@ -136,20 +118,17 @@ class RunContext(Workflow, StepMachinery):
 
         A compensation is not stopped by the cancel that started its rollback: only a lost lease counts then.
         """
-        if self._rollback == "compensate":
-            return self._control.lease_lost.is_set()
-        return self._control.cancel_requested.is_set() or self._control.lease_lost.is_set()
+        return self._bounds.cancelled
 
     @property
     def budget_left_cents(self) -> Decimal | None:
         """What the run may still spend under its cost ceiling (None without a ceiling)."""
-        ceiling = self._claimed.cost_ceiling_cents
-        return None if ceiling is None else max(Decimal(0), Decimal(ceiling) - self._cost)
+        return self._bounds.budget_left_cents
 
     @property
     def idempotency_key(self) -> str | None:
         """The idempotency key of the step being executed, for passing to the callee."""
-        return self._idempotency_key
+        return self._recorder.idempotency_key
 
     def step_timeout(self, requested: float | None = None) -> float:
         """The timeout (seconds) a step would get now: ``requested``, else the kind's, cut to the deadline left.
@@ -159,7 +138,7 @@ class RunContext(Workflow, StepMachinery):
         positive, finite number (else ``StepOptionTypeError``/``StepOptionValueError``).
         """
         check_timeout(requested, "ctx.step_timeout()")
-        return self._timeout(requested)
+        return self._bounds.timeout(requested)
 
     def progress(self, *, total: int | None = None, message: str | None = None) -> None:
         """Report progress: ``total`` steps expected, and/or a ``message`` for people watching.
@@ -171,15 +150,15 @@ class RunContext(Workflow, StepMachinery):
         if total is not None:
             if total < 0:
                 raise ValueError("total must be >= 0")
-            self._steps_total = total
+            self._recorder.expect_steps(total)
         if message:
             try:
                 held = marks.record_progress(
                     run_id=self.run_id,
-                    token=self._claimed.lease_token,
+                    token=self._bounds.claim.lease_token,
                     message=str(message),
-                    steps_total=self._steps_total,
-                    worker_id=self._worker.id,
+                    steps_total=self._recorder.steps_total,
+                    worker_id=self.worker_id,
                 )
             finally:
                 release_connection()
@@ -214,7 +193,7 @@ class RunContext(Workflow, StepMachinery):
             raise ValueError(
                 f"unknown outcome {outcome!r} for ctx.report(); use RunOutcome or one of {choices}"
             )
-        self.reported = (value, one_line(summary, limit=SUMMARY_MAX))
+        self._reported = (value, one_line(summary, limit=SUMMARY_MAX))
 
     def emit(self, type: str, data: Any = None) -> None:
         """Push an ephemeral update (partial model text, a percentage) to the run's live event streams.
@@ -289,7 +268,7 @@ class RunContext(Workflow, StepMachinery):
             timeout=timeout,
             compensate=compensate,
         )
-        return self.execute_step(
+        return self._recorder.execute(
             name,
             fn,
             args,
@@ -299,192 +278,6 @@ class RunContext(Workflow, StepMachinery):
             timeout=timeout,
             kind=kind,
             compensate=compensate,
-        )
-
-    # The engine's side of the facade (workers.executor, workers.saga, workers.workflow): not for agent code.
-    @property
-    def step_log(self) -> StepLog:
-        """The positions this execution took and what the run's log holds at each (``workers.steplog``)."""
-        return self._log
-
-    @property
-    def compensations(self) -> list[Compensator]:
-        """The compensations of the steps this execution ran or replayed, newest first."""
-        return sorted(self._compensations.values(), key=lambda c: -c.seq)
-
-    def compensation_of(self, seq: int) -> Compensator | None:
-        return self._compensations.get(seq)
-
-    def set_rollback(self, mode: str | None) -> None:
-        """Enter a saga's rollback: ``"replay"`` (no step may run), ``"compensate"``, or None (leave it)."""
-        self._rollback = mode
-
-    def lose_lease(self, message: str) -> LeaseLost:
-        """Note that the lease is lost (the run is someone else's now) and return the error to raise."""
-        self._control.lease_lost.set()
-        return LeaseLost(message)
-
-    def execute_step(
-        self,
-        name,
-        fn,
-        args,
-        kwargs,
-        *,
-        at: Position | None = None,
-        side_effect=False,
-        idempotency_key=None,
-        timeout=None,
-        kind="custom",
-        consumes_messages=False,
-        started_at=None,
-        compensate=None,
-        input=None,
-        compensates=None,
-    ) -> Any:
-        """Run ``fn`` as step ``name`` at the next position, or at ``at`` (a position already taken)."""
-        position = at or self._log.take(name)
-        if (
-            position.name != name
-        ):  # the engine's mistake, not the agent's: the position was checked for another
-            raise RuntimeError(f"step {position.seq} was taken for {position.name!r}, not {name!r}")
-        seq, recorded = position.seq, position.recorded
-        if kind == "llm":
-            self._model_steps += 1
-        key = self._step_idempotency_key(seq, idempotency_key)
-        if recorded is not None:
-            if recorded.status in ("done", "compensated"):
-                self._remember_compensation(
-                    seq, name, compensate, recorded.output, recorded.idempotency_key
-                )
-                return recorded.output
-        self._replay_ends_here()
-        if (
-            recorded is not None
-            and recorded.status in ("running", "waiting")
-            and recorded.kind not in WAITING_KINDS
-        ):
-            # Written ahead of a side effect whose outcome nobody recorded.
-            if not recorded.idempotency_key:
-                self._park_unknown_outcome(seq, name, kind, args, kwargs)
-            key = recorded.idempotency_key
-        self._before_step(seq, kind)
-
-        record = checkpoint.StepRecord(
-            run_id=self.run_id,
-            token=self._claimed.lease_token,
-            generation=self._claimed.generation,
-            seq=seq,
-            name=name,
-            kind=kind,
-            input=describe_args(args, kwargs) if input is None else input,
-            started_at=started_at or datetime.now(UTC),
-            idempotency_key=key or "",
-            compensates=compensates,
-        )
-        with observed_step(self, record):
-            return self._execute_step(
-                record,
-                fn,
-                args,
-                kwargs,
-                side_effect=side_effect,
-                key=key,
-                timeout=timeout,
-                consumes_messages=consumes_messages,
-                compensate=compensate,
-            )
-
-    def _execute_step(
-        self, record, fn, args, kwargs, *, side_effect, key, timeout, consumes_messages, compensate
-    ) -> Any:
-        """Execute step ``record``: write it ahead if it has a side effect, call ``fn``, checkpoint its output."""
-        seq, name, kind = record.seq, record.name, record.kind
-        if side_effect:
-            self._write_ahead(record)
-        self._idempotency_key = key
-        started = time.monotonic()
-        try:
-            value = self._call(fn, args, kwargs, record, self._timeout(timeout))
-        except Suspend:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - a step's SystemExit is its failure too (workers.classify)
-            metrics.step_finished(
-                kind=self._claimed.kind,
-                step_kind=kind,
-                status="failed",
-                seconds=time.monotonic() - started,
-            )
-            self._step_failed(record, exc, uncertain_means_ambiguous=side_effect and not key)
-            if self._deadline_left() <= 0:
-                raise StopRun("deadline", self._deadline_message()) from exc
-            raise
-        finally:
-            self._idempotency_key = None
-
-        output = value.output if isinstance(value, StepResult) else value
-        if isinstance(value, StepResult):
-            record.tokens_in = value.tokens_in
-            record.tokens_out = value.tokens_out
-            record.cost_cents = Decimal(str(value.cost_cents))
-        try:
-            answer = self._checkpoint(record, output, consumes_messages)
-        except TypeError as exc:  # the output is not JSON: nothing was written
-            release_connection()
-            error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
-            self._step_failed(record, error, uncertain_means_ambiguous=False)
-            raise error from None
-        except (
-            REFUSED
-        ) as exc:  # the database refused the record: writing it again would be refused again
-            release_connection()
-            self._checkpoint_refused(record, exc, side_effect=side_effect, key=key)
-        except BaseException:
-            release_connection()
-            raise
-        # A checkpoint written here (not by the committer) keeps the run's
-        # connection while it is busy with fast steps; a step not done within
-        # KEEP_CONNECTION_SECONDS hands it back (see _call), and so does leaving running.
-        if answer is None:
-            raise self.lose_lease(f"lease lost while checkpointing step {seq} ({name})")
-        cancel, pause, self._cost, output_json = answer
-        metrics.step_finished(
-            kind=self._claimed.kind,
-            step_kind=kind,
-            status="done",
-            seconds=time.monotonic() - started,
-        )
-        self.progressed = True  # the checkpoint reset the run's failures to 0
-        self._note_flags(cancel, pause)
-        result = json.loads(output_json)
-        self._log.note(
-            RecordedStep(
-                seq=seq,
-                name=name,
-                status="done",
-                output=result,
-                kind=kind,
-                idempotency_key=key or "",
-            )
-        )
-        self._remember_compensation(seq, name, compensate, result, key or "")
-        self._check_budget()
-        return result
-
-    def _checkpoint(self, record: checkpoint.StepRecord, output: Any, consumes_messages: bool):
-        """Commit the finished step: with the worker's other runs' (workers.committer), or alone."""
-        committer = self._worker.committer
-        if not consumes_messages and record.compensates is None and committer.running:
-            return committer.checkpoint(
-                checkpoint.Checkpoint(step=record, output=output, steps_total=self._steps_total)
-            )
-        return checkpoint.checkpoint(
-            record,
-            output=output,
-            worker_id=self._worker.id,
-            lease=self._worker.lease,
-            steps_total=self._steps_total,
-            consumed_message_ids=[m["id"] for m in output] if consumes_messages else None,
         )
 
     # Deterministic values, recorded as steps so replay sees the same ones.
@@ -508,36 +301,7 @@ class RunContext(Workflow, StepMachinery):
         recorded in the step as JSON; replays return the same decision and
         never ask again.
         """
-        if isinstance(proposal, Proposal):
-            proposal = proposal.to_json()
-        position = self._log.take(name, what="approval")
-        seq = position.seq
-        if position.done:
-            return Decision.from_output(position.recorded.output)
-        self._before_step(seq, "approval")
-        try:
-            dumps(proposal)
-        except (TypeError, ValueError) as exc:
-            raise Fatal(
-                f"the proposal of approval {name!r} is not JSON-serialisable: {exc}"
-            ) from None
-        record = checkpoint.StepRecord(
-            run_id=self.run_id,
-            token=self._claimed.lease_token,
-            generation=self._claimed.generation,
-            seq=seq,
-            name=name,
-            kind="approval",
-            input={"proposal": proposal},
-            started_at=datetime.now(UTC),
-        )
-        try:
-            written = marks.record_pending(record)
-        finally:
-            release_connection()
-        if not written:
-            raise self.lose_lease(f"lease lost while asking for approval {name!r}")
-        raise AwaitApproval(f"waiting for approval of {name!r} (step {seq})")
+        return self._workflow.approval(name, proposal=proposal)
 
     def messages(self) -> list[dict]:
         """Messages people sent to this run since the last call, oldest first, at most 100 (a recorded step).
@@ -546,11 +310,127 @@ class RunContext(Workflow, StepMachinery):
         with this step's checkpoint, so a crash delivers them again and a
         replay sees the same ones.
         """
-        return self.execute_step(
-            "messages",
-            unconsumed_messages,
-            (self.run_id,),
-            {},
-            kind="message",
-            consumes_messages=True,
+        return self._workflow.messages()
+
+    def wait_for_message(self, *, timeout: float | None = None) -> list[dict]:
+        """Return new messages; with none, park the run in ``waiting`` (no worker held) until one arrives.
+
+        With ``timeout`` (seconds), the run wakes after that long without a
+        message and this returns ``[]``; the deadline is fixed the first time,
+        so a replay returns the same.
+        """
+        return self._workflow.wait_for_message(timeout=timeout)
+
+    # Time and child runs.
+    def sleep(self, seconds: float, *, name: str = "sleep") -> None:
+        """Sleep durably for ``seconds``: the run goes back to the queue until then, holding no worker or slot.
+
+        The end is fixed (on the database's clock) the first time; a replay
+        skips a finished sleep, and a run woken early sleeps the rest.
+        """
+        self._workflow.sleep(seconds, name=name)
+
+    def sleep_until(self, when: datetime, *, name: str = "sleep") -> None:
+        """Sleep durably until ``when`` (an aware datetime, e.g. from ``ctx.now()`` or the input)."""
+        self._workflow.sleep_until(when, name=name)
+
+    def spawn(
+        self,
+        kind: str,
+        input: dict,
+        *,
+        key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> ChildRun:
+        """Start a child run of ``kind`` (same tenant, inside this run's budget) in a recorded step.
+
+        Returns a handle for ``gather``. A replayed run never spawns twice:
+        the step returns the child it made, and a step executed again after
+        a crash finds that child by its key (``key``, unique within this
+        run; by default the step's position; a retry from an earlier step
+        spawns anew).
+        """
+        return self._workflow.spawn(kind, input, key=key, queue=queue, priority=priority)
+
+    def gather(
+        self,
+        children: Iterable[ChildRun | UUID | str],
+        *,
+        min_success: int | None = None,
+        timeout: float | None = None,
+        name: str = "gather",
+    ) -> list[ChildOutcome]:
+        """Wait (in ``waiting``, holding no worker) until the children finished; return their outcomes.
+
+        With ``min_success=N`` it returns as soon as N succeeded, or as soon
+        as N can no longer succeed; the children still running are then
+        cancelled. With ``timeout`` (seconds) it returns when the time is up,
+        cancelling the stragglers. Outcomes come in the order given.
+        """
+        return self._workflow.gather(children, min_success=min_success, timeout=timeout, name=name)
+
+    # The engine's side of the facade (workers.executor, workers.saga, workers.tracing): not for agent code.
+    @property
+    def step_log(self) -> StepLog:
+        """The positions this execution took and what the run's log holds at each (``workers.steplog``)."""
+        return self._log
+
+    @property
+    def reported(self) -> tuple[str, str] | None:
+        """``(outcome, summary)`` of the last ``ctx.report()``, for the exit that ends the run."""
+        return self._reported
+
+    @property
+    def last_failure(self) -> StepFailure | None:
+        """The last failure a step of this execution raised, as it was recorded."""
+        return self._recorder.last_failure
+
+    @property
+    def progressed(self) -> bool:
+        """A step completed during this execution (the run's consecutive failures start again from 0)."""
+        return self._recorder.progressed
+
+    @property
+    def compensations(self) -> list[Compensator]:
+        """The compensations of the steps this execution ran or replayed, newest first."""
+        return self._recorder.compensations
+
+    def compensation_of(self, seq: int) -> Compensator | None:
+        return self._recorder.compensation_of(seq)
+
+    def set_rollback(self, mode: Rollback) -> None:
+        """Enter a saga's rollback: ``"replay"`` (no step may run), ``"compensate"``, or None (leave it)."""
+        self._bounds.set_rollback(mode)
+
+    def lose_lease(self, message: str) -> LeaseLost:
+        """Note that the lease is lost (the run is someone else's now) and return the error to raise."""
+        return self._bounds.lose_lease(message)
+
+    def execute_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        *,
+        at: Position | None = None,
+        side_effect: bool = False,
+        idempotency_key: str | bool | None = None,
+        kind: str = "custom",
+        input: Any = None,
+        compensates: int | None = None,
+    ) -> Any:
+        """Run ``fn`` as step ``name`` at the next position, or at ``at`` (a position already taken)."""
+        return self._recorder.execute(
+            name,
+            fn,
+            args,
+            kwargs,
+            at=at,
+            side_effect=side_effect,
+            idempotency_key=idempotency_key,
+            kind=kind,
+            input=input,
+            compensates=compensates,
         )

@@ -1,14 +1,16 @@
 """Error classes of the authoring API, and the control-flow signals of the engine.
 
 Step code raises ``Retryable``, ``Fatal`` or ``Ambiguous`` to say how a
-failure is to be handled. The engine's own signals (``Suspend`` and its
-subclasses) derive from ``BaseException`` so that ``except Exception`` in
+failure is to be handled. The engine's own signals (``RunSignal``: a
+``Suspend``, which leaves running without failing, or a ``StopRun``, which
+fails the run) derive from ``BaseException`` so that ``except Exception`` in
 agent code cannot swallow them.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
+from enum import StrEnum
 
 
 class StepError(Exception):
@@ -65,19 +67,44 @@ class StepOptionValueError(InvalidStepOption, ValueError):
     """An option of the right type but an unusable value (an unknown ``kind``, a ``timeout`` of 0)."""
 
 
-class Suspend(BaseException):  # noqa: N818 - a signal, not an error
+class RunSignal(BaseException):  # noqa: N818 - a signal, not an error
+    """The engine's control flow: this execution of the run ends here, and the executor says how it leaves running.
+
+    Either a ``Suspend`` (the run leaves without failing) or a ``StopRun``
+    (it fails now). Agent code does not raise or catch these.
+    """
+
+
+class Suspend(RunSignal):
     """The run leaves the worker without failing (parked, released or abandoned)."""
 
 
+class ReleaseReason(StrEnum):
+    """Why a run is given back (``ReleaseRun.reason``); the exit's ``reason``, in its Event's payload."""
+
+    SHUTDOWN = "shutdown"  # the worker is stopping (SIGTERM): the run is queued for another worker
+    CANCEL_REQUESTED = "cancel_requested"  # a person cancelled it: the exit makes it cancelled
+    PAUSE_REQUESTED = "pause_requested"  # a person paused it: the exit makes it paused
+
+
 class ReleaseRun(Suspend):
-    """The worker is shutting down: give the run back to the queue, spending nothing."""
+    """Give the run back before its next step, spending nothing, for ``reason`` (a ``ReleaseReason``).
+
+    The worker hands it to the exit as if to the queue; the exit honours a
+    requested cancel or pause (``runs.engine.exit``), so a run released for
+    one ends cancelled or paused, and one released by a shutdown is queued.
+    """
+
+    def __init__(self, reason: ReleaseReason, message: str = ""):
+        super().__init__(message or f"released: {reason.value}")
+        self.reason = reason
 
 
 class LeaseLost(Suspend):
     """Another worker (or the reaper) owns this run now: stop touching it."""
 
 
-class StopRun(Suspend):
+class StopRun(RunSignal):
     """The run fails now with ``error_kind`` (a bound was reached); never retried by itself."""
 
     def __init__(self, error_kind: str, message: str):

@@ -16,13 +16,13 @@ from django.db import DatabaseError
 
 from runs.control import cancel_children
 from runs.db import dumps_storable, is_transient, loads, release_connection, with_retries
-from runs.engine.exit import exit_row, leave_running
+from runs.engine.exit import Exit, Exited
 from runs.engine.steplog import load_step_log
 from runs.metrics import process as metrics
 from runs.registry import get_kind
-from runs.states import TERMINAL_STATUSES
+from runs.states import TERMINAL_STATUSES, RunStatus
 from workers.classify import classify, interruption
-from workers.context import RunContext, RunControl
+from workers.context import RunContext
 from workers.errors import (
     AwaitApproval,
     AwaitChildren,
@@ -30,13 +30,13 @@ from workers.errors import (
     LeaseLost,
     ParkForHuman,
     ReleaseRun,
+    RunSignal,
     Sleep,
     StopRun,
-    Suspend,
 )
-from workers.recording import BETWEEN_STEPS
+from workers.host import Host, RunControl
 from workers.saga import Rollback, recorded_plan
-from workers.step_support import Host
+from workers.step_thread import BETWEEN_STEPS
 from workers.tracing import observed_run
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class RunExecutor:
         )
         self.kind: AgentKind | None = None
 
-    def execute(self) -> str | None:
+    def execute(self) -> RunStatus | None:
         """Run to the next exit from running; returns the status reached (None when the lease was lost).
 
         In a context of its own, gone when it returns (this pool thread runs another run next): every
@@ -86,7 +86,7 @@ class RunExecutor:
         finally:
             release_connection()
 
-    def _execute(self) -> str | None:
+    def _execute(self) -> RunStatus | None:
         claimed = self.claimed
         if claimed.run_after is not None:
             metrics.claimed(
@@ -110,7 +110,7 @@ class RunExecutor:
                 claimed.kind_version,
                 extra=self.log_extra,
             )
-            return self._leave("queued", reason="version", delay=self.worker.poll)
+            return self._leave(Exit.release(reason="version", delay=self.worker.poll))
         # A first claim has no step log yet (unless it is a fork: its copied steps count as
         # done, or a rollback requested before it ever ran): skip the read.
         recorded = (
@@ -125,10 +125,11 @@ class RunExecutor:
             agent_input = kind.agent_input(claimed.input)
         except Exception as exc:  # the stored input no longer validates
             return self._leave(
-                "failed",
-                reason="invalid_input",
-                error=f"input does not validate: {exc}",
-                error_kind="fatal",
+                Exit.fail(
+                    reason="invalid_input",
+                    error=f"input does not validate: {exc}",
+                    error_kind="fatal",
+                )
             )
         if claimed.compensation in ("requested", "running"):
             return self._resume_rollback(ctx, kind, agent_input)
@@ -139,9 +140,9 @@ class RunExecutor:
             logger.warning("abandoning run: %s", exc, extra=self.log_extra)
             return None
         except ReleaseRun as exc:
-            # Shutdown, cancel or pause: back to queued; the exit turns a
-            # requested cancel or pause into cancelled or paused.
-            return self._leave("queued", reason=str(exc) or "released")
+            # Shutdown, cancel or pause (exc.reason): back to queued; the exit
+            # turns a requested cancel or pause into cancelled or paused.
+            return self._leave(Exit.release(reason=exc.reason.value))
         except StopRun as exc:
             logger.info("run stopped (%s): %s", exc.error_kind, exc, extra=self.log_extra)
             if self._rolls_back(ctx, kind, exc.error_kind):
@@ -149,35 +150,21 @@ class RunExecutor:
                     ctx, kind, reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind
                 )
             return self._leave(
-                "failed", reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind
+                Exit.fail(reason=exc.error_kind, error=str(exc), error_kind=exc.error_kind)
             )
         except ParkForHuman as exc:
             return self._leave(
-                "waiting_human", reason="ambiguous", error=str(exc), error_kind="ambiguous"
+                Exit.await_human(reason="ambiguous", error=str(exc), error_kind="ambiguous")
             )
         except AwaitApproval:
-            return self._leave("waiting_human", reason="approval", error="", error_kind="")
+            return self._leave(Exit.await_human(reason="approval"))
         except AwaitMessage as exc:
-            return self._leave(
-                "waiting",
-                reason="message",
-                error="",
-                error_kind="",
-                wake_on_message=True,
-                wake_at=exc.wake_at,
-            )
+            return self._leave(Exit.await_message(wake_at=exc.wake_at))
         except AwaitChildren as exc:
-            return self._leave(
-                "waiting",
-                reason="children",
-                error="",
-                error_kind="",
-                wake_on_children=True,
-                wake_at=exc.wake_at,
-            )
+            return self._leave(Exit.await_children(wake_at=exc.wake_at))
         except Sleep as exc:
-            return self._leave("queued", reason="sleep", wake_at=exc.until)
-        except Suspend:
+            return self._leave(Exit.sleep(until=exc.until))
+        except RunSignal:
             raise
         except DatabaseError as exc:
             if ctx.last_failure is not None and ctx.last_failure.exc is exc:
@@ -191,10 +178,11 @@ class RunExecutor:
                     "database connection lost (%s); releasing the run", exc, extra=self.log_extra
                 )
                 return self._leave(
-                    "queued",
-                    reason="database_error",
-                    error=f"{type(exc).__name__}: {exc}",
-                    delay=self.worker.poll,
+                    Exit.release(
+                        reason="database_error",
+                        error=f"{type(exc).__name__}: {exc}",
+                        delay=self.worker.poll,
+                    )
                 )
             # Any other database error of an engine statement (a timeout, a
             # value it refused) would repeat itself: count it, so that the
@@ -203,13 +191,12 @@ class RunExecutor:
                 "engine statement failed (%s); releasing the run", exc, extra=self.log_extra
             )
             return self._leave(
-                "queued",
-                reason="database_error",
-                error=f"{type(exc).__name__}: {exc}",
-                error_kind="retryable",
-                add_failure=True,
-                delay=self.worker.poll,
-                error_class=type(exc).__name__,
+                Exit.retry(
+                    reason="database_error",
+                    error=f"{type(exc).__name__}: {exc}",
+                    delay=self.worker.poll,
+                    error_class=type(exc).__name__,
+                )
             )
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt... of the run's code end the run only
             return self._fail(exc, ctx, kind)
@@ -218,12 +205,13 @@ class RunExecutor:
             result_json, _ = dumps_storable(result)
         except TypeError as exc:
             return self._leave(
-                "failed",
-                reason="result",
-                error=f"the agent returned a result that is not JSON-serialisable: {exc}",
-                error_kind="fatal",
+                Exit.fail(
+                    reason="result",
+                    error=f"the agent returned a result that is not JSON-serialisable: {exc}",
+                    error_kind="fatal",
+                )
             )
-        return self._leave("done", reason="finished", result_json=result_json)
+        return self._leave(Exit.done(result=result_json))
 
     @staticmethod
     def _call_agent(kind: AgentKind, ctx: RunContext, agent_input):
@@ -233,7 +221,7 @@ class RunExecutor:
         finally:
             BETWEEN_STEPS.reset(marked)
 
-    def _fail(self, exc: BaseException, ctx: RunContext, kind: AgentKind) -> str | None:
+    def _fail(self, exc: BaseException, ctx: RunContext, kind: AgentKind) -> RunStatus | None:
         failure = ctx.last_failure
         if failure is not None and failure.exc is exc:
             error_kind, retry_after = failure.error_kind, failure.retry_after
@@ -250,7 +238,7 @@ class RunExecutor:
                 extra=self.log_extra,
             )
             return self._leave(
-                "waiting_human", reason="ambiguous", error=message, error_kind="ambiguous"
+                Exit.await_human(reason="ambiguous", error=message, error_kind="ambiguous")
             )
         if error_kind == "retryable":
             # Consecutive failures as the database now counts them: a step
@@ -267,18 +255,12 @@ class RunExecutor:
                 "retryable error, retrying in %.1fs: %s", delay, message, extra=self.log_extra
             )
             return self._leave(
-                "queued",
-                reason="retry",
-                error=message,
-                error_kind="retryable",
-                add_failure=True,
-                delay=delay,
-                error_class=type(exc).__name__,
+                Exit.retry(error=message, delay=delay, error_class=type(exc).__name__)
             )
         logger.info("run failed (%s): %s", error_kind, message, extra=self.log_extra)
         if self._rolls_back(ctx, kind, error_kind):
             return self._roll_back(ctx, kind, reason="error", error=message, error_kind=error_kind)
-        return self._leave("failed", reason="error", error=message, error_kind=error_kind)
+        return self._leave(Exit.fail(reason="error", error=message, error_kind=error_kind))
 
     def _backoff(self, kind: AgentKind, failures: int, retry_after: float | None) -> float:
         return backoff_seconds(
@@ -305,8 +287,8 @@ class RunExecutor:
         reason: str,
         error: str,
         error_kind: str,
-        target: str = "failed",
-    ) -> str | None:
+        target: RunStatus = RunStatus.FAILED,
+    ) -> RunStatus | None:
         logger.info("rolling back (%s): %s", reason, error, extra=self.log_extra)
         rollback = Rollback(ctx)
         try:
@@ -315,7 +297,7 @@ class RunExecutor:
             return None
         return self._compensate(rollback, plan, kind)
 
-    def _resume_rollback(self, ctx: RunContext, kind: AgentKind, agent_input) -> str | None:
+    def _resume_rollback(self, ctx: RunContext, kind: AgentKind, agent_input) -> RunStatus | None:
         """Replay the run, no step allowed to run, to learn its compensations; then carry the rollback on."""
         ctx.set_rollback("replay")
         try:
@@ -328,27 +310,27 @@ class RunExecutor:
         plan = recorded_plan(ctx.step_log)
         if plan is None:  # a person cancelled the run with compensate: nothing recorded yet
             if not ctx.compensations:
-                return self._leave("cancelled", reason="cancelled", compensation="done")
+                return self._leave(
+                    Exit.rolled_back(RunStatus.CANCELLED, reason="cancelled", compensation="done")
+                )
             return self._roll_back(
-                ctx, kind, reason="cancel", error="", error_kind="", target="cancelled"
+                ctx, kind, reason="cancel", error="", error_kind="", target=RunStatus.CANCELLED
             )
         return self._compensate(Rollback(ctx), plan, kind)
 
-    def _compensate(self, rollback: Rollback, plan, kind: AgentKind) -> str | None:
+    def _compensate(self, rollback: Rollback, plan, kind: AgentKind) -> RunStatus | None:
         ctx = rollback.ctx
         try:
             done = rollback.run(plan)
         except LeaseLost:
             return None
-        except ReleaseRun:
-            return self._leave(
-                "queued", reason="released"
-            )  # the next claim carries the rollback on
+        except ReleaseRun as exc:  # a shutdown: the next claim carries the rollback on
+            return self._leave(Exit.release(reason=exc.reason.value))
         except (ParkForHuman, StopRun) as exc:
             return self._leave(
-                "waiting_human", reason="compensation", error=str(exc), error_kind="ambiguous"
+                Exit.await_human(reason="compensation", error=str(exc), error_kind="ambiguous")
             )
-        except Suspend:
+        except RunSignal:
             raise
         except BaseException as exc:  # noqa: BLE001 - a compensation's SystemExit too (workers.classify)
             failure = (
@@ -363,13 +345,12 @@ class RunExecutor:
                     "rollback interrupted (%s); releasing the run", exc, extra=self.log_extra
                 )
                 return self._leave(
-                    "queued",
-                    reason="database_error",
-                    error=f"{type(exc).__name__}: {exc}",
-                    error_kind="retryable",
-                    add_failure=True,
-                    delay=self.worker.poll,
-                    error_class=type(exc).__name__,
+                    Exit.retry(
+                        reason="database_error",
+                        error=f"{type(exc).__name__}: {exc}",
+                        delay=self.worker.poll,
+                        error_class=type(exc).__name__,
+                    )
                 )
             position = failure.seq - plan.seq - 1  # compensation i is step plan.seq + i
             undoes = (
@@ -389,112 +370,82 @@ class RunExecutor:
                 )
                 logger.info("%s; retrying in %.1fs", message, delay, extra=self.log_extra)
                 return self._leave(
-                    "queued",
-                    reason="compensation_retry",
-                    error=message,
-                    error_kind="retryable",
-                    add_failure=True,
-                    delay=delay,
-                    error_class=type(exc).__name__,
+                    Exit.retry(
+                        reason="compensation_retry",
+                        error=message,
+                        delay=delay,
+                        error_class=type(exc).__name__,
+                    )
                 )
             logger.warning("%s; a person decides", message, extra=self.log_extra)
             return self._leave(
-                "waiting_human", reason="compensation", error=message, error_kind=failure.error_kind
+                Exit.await_human(
+                    reason="compensation", error=message, error_kind=failure.error_kind
+                )
             )
         logger.info("rolled back: %s", done.error(), extra=self.log_extra)
         return self._leave(
-            plan.target,
-            reason="compensated",
-            error=done.error(),
-            error_kind=plan.error_kind or None,
-            compensation=done.compensation,
+            Exit.rolled_back(
+                RunStatus(plan.target),
+                error=done.error(),
+                error_kind=plan.error_kind or None,
+                compensation=done.compensation,
+            )
         )
 
-    def _leave(
-        self,
-        target: str,
-        *,
-        reason: str,
-        result_json: str | None = None,
-        error: str | None = None,
-        error_kind: str | None = None,
-        add_failure: bool = False,
-        delay: float = 0.0,
-        wake_on_message: bool = False,
-        wake_on_children: bool = False,
-        wake_at=None,
-        compensation: str | None = None,
-        error_class: str | None = None,
-    ) -> str | None:
+    def _leave(self, exit: Exit) -> RunStatus | None:
+        """Leave running as ``exit`` asks (through the worker's committer); returns the status reached."""
         self.control.leaving.set()
+        claimed = self.claimed
+        exit = exit.of_run(
+            claimed.id,
+            claimed.lease_token,
+            parent=claimed.parent_id,
+            actor_id=str(self.worker.id),
+            give_slot=not self.worker.defers_slot_returns,
+        )
         # What the agent reported, stored by the exit only if it ends the run (runs.engine.exit);
         # not after a rollback, which undid what it reported.
-        reported = self.ctx.reported if self.ctx is not None and compensation is None else None
-        reported_outcome, summary = reported or (None, None)
-        arguments = dict(
-            run_id=self.claimed.id,
-            token=self.claimed.lease_token,
-            target=target,
-            reason=reason,
-            actor_id=str(self.worker.id),
-            result_json=result_json,
-            error=error,
-            error_kind=error_kind,
-            add_failure=add_failure,
-            delay_seconds=delay,
-            wake_on_message=wake_on_message,
-            wake_on_children=wake_on_children,
-            wake_at=wake_at,
-            compensation=compensation,
-            give_slot=not self.worker.defers_slot_returns,
-            outcome=reported_outcome,
-            summary=summary,
-            error_class=error_class,
-        )
+        if self.ctx is not None and self.ctx.reported and exit.compensation is None:
+            exit = exit.reporting(*self.ctx.reported)
         committer = self.worker.committer
-        if (
-            self.claimed.parent_id is None
-            and not (wake_on_message or wake_on_children)
-            and committer.running
-        ):
-            # With the worker's other writes; a child's exit (which tells its parent) and a
-            # wait that re-checks its wake-up under a lock take a transaction of their own.
-            row = exit_row(**arguments)
-
-            def leave():
-                return committer.leave(row)
-        else:
-
-            def leave():
-                return leave_running(**arguments, parent_id=self.claimed.parent_id)
-
         try:
-            outcome = with_retries(
-                leave, what="exit", for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2)
+            exited = with_retries(
+                lambda: committer.commit(exit),
+                what="exit",
+                for_seconds=min(EXIT_RETRY_SECONDS, self.worker.lease / 2),
             )
         except DatabaseError:
             # Still failing: the lease runs out and the reaper returns the run.
             logger.exception(
                 "could not leave running (%s); the reaper will rescue the run",
-                target,
+                exit.target,
                 extra=self.log_extra,
             )
             return None
         finally:
             release_connection()
-        if outcome is None:
+        if exited is None:
             logger.warning(
-                "lease lost before the run could leave running (%s)", target, extra=self.log_extra
+                "lease lost before the run could leave running (%s)",
+                exit.target,
+                extra=self.log_extra,
             )
             return None
-        status, run_queue, left_at = outcome.status, outcome.queue, outcome.at
+        self._after_leaving(exit, exited)
+        return exited.status
+
+    def _after_leaving(self, exit: Exit, exited: Exited) -> None:
+        """What follows a committed exit: the slot, the wake-ups, orphaned children, the kind's hook."""
         if self.worker.defers_slot_returns:
-            self.worker.slot_returned(self.claimed.tenant_id, left_at)
-        if status == "queued" and delay <= 0 and (target != "queued" or wake_at is None):
-            self.worker.notify_released(run_queue)
-        if outcome.woke_parent:
-            self.worker.notify_released(outcome.woke_parent)
-        if outcome.leaves_orphans:
+            self.worker.slot_returned(self.claimed.tenant_id, exited.at)
+        # Back in the queue ready to run (not a sleep, no backoff): wake the workers.
+        ready = exit.delay <= 0 and (exit.target != RunStatus.QUEUED or exit.wake_at is None)
+        if exited.status == RunStatus.QUEUED and ready:
+            self.worker.notify_released(exited.queue)
+        if exited.woke_parent:
+            self.worker.notify_released(exited.woke_parent)
+        if exited.leaves_orphans:
             # Its own exit is committed; its live children, if it has any, are
             # cancelled now (the reaper finishes the job if this process dies first).
             # Looked up here, on the partial index of live children, not in the
@@ -506,15 +457,14 @@ class RunExecutor:
             finally:
                 release_connection()
         if (
-            status in TERMINAL_STATUSES
+            exited.status in TERMINAL_STATUSES
             and self.ctx is not None
             and self.kind is not None
             and self.kind.after_exit
         ):
-            self._after_exit(status, result_json, left_at)
-        return status
+            self._after_exit(exited.status, exit.result, exited.at)
 
-    def _after_exit(self, status: str, result_json: str | None, at: datetime) -> None:
+    def _after_exit(self, status: RunStatus, result_json: str | None, at: datetime) -> None:
         """The kind's hook on a run that ended here (runs.registry.AgentKind.after_exit); its errors are logged."""
         try:
             self.kind.after_exit(

@@ -1,117 +1,13 @@
-"""What an approval asks a person to approve: a ``Proposal`` of ``Change``s, stored as plain JSON.
+"""``Proposal`` and ``Change`` for agent code, where the rest of the authoring API is.
 
-Pass one to ``ctx.approval(name, proposal=Proposal(...))``; the LLM loop
-builds one for every call of a ``needs_approval`` tool (from the tool's
-``propose=`` function, or from the call's arguments). The approval step
-stores it as ``{"proposal": <Proposal.to_json()>}``, the API returns that JSON
-as stored, and the dashboard shows it as a sentence and a before/after table:
-
-    {"summary": "Update lead Ana Lopez (Acme)",       what will happen, one sentence
-     "target": "Lead 1 (ana@acme.example)",           what it happens to (may be "")
-     "changes": [{"field": "stage", "before": "new", "after": "qualified"}],
-     ...details}                                      any other keys, shown as details
-
-A change whose ``before`` is not known leaves the key out. Details sit beside
-the three keys rather than under one of their own, so a consumer that reads
-``proposal["arguments"]`` of a tool call keeps working.
+The type lives in ``runs.proposals``: an approval step stores a proposal's
+JSON, and the dashboard, in the web process, reads it back with the same
+type. Nothing about a proposal needs the worker, so this module only names
+them for ``ctx.approval(name, proposal=Proposal(...))`` and the LLM loop and
+framework adapters, which build one for every call of a tool that needs
+approval.
 """
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Any, Final
+from runs.proposals import UNKNOWN, Change, Proposal
 
 __all__ = ["UNKNOWN", "Change", "Proposal"]
-
-RESERVED_KEYS: Final = frozenset({"summary", "target", "changes"})
-
-
-class _Unknown:
-    """The ``before`` of a change nobody looked up (a tool call's argument, say)."""
-
-    _instance: _Unknown | None = None
-
-    def __new__(cls) -> _Unknown:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "UNKNOWN"
-
-
-UNKNOWN: Final = _Unknown()
-
-
-@dataclass(frozen=True)
-class Change:
-    """One value that will change: ``field`` goes from ``before`` to ``after`` (JSON values).
-
-    ``before`` is ``UNKNOWN`` when it was not read (``None`` means "empty").
-    """
-
-    field: str
-    before: Any
-    after: Any
-
-    def to_json(self) -> dict:
-        data: dict[str, Any] = {"field": self.field}
-        if self.before is not UNKNOWN:
-            data["before"] = self.before
-        data["after"] = self.after
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> Change:
-        return cls(str(data["field"]), data.get("before", UNKNOWN), data.get("after"))
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What an approval asks a person to approve: what will change, on what, from what to what.
-
-    ``summary`` says what will happen in one sentence ("Update lead Ana
-    Lopez (Acme)"); ``target`` names what it happens to; ``changes`` lists
-    the values that change with their before and after; ``details`` holds
-    anything else worth showing (JSON values; not the keys ``summary``,
-    ``target`` or ``changes``).
-
-        ctx.approval("refund", proposal=Proposal(
-            "Refund order 1042", target="Order 1042 (ana@example.com)",
-            changes=[Change("status", "paid", "refunded"), Change("balance", 120, 0)],
-            details={"reason": "damaged in transit"},
-        ))
-    """
-
-    summary: str
-    target: str = ""
-    changes: list[Change] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.summary, str) or not self.summary.strip():
-            raise ValueError("a proposal needs a summary: one sentence saying what will happen")
-        if not all(isinstance(change, Change) for change in self.changes):
-            raise TypeError("a proposal's changes must be Change(field, before, after) values")
-        clashing = RESERVED_KEYS & set(self.details)
-        if clashing:
-            raise ValueError(f"a proposal's details cannot use the keys {sorted(clashing)}")
-
-    def to_json(self) -> dict:
-        """The plain JSON dict an approval step stores (see the module's docstring)."""
-        return {
-            "summary": self.summary,
-            "target": self.target,
-            "changes": [change.to_json() for change in self.changes],
-            **self.details,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> Proposal:
-        """The Proposal ``to_json`` gave ``data`` for."""
-        return cls(
-            summary=data["summary"],
-            target=data.get("target") or "",
-            changes=[Change.from_json(change) for change in data.get("changes") or []],
-            details={key: value for key, value in data.items() if key not in RESERVED_KEYS},
-        )

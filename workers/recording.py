@@ -1,12 +1,20 @@
-"""The machinery under ``RunContext.step``: bounds checked before a step, the step's thread and timeout,
-and what is recorded when it is slow, writes ahead, fails or was interrupted.
+"""Executing and recording one step: the checkpoint of what it returned, or the failure it raised.
 
-``StepMachinery`` is RunContext's base class; agent code never uses it directly.
+``StepRecorder.execute`` runs a durable operation's function at the step
+log's position: on replay a finished step's recorded output is returned; a
+step written ahead of a side effect whose outcome nobody recorded waits for
+a person; otherwise the step's bounds are checked (``workers.bounds``), a
+``side_effect=True`` step is written ahead (``runs.engine.marks``), the
+function runs on its step thread under its timeout (``workers.step_thread``),
+a slow step is announced, and its output is checkpointed
+(``runs.engine.steps``, with the worker's other runs' by
+``workers.committer``) or its failure recorded as an attempt of the step.
+``RunContext`` is its one user; agent code never uses it directly.
 """
 
 from __future__ import annotations
 
-import contextvars
+import json
 import logging
 import time
 import traceback
@@ -16,53 +24,42 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from django.db import DataError, IntegrityError
 
 from runs.db import dumps, release_connection
 from runs.engine import marks
 from runs.engine import steps as checkpoint
+from runs.engine.steplog import RecordedStep
+from runs.metrics import process as metrics
 from workers.classify import classify
 from workers.errors import (
     Ambiguous,
     Fatal,
-    LeaseLost,
     ParkForHuman,
-    ReleaseRun,
-    ReplayEnded,
     Retryable,
+    RunSignal,
     StepError,
-    StepTimeout,
     StopRun,
 )
-from workers.step_support import Host, RunControl, StepFailure, StepThread
+from workers.step_thread import call_step
+from workers.tracing import observed_step
+from workers.values import StepResult
 
 if TYPE_CHECKING:
-    from runs.engine.claim import ClaimedRun
-    from runs.registry import AgentKind
+    from uuid import UUID
+
+    from workers.bounds import RunBounds
+    from workers.steplog import Position, StepLog
 
 logger = logging.getLogger(__name__)
-
-# A step still running after this long is written as the run's current step.
-ANNOUNCE_AFTER_SECONDS = 0.2
-# How long a run keeps the pooled connection of its last checkpoint while
-# its next step runs, so that a no-op step's checkpoint reuses it. A step
-# still running after this hands it back: the pool has a dozen connections
-# and a worker hundreds of runs, and keeping it until the announcement
-# (0.2 s) capped a worker at pool size / 0.2 s = 60 slow steps started per
-# second (bench/inflight.py).
-KEEP_CONNECTION_SECONDS = 0.002
 
 # Errors of a statement whose values the database refused (a constraint, a
 # value out of range): not the engine hiccupping, and the same write would be
 # refused again. A lost connection or a deadlock is not among them.
 REFUSED = (IntegrityError, DataError)
 
-# The run whose kind code is executing in this context between its steps (set by the executor around
-# the agent function), None inside a step and outside any run: workers.context.current_run().
-BETWEEN_STEPS: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "agentruns_between_steps", default=None
-)
+# Steps written as `waiting` while the run sleeps or waits (not ahead of a side effect).
+WAITING_KINDS = frozenset({"sleep", "message", "child"})
 
 
 @dataclass(frozen=True)
@@ -76,25 +73,69 @@ class Compensator:
     key: str  # the step's idempotency key, if it had one
 
 
-class StepMachinery:
-    """State and checks shared by every step of one execution of a run (see ``RunContext``)."""
+@dataclass(frozen=True)
+class StepFailure:
+    """How the executor is to handle an exception a step raised."""
 
-    _claimed: ClaimedRun
-    _worker: Host
-    _control: RunControl
-    _kind: AgentKind
-    _model_steps: int
-    _steps_total: int | None
-    _cost: Decimal
-    _claimed_clock: float
-    last_failure: StepFailure | None
+    exc: BaseException
+    error_kind: str  # retryable | fatal | ambiguous
+    retry_after: float | None
+    seq: int
+    name: str
 
-    run_id: Any  # RunContext's properties
-    generation: int
-    # A saga's rollback (workers.saga): None, "replay" (replaying to learn the
-    # compensations: no step may run) or "compensate" (running them).
-    _rollback: str | None = None
-    _compensations: dict[int, Compensator]
+
+class StepRecorder:
+    """Executes the steps of one execution of a run and records each outcome (see the module's docstring)."""
+
+    def __init__(self, *, bounds: RunBounds, log: StepLog) -> None:
+        self._bounds = bounds
+        self._log = log
+        self._claimed = bounds.claim
+        self._worker = bounds.worker
+        self._steps_total: int | None = None
+        self._idempotency_key: str | None = None
+        self._compensations: dict[int, Compensator] = {}
+        self._last_failure: StepFailure | None = None
+        self._progressed = False
+
+    @property
+    def run_id(self) -> UUID:
+        return self._claimed.id
+
+    @property
+    def generation(self) -> int:
+        return self._claimed.generation
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The idempotency key of the step being executed (None between steps)."""
+        return self._idempotency_key
+
+    @property
+    def last_failure(self) -> StepFailure | None:
+        """The last failure a step of this execution raised, as it was recorded."""
+        return self._last_failure
+
+    @property
+    def progressed(self) -> bool:
+        """A step completed during this execution (its checkpoint reset the run's failures to 0)."""
+        return self._progressed
+
+    @property
+    def steps_total(self) -> int | None:
+        """The steps the agent said to expect (``ctx.progress(total=)``), written with the next step's record."""
+        return self._steps_total
+
+    def expect_steps(self, total: int) -> None:
+        self._steps_total = total
+
+    @property
+    def compensations(self) -> list[Compensator]:
+        """The compensations of the steps this execution ran or replayed, newest first."""
+        return sorted(self._compensations.values(), key=lambda c: -c.seq)
+
+    def compensation_of(self, seq: int) -> Compensator | None:
+        return self._compensations.get(seq)
 
     def _remember_compensation(self, seq: int, name: str, fn, output: Any, key: str) -> None:
         if fn is not None:
@@ -102,91 +143,176 @@ class StepMachinery:
                 seq=seq, name=name, fn=fn, output=output, key=key
             )
 
-    def _replay_ends_here(self) -> None:
-        """While replaying to roll back, the first step that did not finish ends the replay."""
-        if self._rollback == "replay":
-            raise ReplayEnded("the replay reached a step that did not finish")
-
-    # Bounds and signals.
-    def _before_step(self, seq: int, kind: str) -> None:
-        """A new step starts only while the run is still ours, wanted, and within its bounds."""
-        self._replay_ends_here()
-        if self._control.lease_lost.is_set():
-            raise LeaseLost("lease lost")
-        if not self._worker.lease_is_fresh():
-            # Heartbeats have failed for lease - heartbeat seconds: another
-            # worker may own the run soon, so start nothing new.
-            self._control.lease_lost.set()
-            raise LeaseLost("heartbeats failing; not starting a new step")
-        if self._rollback == "compensate":
-            # A rollback runs to its end: not stopped by the cancel or the
-            # bound that started it, only released by a shutdown.
-            if self._worker.stopping.is_set():
-                raise ReleaseRun("worker shutting down")
-            return
-        if self._control.cancel_requested.is_set() or self._control.pause_requested.is_set():
-            raise ReleaseRun("cancel or pause requested")
-        if self._worker.stopping.is_set():
-            raise ReleaseRun("worker shutting down")
-        if seq > self._kind.max_steps:
-            raise StopRun(
-                "step_limit", f"the run reached its limit of {self._kind.max_steps} steps"
-            )
-        if kind == "llm" and self._model_steps > self._kind.max_model_iterations:
-            raise StopRun(
-                "step_limit",
-                f"the run reached its limit of {self._kind.max_model_iterations} model calls",
-            )
-        if self._deadline_left() <= 0:
-            raise StopRun("deadline", self._deadline_message())
-        self._check_budget()
-
-    def _check_budget(self) -> None:
-        if self._rollback:
-            return  # compensations run even when the money ran out
-        ceiling = self._claimed.cost_ceiling_cents
-        if ceiling is not None and self._cost > ceiling:
-            raise StopRun(
-                "budget", f"the run cost {self._cost:.6f}¢, over its ceiling of {ceiling}¢"
-            )
-
-    def _deadline_left(self) -> float:
-        used = self._claimed.running_seconds + (time.monotonic() - self._claimed_clock)
-        return self._claimed.deadline_seconds - used
-
-    def _deadline_message(self) -> str:
-        return f"the run used its {self._claimed.deadline_seconds} s of running time (deadline)"
-
-    def _timeout(self, requested: float | None) -> float:
-        timeout = requested or self._kind.step_timeout or settings.RUNS_STEP_TIMEOUT_SECONDS
-        return max(0.001, min(timeout, self._deadline_left()))
-
-    def _note_flags(self, cancel: bool, pause: bool) -> None:
-        self._control.note(cancel=cancel, pause=pause)
-
-    # Executing one step.
-    def _call(self, fn, args, kwargs, record: checkpoint.StepRecord, timeout: float) -> Any:
-        """Run ``fn`` on the step thread; announce it when slow; give up on it after ``timeout``."""
-        runner = StepThread.for_this_thread()
-        started = time.monotonic()
-        # In a copy of this thread's context: the step's log lines carry the run's fields, its spans nest
-        # under the step's (workers.tracing).
-        step_context = contextvars.copy_context()
-        step_context.run(BETWEEN_STEPS.set, None)  # inside a step: the step records what happens
-        box, finished = runner.submit(step_context.run, (fn, *args), kwargs)
-        if not finished.wait(min(KEEP_CONNECTION_SECONDS, timeout)):
-            release_connection()  # a run waiting on its step holds no connection
-        if not finished.wait(
-            max(0.0, min(ANNOUNCE_AFTER_SECONDS, timeout) - (time.monotonic() - started))
+    def execute(
+        self,
+        name,
+        fn,
+        args,
+        kwargs,
+        *,
+        at: Position | None = None,
+        side_effect=False,
+        idempotency_key=None,
+        timeout=None,
+        kind="custom",
+        consumes_messages=False,
+        started_at=None,
+        compensate=None,
+        input=None,
+        compensates=None,
+    ) -> Any:
+        """Run ``fn`` as step ``name`` at the next position, or at ``at`` (a position already taken)."""
+        position = at or self._log.take(name)
+        if (
+            position.name != name
+        ):  # the engine's mistake, not the agent's: the position was checked for another
+            raise RuntimeError(f"step {position.seq} was taken for {position.name!r}, not {name!r}")
+        seq, recorded = position.seq, position.recorded
+        if kind == "llm":
+            self._bounds.count_model_call()
+        key = self._step_idempotency_key(seq, idempotency_key)
+        if recorded is not None:
+            if recorded.status in ("done", "compensated"):
+                self._remember_compensation(
+                    seq, name, compensate, recorded.output, recorded.idempotency_key
+                )
+                return recorded.output
+        self._bounds.replay_ends_here()
+        if (
+            recorded is not None
+            and recorded.status in ("running", "waiting")
+            and recorded.kind not in WAITING_KINDS
         ):
-            self._announce(record)
-            if not finished.wait(max(0.0, timeout - (time.monotonic() - started))):
-                StepThread.abandon_this_thread()  # the next step gets a fresh thread
-                self._worker.watch_stuck_step(runner.thread, timeout)
-                raise StepTimeout(f"step {record.name!r} did not return within {timeout:g} s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+            # Written ahead of a side effect whose outcome nobody recorded.
+            if not recorded.idempotency_key:
+                self._park_unknown_outcome(seq, name, kind, args, kwargs)
+            key = recorded.idempotency_key
+        self._bounds.before_step(seq, kind)
+
+        record = checkpoint.StepRecord(
+            run_id=self.run_id,
+            token=self._claimed.lease_token,
+            generation=self._claimed.generation,
+            seq=seq,
+            name=name,
+            kind=kind,
+            input=describe_args(args, kwargs) if input is None else input,
+            started_at=started_at or datetime.now(UTC),
+            idempotency_key=key or "",
+            compensates=compensates,
+        )
+        with observed_step(self, record):
+            return self._execute_step(
+                record,
+                fn,
+                args,
+                kwargs,
+                side_effect=side_effect,
+                key=key,
+                timeout=timeout,
+                consumes_messages=consumes_messages,
+                compensate=compensate,
+            )
+
+    def _execute_step(
+        self, record, fn, args, kwargs, *, side_effect, key, timeout, consumes_messages, compensate
+    ) -> Any:
+        """Execute step ``record``: write it ahead if it has a side effect, call ``fn``, checkpoint its output."""
+        seq, name, kind = record.seq, record.name, record.kind
+        if side_effect:
+            self._write_ahead(record)
+        self._idempotency_key = key
+        started = time.monotonic()
+        try:
+            value = self._call(fn, args, kwargs, record, self._bounds.timeout(timeout))
+        except RunSignal:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a step's SystemExit is its failure too (workers.classify)
+            metrics.step_finished(
+                kind=self._claimed.kind,
+                step_kind=kind,
+                status="failed",
+                seconds=time.monotonic() - started,
+            )
+            self._step_failed(record, exc, uncertain_means_ambiguous=side_effect and not key)
+            if self._bounds.deadline_left() <= 0:
+                raise StopRun("deadline", self._bounds.deadline_message()) from exc
+            raise
+        finally:
+            self._idempotency_key = None
+
+        output = value.output if isinstance(value, StepResult) else value
+        if isinstance(value, StepResult):
+            record.tokens_in = value.tokens_in
+            record.tokens_out = value.tokens_out
+            record.cost_cents = Decimal(str(value.cost_cents))
+        try:
+            answer = self._checkpoint(record, output, consumes_messages)
+        except TypeError as exc:  # the output is not JSON: nothing was written
+            release_connection()
+            error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
+            self._step_failed(record, error, uncertain_means_ambiguous=False)
+            raise error from None
+        except (
+            REFUSED
+        ) as exc:  # the database refused the record: writing it again would be refused again
+            release_connection()
+            self._checkpoint_refused(record, exc, side_effect=side_effect, key=key)
+        except BaseException:
+            release_connection()
+            raise
+        # A checkpoint written here (not by the committer) keeps the run's
+        # connection while it is busy with fast steps; a step not done within
+        # KEEP_CONNECTION_SECONDS hands it back (see _call), and so does leaving running.
+        if answer is None:
+            raise self._bounds.lose_lease(f"lease lost while checkpointing step {seq} ({name})")
+        cancel, pause, cost, output_json = answer
+        self._bounds.spent(cost)
+        metrics.step_finished(
+            kind=self._claimed.kind,
+            step_kind=kind,
+            status="done",
+            seconds=time.monotonic() - started,
+        )
+        self._progressed = True  # the checkpoint reset the run's failures to 0
+        self._bounds.note_flags(cancel, pause)
+        result = json.loads(output_json)
+        self._log.note(
+            RecordedStep(
+                seq=seq,
+                name=name,
+                status="done",
+                output=result,
+                kind=kind,
+                idempotency_key=key or "",
+            )
+        )
+        self._remember_compensation(seq, name, compensate, result, key or "")
+        self._bounds.check_budget()
+        return result
+
+    def _checkpoint(self, record: checkpoint.StepRecord, output: Any, consumes_messages: bool):
+        """Commit the finished step (workers.committer); raises TypeError when its output is not JSON."""
+        return self._worker.committer.commit(
+            checkpoint.Checkpoint.of(
+                record,
+                output=output,
+                steps_total=self._steps_total,
+                consumed_message_ids=[m["id"] for m in output] if consumes_messages else (),
+            )
+        )
+
+    def _call(self, fn, args, kwargs, record: checkpoint.StepRecord, timeout: float) -> Any:
+        """Run ``fn`` on the step thread (``workers.step_thread``); announce it when slow."""
+        return call_step(
+            fn,
+            args,
+            kwargs,
+            name=record.name,
+            timeout=timeout,
+            announce=lambda: self._announce(record),
+            watch_stuck=self._worker.watch_stuck_step,
+        )
 
     def _announce(self, record: checkpoint.StepRecord) -> None:
         try:
@@ -202,9 +328,9 @@ class StepMachinery:
         finally:
             release_connection()
         if flags is None:
-            self._control.lease_lost.set()  # the step's checkpoint will find out too
+            self._bounds.lose_lease("lease lost")  # the step's checkpoint will find out too
         else:
-            self._note_flags(*flags)
+            self._bounds.note_flags(*flags)
 
     def _write_ahead(self, record: checkpoint.StepRecord) -> None:
         try:
@@ -222,8 +348,7 @@ class StepMachinery:
         finally:
             release_connection()
         if not written:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost before the side effect of step {record.seq}")
+            raise self._bounds.lose_lease(f"lease lost before the side effect of step {record.seq}")
 
     def _step_failed(
         self, record: checkpoint.StepRecord, exc: BaseException, *, uncertain_means_ambiguous: bool
@@ -239,9 +364,11 @@ class StepMachinery:
         self._record(
             record, exc, error_kind, status="waiting" if error_kind == "ambiguous" else "failed"
         )
-        self.last_failure = StepFailure(exc, error_kind, found.retry_after, record.seq, record.name)
+        self._last_failure = StepFailure(
+            exc, error_kind, found.retry_after, record.seq, record.name
+        )
         # Money a failed call cost counts against the ceiling too: a bound, not a retry.
-        self._check_budget()
+        self._bounds.check_budget()
 
     def _checkpoint_refused(
         self,
@@ -290,7 +417,7 @@ class StepMachinery:
                 record.name,
                 exc_info=True,
             )
-            self.last_failure = StepFailure(error, error.error_kind, None, record.seq, record.name)
+            self._last_failure = StepFailure(error, error.error_kind, None, record.seq, record.name)
 
     def _park_unknown_outcome(self, seq: int, name: str, kind: str, args, kwargs) -> None:
         message = (
@@ -324,9 +451,10 @@ class StepMachinery:
         finally:
             release_connection()
         if cost is None:
-            self._control.lease_lost.set()
-            raise LeaseLost(f"lease lost while recording the failure of step {record.seq}")
-        self._cost = cost
+            raise self._bounds.lose_lease(
+                f"lease lost while recording the failure of step {record.seq}"
+            )
+        self._bounds.spent(cost)
 
     def _step_idempotency_key(self, seq: int, requested: str | bool | None) -> str | None:
         if requested is True:

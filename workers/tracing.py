@@ -7,7 +7,7 @@ line logged meanwhile carries them (config/logging.py merges them into
 stdlib lines too), whoever logs it: the engine, a library, agent code. The
 execution runs in a copy of the thread's context, so nothing bound for one
 run outlives it on a pool thread that runs another next; a step function
-runs in a copy of its run's (``StepMachinery._call``), so its lines carry
+runs in a copy of its run's (``workers.step_thread.call_step``), so its lines carry
 the fields on the step's thread as well.
 
 Traces, when ``opentelemetry`` is importable (the ``otel`` extra): each
@@ -33,7 +33,7 @@ import structlog
 if TYPE_CHECKING:
     from runs.engine.claim import ClaimedRun
     from runs.engine.steps import StepRecord
-    from workers.recording import StepMachinery
+    from workers.recording import StepRecorder
 
 STEP_STATUS = "agentruns.step.status"
 
@@ -104,7 +104,7 @@ def _observed_run(
 
 
 @contextmanager
-def observed_step(ctx: StepMachinery, record: StepRecord) -> Iterator[None]:
+def observed_step(ctx: StepRecorder, record: StepRecord) -> Iterator[None]:
     """While step ``record`` executes: ``step`` and ``seq`` on every line, and the span ``step <name>``."""
     tokens = structlog.contextvars.bind_contextvars(step=record.name, seq=record.seq)
     try:

@@ -26,8 +26,8 @@ from runs.engine import claim as claims
 from runs.engine.fleet import register_worker, worker_stopped
 from runs.registry import all_kinds
 from workers.committer import Committer
-from workers.context import RunControl
 from workers.executor import RunExecutor
+from workers.host import RunControl
 from workers.listener import Listener
 
 logger = logging.getLogger(__name__)

@@ -1,77 +1,42 @@
-"""Workflow steps of ``RunContext``: durable sleep, child runs (spawn and gather), waiting with a timeout.
+"""The workflow operations of ``RunContext``: durable sleep, timed waits, child runs, approvals, messages.
 
 Each is a recorded step, so a replay returns what the first execution saw:
 a finished sleep is skipped, a spawn finds the child it made, a gather
-returns the outcomes it recorded. While a run sleeps or waits it holds no
-worker, slot, lease or connection (``runs.engine.timers``,
-``runs.engine.family``).
+returns the outcomes it recorded, an approval the decision. While a run
+sleeps or waits it holds no worker, slot, lease or connection
+(``runs.engine.timers``, ``runs.engine.family``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from runs.db import dumps, release_connection
-from runs.engine import family, timers
+from runs.engine import family, marks, timers
+from runs.engine import steps as checkpoint
 from runs.engine.steplog import unconsumed_messages
 from runs.events import Actor
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
+from runs.proposals import Proposal
 from workers.errors import (
+    AwaitApproval,
     AwaitChildren,
     AwaitMessage,
     Fatal,
     Retryable,
     Sleep,
 )
+from workers.values import ChildOutcome, ChildRun, Decision
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from workers.bounds import RunBounds
+    from workers.recording import StepRecorder
     from workers.steplog import Position, StepLog
-
-
-@dataclass(frozen=True)
-class ChildRun:
-    """A handle on a child run made by ``ctx.spawn``; pass it to ``ctx.gather``."""
-
-    run_id: UUID
-    kind: str
-    key: str
-
-    @classmethod
-    def from_output(cls, output: dict) -> ChildRun:
-        return cls(run_id=UUID(output["run_id"]), kind=output["kind"], key=output["key"])
-
-
-@dataclass(frozen=True)
-class ChildOutcome:
-    """What ``ctx.gather`` says of one child: its status, and its result or error."""
-
-    run_id: UUID
-    kind: str
-    status: str  # done | failed | cancelled (by a person, or a straggler the gather cancelled)
-    result: Any
-    error: str
-    error_kind: str
-
-    @property
-    def succeeded(self) -> bool:
-        return self.status == "done"
-
-    @classmethod
-    def from_output(cls, output: dict) -> ChildOutcome:
-        return cls(
-            run_id=UUID(output["run_id"]),
-            kind=output["kind"],
-            status=output["status"],
-            result=output.get("result"),
-            error=output.get("error", ""),
-            error_kind=output.get("error_kind", ""),
-        )
 
 
 # Longer than any run may wait (expires_at), short of what an interval column holds.
@@ -87,21 +52,21 @@ def _seconds(value: float, what: str) -> float:
 
 
 class Workflow:
-    """Sleep, spawn, gather and timed waits; mixed into ``RunContext``."""
+    """Sleep, timed waits, child runs, approvals and messages of one execution (``RunContext``'s)."""
 
-    # RunContext's state and machinery (see workers.context, workers.recording).
-    _log: StepLog
+    def __init__(self, *, bounds: RunBounds, log: StepLog, recorder: StepRecorder) -> None:
+        self._bounds = bounds
+        self._log = log
+        self._recorder = recorder
+        self._claimed = bounds.claim
+        self._worker = bounds.worker
 
     def sleep(self, seconds: float, *, name: str = "sleep") -> None:
-        """Sleep durably for ``seconds``: the run goes back to the queue until then, holding no worker or slot.
-
-        The end is fixed (on the database's clock) the first time; a replay
-        skips a finished sleep, and a run woken early sleeps the rest.
-        """
+        """``RunContext.sleep``."""
         self._sleep(name, seconds=_seconds(seconds, "seconds"), until=None)
 
     def sleep_until(self, when: datetime, *, name: str = "sleep") -> None:
-        """Sleep durably until ``when`` (an aware datetime, e.g. from ``ctx.now()`` or the input)."""
+        """``RunContext.sleep_until``."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise ValueError("sleep_until needs an aware datetime")
         self._sleep(name, seconds=None, until=when)
@@ -112,7 +77,7 @@ class Workflow:
         if position.done:
             return
         if recorded is None:
-            self._before_step(position.seq, "sleep")
+            self._bounds.before_step(position.seq, "sleep")
             until = self._start_timer(
                 position,
                 "sleep",
@@ -128,12 +93,7 @@ class Workflow:
         raise Sleep(f"sleeping until {until.isoformat()}", until=until)
 
     def wait_for_message(self, *, timeout: float | None = None) -> list[dict]:
-        """Return new messages; with none, park the run in ``waiting`` (no worker held) until one arrives.
-
-        With ``timeout`` (seconds), the run wakes after that long without a
-        message and this returns ``[]``; the deadline is fixed the first time,
-        so a replay returns the same.
-        """
+        """``RunContext.wait_for_message``."""
         if timeout is not None:
             timeout = _seconds(timeout, "timeout")
         # Looked at before it is taken: with messages waiting, the step that consumes them takes it.
@@ -141,9 +101,9 @@ class Workflow:
         recorded = position.recorded
         if not position.done:
             if recorded is None:
-                self._before_step(position.seq, "message")
+                self._bounds.before_step(position.seq, "message")
             try:
-                pending = unconsumed_messages(self.run_id, limit=1)
+                pending = unconsumed_messages(self._claimed.id, limit=1)
             finally:
                 release_connection()
             if not pending:
@@ -162,6 +122,51 @@ class Workflow:
                 raise AwaitMessage("waiting for a message", wake_at=until)
         return self.messages()
 
+    # People in the loop.
+    def approval(self, name: str, *, proposal: Any) -> Decision:
+        """``RunContext.approval``."""
+        if isinstance(proposal, Proposal):
+            proposal = proposal.to_json()
+        position = self._log.take(name, what="approval")
+        seq = position.seq
+        if position.done:
+            return Decision.from_output(position.recorded.output)
+        self._bounds.before_step(seq, "approval")
+        try:
+            dumps(proposal)
+        except (TypeError, ValueError) as exc:
+            raise Fatal(
+                f"the proposal of approval {name!r} is not JSON-serialisable: {exc}"
+            ) from None
+        record = checkpoint.StepRecord(
+            run_id=self._claimed.id,
+            token=self._claimed.lease_token,
+            generation=self._claimed.generation,
+            seq=seq,
+            name=name,
+            kind="approval",
+            input={"proposal": proposal},
+            started_at=datetime.now(UTC),
+        )
+        try:
+            written = marks.record_pending(record)
+        finally:
+            release_connection()
+        if not written:
+            raise self._bounds.lose_lease(f"lease lost while asking for approval {name!r}")
+        raise AwaitApproval(f"waiting for approval of {name!r} (step {seq})")
+
+    def messages(self) -> list[dict]:
+        """``RunContext.messages``."""
+        return self._recorder.execute(
+            "messages",
+            unconsumed_messages,
+            (self._claimed.id,),
+            {},
+            kind="message",
+            consumes_messages=True,
+        )
+
     # Child runs.
     def spawn(
         self,
@@ -172,26 +177,23 @@ class Workflow:
         queue: str | None = None,
         priority: int | None = None,
     ) -> ChildRun:
-        """Start a child run of ``kind`` (same tenant, inside this run's budget) in a recorded step.
-
-        Returns a handle for ``gather``. A replayed run never spawns twice:
-        the step returns the child it made, and a step executed again after
-        a crash finds that child by its key (``key``, unique within this
-        run; by default the step's position; a retry from an earlier step
-        spawns anew).
-        """
+        """``RunContext.spawn``."""
         # Named after its position before it is taken (and checked): the step then commits to that position.
         position = self._log.peek(f"spawn {kind}")
         # Per generation: a run retried from an earlier step spawns new children.
-        child_key = f"{self.generation}:{key}" if key else f"{self.generation}:{position.seq}"
-        budget = self.budget_left_cents
+        child_key = (
+            f"{self._claimed.generation}:{key}"
+            if key
+            else f"{self._claimed.generation}:{position.seq}"
+        )
+        budget = self._bounds.budget_left_cents
 
         def make_child(*, kind: str, input: dict, key: str) -> dict:
             from runs.services import spawn_child  # models: loaded after the app registry
 
             try:
                 made = spawn_child(
-                    parent_id=self.run_id,
+                    parent_id=self._claimed.id,
                     kind=kind,
                     input=input,
                     key=key,
@@ -207,7 +209,7 @@ class Workflow:
                 raise Fatal(f"cannot spawn {kind!r}: {exc}") from None
             return {"run_id": str(made.run.pk), "kind": kind, "key": child_key}
 
-        output = self.execute_step(
+        output = self._recorder.execute(
             position.name,
             make_child,
             (),
@@ -225,13 +227,7 @@ class Workflow:
         timeout: float | None = None,
         name: str = "gather",
     ) -> list[ChildOutcome]:
-        """Wait (in ``waiting``, holding no worker) until the children finished; return their outcomes.
-
-        With ``min_success=N`` it returns as soon as N succeeded, or as soon
-        as N can no longer succeed; the children still running are then
-        cancelled. With ``timeout`` (seconds) it returns when the time is up,
-        cancelling the stragglers. Outcomes come in the order given.
-        """
+        """``RunContext.gather``."""
         ids = [c.run_id if isinstance(c, ChildRun) else UUID(str(c)) for c in children]
         if min_success is not None and (
             isinstance(min_success, bool) or not 1 <= min_success <= len(ids)
@@ -245,14 +241,14 @@ class Workflow:
         seq = position.seq
         if position.done:
             return [ChildOutcome.from_output(o) for o in position.recorded.output]
-        self._before_step(
+        self._bounds.before_step(
             seq, "child"
         )  # with the budget, which what finished children spent counts in
         try:
             state = family.begin_gather(
-                run_id=self.run_id,
+                run_id=self._claimed.id,
                 token=self._claimed.lease_token,
-                generation=self.generation,
+                generation=self._claimed.generation,
                 seq=seq,
                 name=name,
                 children=ids,
@@ -263,7 +259,7 @@ class Workflow:
         finally:
             release_connection()
         if state is None:
-            raise self.lose_lease(f"lease lost while gathering children (step {seq})")
+            raise self._bounds.lose_lease(f"lease lost while gathering children (step {seq})")
         if len(state.children) != len(ids):
             raise Fatal("gather() was given runs that are not children of this run")
         if not state.met and not state.timed_out:
@@ -301,9 +297,9 @@ class Workflow:
         seq, name = position.seq, position.name
         try:
             end = timers.start_timer_step(
-                run_id=self.run_id,
+                run_id=self._claimed.id,
                 token=self._claimed.lease_token,
-                generation=self.generation,
+                generation=self._claimed.generation,
                 seq=seq,
                 name=name,
                 kind=kind,
@@ -315,14 +311,14 @@ class Workflow:
         finally:
             release_connection()
         if end is None:
-            raise self.lose_lease(f"lease lost while starting step {seq} ({name})")
+            raise self._bounds.lose_lease(f"lease lost while starting step {seq} ({name})")
         return end
 
     def _finish_waiting(
         self, position: Position, kind: str, output: Any, *, consumes: bool = False
     ) -> Any:
         """Record a waiting step (sleep, timed wait, gather) as done with ``output``, at the position it took."""
-        return self.execute_step(
+        return self._recorder.execute(
             position.name,
             lambda: output,
             (),

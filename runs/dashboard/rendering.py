@@ -3,8 +3,9 @@ before/after tables (model calls as transcripts: ``runs.dashboard.transcripts``)
 
 Plain functions of stored JSON (a step's input and output, a run's result),
 so templates only print and tests can call them. ``runs`` never imports
-``workers``: the shapes the engine and the built-in kinds store are read as
-data, and anything else falls back to JSON. ``markdown_html`` is the one
+``workers``: a proposal is read back with its own type (``runs.proposals``),
+the other shapes the engine and the built-in kinds store are read as data,
+and anything else falls back to JSON. ``markdown_html`` is the one
 place that marks text safe, after nh3 has sanitised it.
 """
 
@@ -25,6 +26,8 @@ from django.utils.text import slugify
 from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
+
+from runs.proposals import UNKNOWN, Change, Proposal
 
 # Longer texts are cut for display; the API serves them whole.
 MAX_MARKDOWN_CHARS = 50_000
@@ -262,27 +265,25 @@ class ProposalView:
 def proposal_view(proposal: Any) -> ProposalView:
     """What the approval card shows for a stored proposal, whatever its shape.
 
-    A Proposal (``{"summary", "target", "changes": [{"field", "before"?,
-    "after"}], ...details}``) shows its summary and before/after table; an
+    A ``Proposal``'s JSON (``runs.proposals``: read back with
+    ``Proposal.from_json``) shows its summary, its target and a before/after
+    table of its changes, the model's note apart from its other details; an
     older tool-call proposal (``{"tool", "arguments", "note"}``) shows the
     arguments; any other dict shows its keys as rows; a string is the
     summary; anything else stays JSON.
     """
-    if (
-        isinstance(proposal, dict)
-        and isinstance(proposal.get("summary"), str)
-        and isinstance(proposal.get("changes"), list)
-    ):
-        rows = [_change_row(change) for change in proposal["changes"] if isinstance(change, dict)]
-        extra = {
-            k: v for k, v in proposal.items() if k not in ("summary", "target", "changes", "note")
-        }
+    try:
+        parsed = Proposal.from_json(proposal)
+    except ValueError:
+        parsed = None
+    if parsed is not None:
+        details = {key: value for key, value in parsed.details.items() if key != "note"}
         return ProposalView(
-            summary=proposal["summary"],
-            target=as_text(proposal.get("target")) if proposal.get("target") else "",
-            rows=rows,
-            note=_note(proposal),
-            details=[_value_row(k, v) for k, v in extra.items()],
+            summary=parsed.summary,
+            target=parsed.target,
+            rows=[_change_row(change) for change in parsed.changes],
+            note=_note(parsed.details),
+            details=[_value_row(key, value) for key, value in details.items()],
         )
     if (
         isinstance(proposal, dict)
@@ -313,17 +314,17 @@ def _value_row(key: Any, value: Any) -> ChangeRow:
     )
 
 
-def _change_row(change: dict) -> ChangeRow:
-    after, before = change.get("after"), change.get("before")
-    after_text, before_text = as_text(after), as_text(before)
+def _change_row(change: Change) -> ChangeRow:
+    known = change.before is not UNKNOWN
+    after_text, before_text = as_text(change.after), as_text(change.before) if known else ""
     return ChangeRow(
-        field=_label(change.get("field", "")),
+        field=_label(change.field),
         after=after_text,
-        before=before_text if "before" in change else "",
-        before_known="before" in change,
+        before=before_text,
+        before_known=known,
         long=any(
-            not isinstance(v, str) and "\n" in t
-            for v, t in ((after, after_text), (before, before_text))
+            not isinstance(value, str) and "\n" in text
+            for value, text in ((change.after, after_text), (change.before, before_text))
         ),
     )
 

@@ -16,7 +16,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from runs.engine import family
-from runs.engine.exit import leave_running
+from runs.engine.exit import Exit, leave
 from runs.metrics import process as metrics
 from runs.queries import one, queries, rows
 from runs.states import RunStatus
@@ -50,18 +50,10 @@ def rescue(
     Returns the status reached, or None when the run was no longer the one
     read (finished, re-claimed or heartbeated meanwhile).
     """
-    outcome = leave_running(
-        run_id=stale.run_id,
-        token=stale.token,
-        target="queued",
-        reason=reason,
-        actor_type=actor_type,
-        actor_id=actor_id,
-        error=error,
-        add_failure=True,
-        only_if_expired=True,
-        parent_id=stale.parent_id,
-        error_class="LeaseExpired",
+    outcome = leave(
+        Exit.rescue(reason=reason, error=error, actor_type=actor_type, actor_id=actor_id).of_run(
+            stale.run_id, stale.token, parent=stale.parent_id
+        )
     )
     if outcome is None:
         return None
@@ -79,16 +71,18 @@ def find_past_deadline(*, limit: int) -> list[StaleLease]:
 
 def stop_past_deadline(stale: StaleLease) -> bool:
     """Fail a run past its deadline, fenced on the lease token read; its worker then finds its lease lost."""
-    outcome = leave_running(
-        run_id=stale.run_id,
-        token=stale.token,
-        target="failed",
-        reason="deadline",
-        actor_type="system",
-        actor_id="reaper",
-        error="the run used up its running time (deadline); stopped by the reaper",
-        error_kind="deadline",
-        parent_id=stale.parent_id,
+    outcome = leave(
+        Exit.fail(
+            reason="deadline",
+            error="the run used up its running time (deadline); stopped by the reaper",
+            error_kind="deadline",
+        ).of_run(
+            stale.run_id,
+            stale.token,
+            parent=stale.parent_id,
+            actor_type="system",
+            actor_id="reaper",
+        )
     )
     return outcome is not None
 

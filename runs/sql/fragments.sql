@@ -55,3 +55,13 @@ id = %(run)s AND status = {running} AND lease_token = %(token)s
 -- The receiver of delivery d (scheme, host and port of its url): RECEIVER_SQL
 -- of d.url (runs.models), which the ORM's ReceiverOf and these statements share.
 lower(substring(d.url from '^[^/?#]*//[^/?#]*'))
+
+-- fragment: batch_guard
+-- run_guard of the rows of a statement's parameter table p (one step or
+-- exit per row): the runs are found by primary key, always. A prepared
+-- statement's generic plan cannot know how many rows the arrays hold (it
+-- guesses 10) and would rather scan every running run through the partial
+-- index on status, which the statistics may think holds a handful; the
+-- status compared with a parameter, unlike a literal, cannot pick that index.
+runs_run.id = ANY(%(run)s::uuid[]) AND runs_run.id = p.run AND runs_run.lease_token = p.token
+AND runs_run.status = %(running)s::text

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runs.db import release_connection
-from workers.recording import KEEP_CONNECTION_SECONDS
+from workers.step_thread import KEEP_CONNECTION_SECONDS
 
 __all__ = ["Bridge", "event_loop", "tool_threads"]
 

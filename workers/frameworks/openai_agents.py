@@ -64,7 +64,7 @@ from workers.frameworks.bridge import Bridge
 from workers.frameworks.openai_agents_records import load_response, parsed, recordable, step_output
 from workers.llm import pricing
 from workers.proposals import UNKNOWN, Change, Proposal
-from workers.step_support import StepResult
+from workers.values import StepResult
 
 if TYPE_CHECKING:
     from workers.context import RunContext

@@ -78,7 +78,7 @@ from workers.frameworks.pydantic_ai_steps import (
     tool_options,
     with_usage,
 )
-from workers.step_support import Decision
+from workers.values import Decision
 
 if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent

@@ -36,7 +36,7 @@ from workers.classify import classify, status_kind
 from workers.errors import Fatal, Retryable
 from workers.llm import pricing
 from workers.proposals import UNKNOWN, Change, Proposal
-from workers.step_support import Decision, StepResult
+from workers.values import Decision, StepResult
 
 # The key of a tool's metadata that configures its step: {"agentruns": {...}} or False.
 TOOL_METADATA_KEY = "agentruns"

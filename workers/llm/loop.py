@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runs.actors import sentence_start
-from workers.context import StepResult
 from workers.errors import StopRun
 from workers.llm import artifacts, conf, pricing
 from workers.llm.providers import ChatModel, Script, choose_model, model_for
 from workers.llm.tools import Tool, ToolError, tool
 from workers.proposals import UNKNOWN, Change, Proposal
+from workers.values import StepResult
 
 if TYPE_CHECKING:
     from workers.context import RunContext

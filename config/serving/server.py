@@ -22,8 +22,8 @@ import threading
 
 import uvicorn
 
-from runs import server_process
-from runs.web_server import Server, stopped
+from config.serving import process as server_process
+from config.serving.web import Server, stopped
 
 logger = logging.getLogger(__name__)
 

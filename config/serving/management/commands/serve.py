@@ -2,7 +2,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.server import serve
+from config.serving.server import serve
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""The entry point of each spawned web process of ``serve --workers N`` (``runs.server.Supervisor``).
+"""The entry point of each spawned web process of ``serve --workers N`` (``config.serving.server.Supervisor``).
 
 A module of its own that imports Django only once the process runs: a
 spawned process finds its target by importing the target's module, before
@@ -12,6 +12,6 @@ def run(config, sockets) -> None:
     import django
 
     django.setup()
-    from runs.web_server import serve_process
+    from config.serving.web import serve_process
 
     serve_process(config, sockets)

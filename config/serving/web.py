@@ -1,7 +1,7 @@
 """One web process: uvicorn's server, which ends the process's event streams and publishes its metrics.
 
-``runs.server`` starts one in this process, or several through its
-``Supervisor`` (each spawned one enters through ``runs.server_process``).
+``config.serving.server`` starts one in this process, or several through its
+``Supervisor`` (each spawned one enters through ``config.serving.process``).
 """
 
 from __future__ import annotations
