@@ -20,6 +20,7 @@ from runs.exceptions import (
     IdempotencyConflict,
     InvalidRunInput,
     InvalidTransition,
+    PayloadTooLarge,
     QueueFull,
     UnknownKind,
 )
@@ -93,6 +94,12 @@ def on_unknown_kind(request, exc):
 @api.exception_handler(InvalidRunInput)
 def on_invalid_input(request, exc):
     return _error(request, 422, str(exc), errors=exc.errors)
+
+
+# The run's input past RUNS_PAYLOAD_MAX_BYTES (runs.payloads): too large like a body past the body limit.
+@api.exception_handler(PayloadTooLarge)
+def on_payload_too_large(request, exc):
+    return _error(request, 413, str(exc))
 
 
 @api.exception_handler(IdempotencyConflict)

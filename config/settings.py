@@ -312,6 +312,14 @@ LOGOUT_REDIRECT_URL = None
 # (config.body_limit, in front of the server's application); Django's own check stays behind it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 256 * 1024)
 
+# Any payload of a run (its input, a step's input or output, its result) whose JSON is over
+# RUNS_PAYLOAD_INLINE_BYTES is stored as an Artifact and referenced from its row (runs.payloads);
+# one over RUNS_PAYLOAD_MAX_BYTES is refused: a step output fails the step, a result the run, an
+# input is a 413. The cap bounds what a worker holds in memory for one value (the JSON text, its
+# bytes and the decoded value: a few times the cap) and what one replay reads back per step.
+RUNS_PAYLOAD_INLINE_BYTES = env_int("RUNS_PAYLOAD_INLINE_BYTES", 256 * 1024)
+RUNS_PAYLOAD_MAX_BYTES = env_int("RUNS_PAYLOAD_MAX_BYTES", 64 * 1024 * 1024)
+
 # Structured logs (config/logging.py): RUNS_LOG_FORMAT=json (the default with DEBUG off) or console.
 LOGGING = logging_config(
     debug=DEBUG,

@@ -11,7 +11,7 @@ from config.dbserver import ensure_database_url
 
 os.environ.setdefault(
     "AGENT_MODULES",
-    "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams,tests.agents_workflows,tests.agents_step_options",
+    "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams,tests.agents_workflows,tests.agents_step_options,tests.agents_payloads",
 )
 # The example kinds and demo apps (examples/): many tests run them. Tests of a deployment without them
 # start their processes with RUNS_EXAMPLES=0 (tests/test_trust_kinds.py).

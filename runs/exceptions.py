@@ -35,3 +35,12 @@ class QueueFull(RunsError):
     def __init__(self, message: str, retry_after: int = 5):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class PayloadTooLarge(InvalidRunInput):
+    """A value past ``RUNS_PAYLOAD_MAX_BYTES`` of JSON (``runs.payloads``): refused before anything is written."""
+
+    def __init__(self, message: str, *, size: int, limit: int):
+        super().__init__(message)
+        self.size = size
+        self.limit = limit

@@ -11,10 +11,11 @@ from decimal import Decimal
 from typing import Any, TypedDict, Unpack
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
+from runs import payloads
 from runs.db import dumps
 from runs.events import SYSTEM, Actor
 from runs.exceptions import (
@@ -158,6 +159,7 @@ def submit(
         except targets.Refused as exc:
             raise InvalidRunInput(f"callback_url cannot be delivered to: {exc}") from None
 
+    offload = payloads.offload_input(normalised)  # past RUNS_PAYLOAD_MAX_BYTES: PayloadTooLarge
     digest = request_hash(kind=kind, input=normalised, queue=queue, priority=priority)
     if idempotency_key is not None:
         existing = _existing(tenant, idempotency_key, digest)
@@ -194,7 +196,11 @@ def submit(
     payload = {"kind": kind, "queue": queue, "priority": priority} | (
         {"parent": str(parent.pk)} if parent is not None else {}
     )
-    if not _insert_queued(run, actor=actor, payload=payload):
+    if not (
+        _insert_queued(run, actor=actor, payload=payload)
+        if offload is None
+        else _insert_queued_with_input(run, offload, actor=actor, payload=payload)
+    ):
         # The idempotency key was taken meanwhile (a concurrent submit of the same request).
         existing = (
             _existing(tenant, idempotency_key, digest) if idempotency_key is not None else None
@@ -240,6 +246,33 @@ def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
     run.run_after = row["run_after"]
     run._state.adding = False
     run._state.db = connection.alias
+    return True
+
+
+class _KeyTaken(Exception):
+    pass
+
+
+def _insert_queued_with_input(
+    run: Run, offload: payloads.Offload, *, actor: Actor, payload: dict[str, Any]
+) -> bool:
+    """``_insert_queued`` of a run whose input is stored as an Artifact (``runs.payloads``).
+
+    The file is written first, outside any transaction; the Artifact row
+    and the run then commit together (the row's foreign key to the run is
+    checked at commit), or neither does and the file is deleted.
+    """
+    file = offload.write_file(run_id=run.pk)
+    try:
+        with transaction.atomic():
+            run.input = offload.save_row(run_id=run.pk, file=file)
+            if not _insert_queued(run, actor=actor, payload=payload):
+                raise _KeyTaken
+    except BaseException as exc:
+        offload.discard(file)
+        if isinstance(exc, _KeyTaken):
+            return False
+        raise
     return True
 
 

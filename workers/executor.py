@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db import DatabaseError
 
+from runs import payloads
 from runs.control import cancel_children
-from runs.db import dumps_storable, is_transient, loads, release_connection, with_retries
+from runs.db import dumps_storable, is_transient, release_connection, with_retries
 from runs.engine.exit import Exit, Exited
 from runs.engine.steplog import load_step_log
+from runs.exceptions import PayloadTooLarge
 from runs.metrics import process as metrics
 from runs.registry import get_kind
 from runs.states import TERMINAL_STATUSES, RunStatus
@@ -122,7 +124,7 @@ class RunExecutor:
             claimed=claimed, recorded=recorded, worker=self.worker, control=self.control, kind=kind
         )
         try:
-            agent_input = kind.agent_input(claimed.input)
+            agent_input = kind.agent_input(payloads.resolve(claimed.input, run_id=claimed.id))
         except Exception as exc:  # the stored input no longer validates
             return self._leave(
                 Exit.fail(
@@ -203,6 +205,9 @@ class RunExecutor:
 
         try:
             result_json, _ = dumps_storable(result)
+            stored = payloads.stored_json(
+                result_json, run_id=claimed.id, name="result", what="the run's result"
+            )
         except TypeError as exc:
             return self._leave(
                 Exit.fail(
@@ -211,7 +216,9 @@ class RunExecutor:
                     error_kind="fatal",
                 )
             )
-        return self._leave(Exit.done(result=result_json))
+        except PayloadTooLarge as exc:
+            return self._leave(Exit.fail(reason="result", error=str(exc), error_kind="fatal"))
+        return self._leave(Exit.done(result=stored))
 
     @staticmethod
     def _call_agent(kind: AgentKind, ctx: RunContext, agent_input):
@@ -468,7 +475,12 @@ class RunExecutor:
         """The kind's hook on a run that ended here (runs.registry.AgentKind.after_exit); its errors are logged."""
         try:
             self.kind.after_exit(
-                self.ctx, status, None if result_json is None else loads(result_json), at
+                self.ctx,
+                status,
+                None
+                if result_json is None
+                else payloads.resolve_json(result_json, run_id=self.claimed.id),
+                at,
             )
         except Exception:
             logger.exception(

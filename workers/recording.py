@@ -30,6 +30,7 @@ from runs.db import dumps, release_connection
 from runs.engine import marks
 from runs.engine import steps as checkpoint
 from runs.engine.steplog import RecordedStep
+from runs.exceptions import PayloadTooLarge
 from runs.metrics import process as metrics
 from workers.classify import classify
 from workers.errors import (
@@ -251,6 +252,11 @@ class StepRecorder:
         except TypeError as exc:  # the output is not JSON: nothing was written
             release_connection()
             error = Fatal(f"step {name!r} returned data that is not JSON-serialisable: {exc}")
+            self._step_failed(record, error, uncertain_means_ambiguous=False)
+            raise error from None
+        except PayloadTooLarge as exc:  # past RUNS_PAYLOAD_MAX_BYTES: nothing was written
+            release_connection()
+            error = Fatal(str(exc))
             self._step_failed(record, error, uncertain_means_ambiguous=False)
             raise error from None
         except (

@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
+from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 from django.http import FileResponse, Http404, HttpRequest
 from ninja import Schema
 
-from runs import selectors
+from runs import payloads, selectors
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.models import ApiKey, Artifact, Step
 
@@ -26,11 +28,26 @@ class ArtifactOut(Schema):
 
 
 def _steps_by_artifact(run) -> dict[int, int]:
-    """Seq of the step that produced each artifact (tool steps record the artifact id in their output)."""
-    rows = Step.objects.filter(
-        run=run, generation=run.generation, output__has_key="artifact_id"
-    ).values_list("output__artifact_id", "seq")
-    return {int(artifact_id): seq for artifact_id, seq in rows if artifact_id is not None}
+    """Seq of the step that produced each artifact.
+
+    Tool steps record the artifact id in their output; a step output stored
+    as an artifact is its reference (``runs.payloads``).
+    """
+    rows = (
+        Step.objects.filter(run=run, generation=run.generation)
+        .filter(Q(output__has_key="artifact_id") | Q(output__has_key=payloads.REFERENCE))
+        .annotate(
+            tool_artifact=KeyTextTransform("artifact_id", "output"),
+            stored_as=KeyTextTransform(payloads.REFERENCE, "output"),
+        )
+        .values_list("tool_artifact", "stored_as", "seq")
+    )
+    return {
+        int(artifact_id): seq
+        for tool_artifact, stored_as, seq in rows
+        for artifact_id in (tool_artifact, stored_as)
+        if artifact_id is not None and str(artifact_id).isdigit()
+    }
 
 
 @router.get(

@@ -10,8 +10,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 
+from runs import payloads
 from runs.models import (
     Artifact,
     Message,
@@ -53,11 +54,15 @@ def timeline(*, run: Run) -> list[TimelineStep]:
     """The steps of the run's current generation with their artifacts (two queries)."""
     steps = list(Step.objects.filter(run=run, generation=run.generation).order_by("seq"))
     by_step: dict[int, list[Artifact]] = defaultdict(list)
+    # A step output stored as an artifact (runs.payloads) names it in its reference.
+    referenced = {
+        s.output[payloads.REFERENCE]: s.pk for s in steps if payloads.is_reference(s.output)
+    }
     if steps:
-        for artifact in Artifact.objects.filter(run=run, step__in=[s.pk for s in steps]).order_by(
-            "id"
-        ):
-            by_step[artifact.step_id].append(artifact)
+        for artifact in Artifact.objects.filter(
+            Q(step__in=[s.pk for s in steps]) | Q(pk__in=list(referenced)), run=run
+        ).order_by("id"):
+            by_step[artifact.step_id or referenced[artifact.pk]].append(artifact)
     return [TimelineStep(step=s, artifacts=by_step[s.pk]) for s in steps]
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from runs.db import engine_cursor, loads
+from runs import payloads
+from runs.db import engine_cursor
 from runs.queries import queries, rows
 
 # At most this many messages are handed to one `message` step; the rest wait
@@ -29,7 +30,10 @@ def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
     with engine_cursor() as cursor:
         cursor.execute(queries.load_step_log, {"run": run_id, "generation": generation})
         found = rows(cursor)
-    return {row["seq"]: RecordedStep(**row | {"output": loads(row["output"])}) for row in found}
+    return {
+        row["seq"]: RecordedStep(**row | {"output": payloads.resolve_json(row["output"], run_id=run_id)})
+        for row in found
+    }
 
 
 def unconsumed_messages(run_id: UUID, *, limit: int = MESSAGES_PER_STEP) -> list[dict]:

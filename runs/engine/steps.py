@@ -31,6 +31,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from runs import payloads
 from runs.db import dumps_storable, engine_cursor, storable_text
 from runs.engine import recordset
 from runs.queries import one, queries, rows
@@ -69,7 +70,7 @@ class StepRecord:
             "seq": self.seq,
             "name": name,
             "kind": self.kind,
-            "input": input_json,
+            "input": payloads.stored_step_input_json(input_json, run_id=self.run_id, seq=self.seq),
             "key": storable_text(self.idempotency_key),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
@@ -98,13 +99,17 @@ class Checkpoint(recordset.Row.of(queries.checkpoint)):
     fragment ``checkpoint_step``), declared there only: the step's
     identity, name, kind, input and ``output`` (JSON text, storable: what
     replay will return), idempotency ``key``, tokens, ``cost``, when it
-    started, whether text was replaced, and the run's ``steps_total``. Two
-    more are Python's, for the statement of a single step: the messages a
-    message step consumed, and the step a compensation undid.
+    started, whether text was replaced, and the run's ``steps_total``. The
+    others are Python's: the messages a message step consumed and the step a
+    compensation undid (for the statement of a single step), and
+    ``returned``, the whole output's JSON, which the step returns, where
+    ``output`` may be the reference to an artifact holding it
+    (``runs.payloads``).
     """
 
     message_ids: tuple[int, ...] = ()
     compensates: int | None = None
+    returned: str = ""
 
     @classmethod
     def of(
@@ -116,6 +121,9 @@ class Checkpoint(recordset.Row.of(queries.checkpoint)):
         consumed_message_ids: Iterable[int] = (),
     ) -> Checkpoint:
         """``step`` finished with ``output``; raises TypeError when the output is not JSON (nothing can be written).
+
+        An output over the inline limit is saved as the run's artifact first
+        (``runs.payloads``); past the hard cap raises ``PayloadTooLarge``.
 
         ``consumed_message_ids`` are the messages a ``message`` step read:
         consumed with its checkpoint. A compensation (``step.compensates``)
@@ -131,7 +139,8 @@ class Checkpoint(recordset.Row.of(queries.checkpoint)):
         own = {name: params[name] for name in cls.COLUMNS if name in params}
         return cls(
             **own,
-            output=output_json,
+            output=payloads.stored_step_output_json(output_json, step=step),
+            returned=output_json,
             steps_total=steps_total,
             message_ids=message_ids,
             compensates=step.compensates,
@@ -159,7 +168,7 @@ class Checkpointed(NamedTuple):
     cancel: bool  # a cancel was requested
     pause: bool  # a pause was requested
     spent: Decimal  # the run's cost, its finished children's included
-    output: str  # the output as stored, in JSON
+    output: str  # the whole output, in JSON, as stored or as its artifact holds it
 
 
 def _execute(
@@ -193,7 +202,7 @@ def _execute(
             None
             if row is None
             else Checkpointed(
-                cancel=row["cancel"], pause=row["pause"], spent=row["spent"], output=item.output
+                cancel=row["cancel"], pause=row["pause"], spent=row["spent"], output=item.returned
             )
         )
     return answers

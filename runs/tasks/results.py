@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 
+from runs import payloads
+
 if TYPE_CHECKING:
     from runs.models import Run
 
@@ -126,7 +128,8 @@ def from_run(
     run: Run, *, task: Task, alias: str, errors: list[str], worker_ids: list[str]
 ) -> TaskResult:
     """The ``TaskResult`` of a task's run, with its step attempts' errors and the workers that claimed it."""
-    data = run.input if isinstance(run.input, dict) else {}
+    data = payloads.resolve(run.input, run_id=run.pk)
+    data = data if isinstance(data, dict) else {}
     return build_result(
         task=enqueued_task(task, queue=run.queue, priority=run.priority, alias=alias, data=data),
         run_id=run.pk,
@@ -140,7 +143,7 @@ def from_run(
         alias=alias,
         errors=[task_error(text) for text in errors],
         worker_ids=worker_ids,
-        return_value=run.result if run.status == "done" else None,
+        return_value=payloads.resolve(run.result, run_id=run.pk) if run.status == "done" else None,
     )
 
 
