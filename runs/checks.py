@@ -19,3 +19,31 @@ def examples_in_production(app_configs, **kwargs) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+@checks.register()
+def payload_limits(app_configs, **kwargs) -> list[checks.CheckMessage]:
+    """The payload limits (runs.payloads) against each other and against the request body limit."""
+    inline, cap = settings.RUNS_PAYLOAD_INLINE_BYTES, settings.RUNS_PAYLOAD_MAX_BYTES
+    body = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    found: list[checks.CheckMessage] = []
+    if inline > cap:
+        found.append(
+            checks.Error(
+                f"RUNS_PAYLOAD_INLINE_BYTES ({inline}) is over RUNS_PAYLOAD_MAX_BYTES ({cap}): "
+                "values the inline limit would keep in their rows are refused by the cap.",
+                hint="Keep the inline limit (256 KiB by default) below the cap (64 MiB by default).",
+                id="runs.E202",
+            )
+        )
+    if body is not None and body > cap:
+        found.append(
+            checks.Warning(
+                f"RUNS_MAX_BODY_BYTES ({body}) is over RUNS_PAYLOAD_MAX_BYTES ({cap}): a request body "
+                "between the two is read whole, then its run input refused (413) by the payload cap.",
+                hint="Keep the body limit at or below the payload cap, so that the body limit refuses "
+                "such a request before reading it.",
+                id="runs.W203",
+            )
+        )
+    return found

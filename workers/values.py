@@ -14,6 +14,8 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from runs import payloads
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -75,12 +77,13 @@ class ChildOutcome:
         return self.status == "done"
 
     @classmethod
-    def from_output(cls, output: dict) -> ChildOutcome:
+    def from_output(cls, output: dict, *, parent_id: UUID) -> ChildOutcome:
+        """The outcome a gather recorded; a result stored as an artifact is read back (``runs.payloads``)."""
         return cls(
             run_id=UUID(output["run_id"]),
             kind=output["kind"],
             status=output["status"],
-            result=output.get("result"),
+            result=payloads.resolve(output.get("result"), run_id=parent_id),
             error=output.get("error", ""),
             error_kind=output.get("error_kind", ""),
         )

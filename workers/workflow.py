@@ -240,7 +240,9 @@ class Workflow:
         position = self._log.take(name, what="gather")
         seq = position.seq
         if position.done:
-            return [ChildOutcome.from_output(o) for o in position.recorded.output]
+            return [
+                ChildOutcome.from_output(o, parent_id=self.run_id) for o in position.recorded.output
+            ]
         self._bounds.before_step(
             seq, "child"
         )  # with the budget, which what finished children spent counts in
@@ -274,7 +276,7 @@ class Workflow:
             for c in state.children
         ]
         result = self._finish_waiting(position, "child", outcomes)
-        return [ChildOutcome.from_output(o) for o in result]
+        return [ChildOutcome.from_output(o, parent_id=self.run_id) for o in result]
 
     def _cancel_child(self, child_id: UUID) -> None:
         from runs.control import cancel_runs  # models: loaded after the app registry
