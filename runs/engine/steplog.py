@@ -31,7 +31,9 @@ def load_step_log(*, run_id: UUID, generation: int) -> dict[int, RecordedStep]:
         cursor.execute(queries.load_step_log, {"run": run_id, "generation": generation})
         found = rows(cursor)
     return {
-        row["seq"]: RecordedStep(**row | {"output": payloads.resolve_json(row["output"], run_id=run_id)})
+        row["seq"]: RecordedStep(
+            **row | {"output": payloads.resolve_json(row["output"], run_id=run_id)}
+        )
         for row in found
     }
 
