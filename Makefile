@@ -25,15 +25,20 @@ install: $(VENV)/.installed
 run: install
 	RUNS_EXAMPLES=$${RUNS_EXAMPLES:-1} $(VPY) manage.py up
 
-# The linters first (ruff format and check, makemigrations --check): CI runs `make test` and nothing else.
+# The linters first (ruff format and check, mypy, makemigrations --check): CI runs `make test` and nothing else.
 test: lint
 	$(VPY) -m pytest
+
+# mypy imports the settings (the django-stubs plugin), which only parse DATABASE_URL: it is given
+# a URL nothing connects to, so it needs no database (manage.py would start the embedded one).
+MYPY := DEBUG=1 DATABASE_URL=postgres://localhost/typecheck $(VENV)/bin/mypy config runs workers
 
 # Development entry points: settings refuse to start with DEBUG off and no
 # SECRET_KEY (`make run` turns DEBUG on in manage.py up, `make test` brings its own key).
 lint: install
 	$(VENV)/bin/ruff format --check config runs workers examples tests bench
 	$(VENV)/bin/ruff check config runs workers examples tests bench
+	$(MYPY)
 	DEBUG=$${DEBUG:-1} RUNS_EXAMPLES=1 $(VPY) manage.py makemigrations --check --dry-run
 
 bench: install

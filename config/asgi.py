@@ -33,7 +33,8 @@ streams = get_asgi_application()
 # has connections (RUNS_DB_POOL_MAX): one more would only wait for a connection.
 _pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
 requests = WSGIMiddleware(
-    get_wsgi_application(), workers=_pool["max_size"] if isinstance(_pool, dict) else 12
+    get_wsgi_application(),  # type: ignore[arg-type]  # a2wsgi and django-stubs type environ, start_response apart
+    workers=_pool["max_size"] if isinstance(_pool, dict) else 12,
 )
 
 STREAM_PATH = re.compile(r"^/api/runs/[^/]+/events/?$")

@@ -195,7 +195,7 @@ TEMPLATES = [
 ]
 
 
-def _database() -> dict:
+def _database() -> dj_database_url.DBConfig:
     url = os.environ.get("DATABASE_URL")
     if not url:
         # Only reached when Django is started by something other than our

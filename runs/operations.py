@@ -22,11 +22,11 @@ from runs.registry import get_kind
 logger = logging.getLogger(__name__)
 
 
-def _set_paused(
-    model: type[Pausable], *, name: str, paused: bool, actor: Actor, wakes: str | None
-) -> Pausable:
+def _set_paused[P: Pausable](
+    model: type[P], *, name: str, paused: bool, actor: Actor, wakes: str | None
+) -> P:
     """Pause or resume one queue or kind; on resume wake the workers of queue ``wakes``."""
-    state, _ = model.objects.update_or_create(
+    state, _ = model._default_manager.update_or_create(
         name=name, defaults={"paused": paused, "paused_at": timezone.now() if paused else None}
     )
     logger.info(
@@ -78,6 +78,7 @@ def requeue_stuck_run(*, run: Run, actor: Actor) -> Run:
     if (
         run.status != RunStatus.RUNNING
         or run.locked_until is None
+        or run.lease_token is None
         or run.locked_until >= timezone.now()
     ):
         raise InvalidTransition("only a running run whose lease has expired can be requeued")

@@ -13,9 +13,12 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runs.exceptions import InvalidAgentInput
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 # What a queue may be called (the worker's --queues, a kind's queue, a task backend's QUEUES).
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -34,7 +37,7 @@ class AgentKind:
     name: str
     func: Callable[..., Any]
     queue: str = "default"
-    input_schema: type | None = None
+    input_schema: type[BaseModel] | None = None
     max_attempts: int | None = None
     cost_ceiling_cents: float | None = None
     deadline: timedelta | None = None
@@ -104,7 +107,7 @@ def agent(
     name: str,
     *,
     queue: str = "default",
-    input_schema: type | None = None,
+    input_schema: type[BaseModel] | None = None,
     max_attempts: int | None = None,
     cost_ceiling_cents: float | None = None,
     deadline: timedelta | None = None,

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from runs.keys import create_api_key
 from runs.models import ApiKey, Membership
-from runs.tasks import durable_aliases
+from runs.tasks import DurableTaskBackend, durable_aliases
 from runs.tenants import ensure_tenant
 
 DEMO_KEY_NAME = "demo (manage.py up)"
@@ -44,10 +44,10 @@ def seed_demo(*, slug: str = "demo", username: str = "demo", password: str = "de
     )
     # Django tasks run in their backend's tenant (runs.tasks): the demo user sees them on the dashboard too.
     for alias in durable_aliases():
+        backend = task_backends[alias]
+        assert isinstance(backend, DurableTaskBackend)  # what durable_aliases lists
         Membership.objects.update_or_create(
-            user=user,
-            tenant=task_backends[alias].tenant(),
-            defaults={"role": Membership.Role.APPROVER},
+            user=user, tenant=backend.tenant(), defaults={"role": Membership.Role.APPROVER}
         )
     demo_seeded.send(sender=Demo, tenant=tenant)
     # The secret of an earlier key cannot be shown again: issue a new one

@@ -262,7 +262,7 @@ def waiting_for(run: Run) -> dict | None:
         }
     if run.status == RunStatus.WAITING:
         # A gather's successes still needed and a timer, only when there are.
-        extra = {"until": run.wake_at.isoformat()} if run.wake_at else {}
+        extra: dict[str, str | int] = {"until": run.wake_at.isoformat()} if run.wake_at else {}
         if run.children_pending:
             if run.children_needed is not None:
                 extra["needed"] = run.children_needed

@@ -29,9 +29,10 @@ STEP_KINDS = ("llm", "tool", "custom")
 def _column_limits() -> tuple[int, int]:
     from runs.models import Step  # models: loaded after the app registry
 
-    return Step._meta.get_field("name").max_length, Step._meta.get_field(
-        "idempotency_key"
-    ).max_length
+    name = Step._meta.get_field("name").max_length
+    key = Step._meta.get_field("idempotency_key").max_length
+    assert name is not None and key is not None  # both are CharFields, whose max_length is required
+    return name, key
 
 
 def check_step_options(

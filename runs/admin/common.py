@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
@@ -100,6 +101,9 @@ class EstimatedCountPaginator(Paginator):
     ``max_pages``, so no link leads to an OFFSET of a million rows.
     """
 
+    object_list: QuerySet[
+        Any
+    ]  # what the admin's changelist pages: a QuerySet, which the planner can estimate
     exact_up_to = 1000
     # A page costs its OFFSET: deeper than this, narrow the list with the filters instead.
     max_pages = 200

@@ -158,18 +158,18 @@ class QueueAdmin(PausableAdmin):
         operations.set_queue_paused(name=name, paused=paused, actor=actor)
 
 
+def kind_choices() -> list[tuple[str, str]]:
+    return [(k.name, k.name) for k in sorted(all_kinds(), key=lambda k: k.name)]
+
+
 class KindStateForm(forms.ModelForm):
-    name = forms.ChoiceField(choices=())
+    name = forms.ChoiceField(
+        choices=kind_choices
+    )  # a callable: the kinds registered when the form is shown
 
     class Meta:
         model = KindState
         fields = ("name", "paused")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["name"].choices = [
-            (k.name, k.name) for k in sorted(all_kinds(), key=lambda k: k.name)
-        ]
 
 
 @admin.register(KindState)

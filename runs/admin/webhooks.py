@@ -7,6 +7,9 @@ Operators see each attempt's whole error here; tenants see only its kind
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Subquery
@@ -24,6 +27,17 @@ from runs.models import (
     WebhookReceiver,
 )
 from runs.webhooks import deliveries, receivers, targets
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class ReceiverHealth(TypedDict):
+    """What ``WebhookEndpointAdmin.get_queryset`` annotates each endpoint with: its receiver's health."""
+
+    receiver_id: int | None
+    paused_at: datetime | None
+    paused_reason: str | None
 
 
 class WebhookEndpointForm(forms.ModelForm):
@@ -46,7 +60,7 @@ class WebhookEndpointForm(forms.ModelForm):
         return url
 
 
-def paused_text(paused_at, reason: str) -> str:
+def paused_text(paused_at: datetime | None, reason: str | None) -> str:
     return (
         f"paused since {timezone.localtime(paused_at):%Y-%m-%d %H:%M:%S}: {reason}"
         if paused_at
@@ -96,7 +110,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         return ", ".join(endpoint.event_types)
 
     @admin.display(description="paused", ordering="paused_at")
-    def paused(self, endpoint: WebhookEndpoint) -> str:
+    def paused(self, endpoint: WithAnnotations[WebhookEndpoint, ReceiverHealth]) -> str:
         return paused_text(endpoint.paused_at, endpoint.paused_reason)
 
     @admin.action(

@@ -7,10 +7,11 @@ from uuid import UUID
 
 from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
-from django.http import FileResponse, Http404, HttpRequest
+from django.http import FileResponse, Http404
 from ninja import Schema
 
 from runs import payloads, selectors
+from runs.api.auth import ApiRequest
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.models import ApiKey, Artifact, Step
 
@@ -55,7 +56,7 @@ def _steps_by_artifact(run) -> dict[int, int]:
     response={200: list[ArtifactOut]} | ERRORS,
     summary="A run's artifacts",
 )
-def list_artifacts(request: HttpRequest, run_id: UUID):
+def list_artifacts(request: ApiRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
     producing = _steps_by_artifact(run)
@@ -67,7 +68,7 @@ def list_artifacts(request: HttpRequest, run_id: UUID):
             "size": a.size,
             "sha256": a.sha256,
             "summary": a.summary,
-            "step": a.step.seq if a.step_id else producing.get(a.pk),
+            "step": a.step.seq if a.step is not None else producing.get(a.pk),
             "created_at": a.created_at,
             "download_url": f"/api/runs/{run.pk}/artifacts/{a.pk}",
         }
@@ -80,7 +81,7 @@ def list_artifacts(request: HttpRequest, run_id: UUID):
     response={200: None} | ERRORS,
     summary="Download an artifact",
 )
-def download_artifact(request: HttpRequest, run_id: UUID, artifact_id: int):
+def download_artifact(request: ApiRequest, run_id: UUID, artifact_id: int):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
     artifact = Artifact.objects.filter(run=run, pk=artifact_id).first()

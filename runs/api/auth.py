@@ -15,6 +15,7 @@ it, 403. Either way ``request.auth`` has ``tenant`` and ``has_scope(scope)``;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.contrib.auth.models import AbstractUser
 from django.http import HttpRequest
@@ -28,7 +29,7 @@ from runs.keys import authenticate_key
 from runs.models import ApiKey, Membership, Tenant
 
 Scope = ApiKey.Scope
-ROLE_SCOPES = {
+ROLE_SCOPES: dict[str, frozenset[str]] = {
     Membership.Role.VIEWER: frozenset({Scope.READ}),
     Membership.Role.OPERATOR: frozenset({Scope.READ, Scope.WRITE}),
     Membership.Role.APPROVER: frozenset({Scope.READ, Scope.WRITE, Scope.APPROVE}),
@@ -55,6 +56,19 @@ class SessionCaller:
 
     def has_scope(self, scope: str) -> bool:
         return self.user.is_superuser or scope in ROLE_SCOPES.get(self.access.role, frozenset())
+
+
+class ApiRequest(HttpRequest):
+    """A request the runs router's auth (``ApiAuth``) let through: ``auth`` is who called."""
+
+    auth: ApiKey | SessionCaller
+
+
+class Authenticated(Protocol):
+    """What a scope check reads of a request: its caller."""
+
+    @property
+    def auth(self) -> ApiKey | SessionCaller: ...
 
 
 def actor_of(caller: ApiKey | SessionCaller) -> Actor:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from ninja import Status
 
 from runs import control, kinds, selectors
-from runs.api.auth import actor_of
+from runs.api.auth import ApiRequest, actor_of
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import CancelIn, DecisionIn, ForkIn, MessageIn, ResolveIn, RetryIn, RunOut
 from runs.models import ApiKey
@@ -16,7 +16,7 @@ from runs.models import ApiKey
 RESPONSES = {200: RunOut, 202: RunOut} | ERRORS
 
 
-def _target(request: HttpRequest, run_id: UUID, scope: str):
+def _target(request: ApiRequest, run_id: UUID, scope: str):
     """401 (auth) → 404 (another tenant's run) → 403 (scope), in that order."""
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, scope)
@@ -32,7 +32,7 @@ def _answer(outcome: control.Outcome):
     response=RESPONSES,
     summary="Cancel a run (202: at its next step boundary)",
 )
-def cancel(request: HttpRequest, run_id: UUID, payload: CancelIn | None = None):
+def cancel(request: ApiRequest, run_id: UUID, payload: CancelIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     payload = payload or CancelIn()
     return _answer(control.cancel_run(run=run, actor=actor, compensate=payload.compensate))
@@ -43,19 +43,19 @@ def cancel(request: HttpRequest, run_id: UUID, payload: CancelIn | None = None):
     response=RESPONSES,
     summary="Pause a run (202: at its next step boundary)",
 )
-def pause(request: HttpRequest, run_id: UUID):
+def pause(request: ApiRequest, run_id: UUID):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     return _answer(control.pause_run(run=run, actor=actor))
 
 
 @router.post("/runs/{run_id}/resume", response=RESPONSES, summary="Resume a paused run")
-def resume(request: HttpRequest, run_id: UUID):
+def resume(request: ApiRequest, run_id: UUID):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     return _answer(control.resume_run(run=run, actor=actor))
 
 
 @router.post("/runs/{run_id}/approve", response=RESPONSES, summary="Approve the pending approval")
-def approve(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None):
+def approve(request: ApiRequest, run_id: UUID, payload: DecisionIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
     payload = payload or DecisionIn()
     return _answer(
@@ -64,7 +64,7 @@ def approve(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = Non
 
 
 @router.post("/runs/{run_id}/reject", response=RESPONSES, summary="Reject the pending approval")
-def reject(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None):
+def reject(request: ApiRequest, run_id: UUID, payload: DecisionIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
     payload = payload or DecisionIn()
     return _answer(
@@ -75,7 +75,7 @@ def reject(request: HttpRequest, run_id: UUID, payload: DecisionIn | None = None
 @router.post(
     "/runs/{run_id}/resolve", response=RESPONSES, summary="Resolve an ambiguous side effect"
 )
-def resolve(request: HttpRequest, run_id: UUID, payload: ResolveIn):
+def resolve(request: ApiRequest, run_id: UUID, payload: ResolveIn):
     run, actor = _target(request, run_id, ApiKey.Scope.APPROVE)
     return _answer(
         control.resolve_run(run=run, actor=actor, action=payload.action, output=payload.output)
@@ -83,13 +83,13 @@ def resolve(request: HttpRequest, run_id: UUID, payload: ResolveIn):
 
 
 @router.post("/runs/{run_id}/messages", response=RESPONSES, summary="Send a message to a run")
-def message(request: HttpRequest, run_id: UUID, payload: MessageIn):
+def message(request: ApiRequest, run_id: UUID, payload: MessageIn):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     return _answer(control.post_message(run=run, actor=actor, text=payload.text))
 
 
 @router.post("/runs/{run_id}/retry", response=RESPONSES, summary="Retry a failed or cancelled run")
-def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
+def retry(request: ApiRequest, run_id: UUID, payload: RetryIn | None = None):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     payload = payload or RetryIn()
     return _answer(
@@ -108,7 +108,7 @@ def retry(request: HttpRequest, run_id: UUID, payload: RetryIn | None = None):
     response={202: RunOut} | ERRORS,
     summary="Fork a run: a new run that replays steps before N and runs from N (202, queued)",
 )
-def fork(request: HttpRequest, response: HttpResponse, run_id: UUID, payload: ForkIn):
+def fork(request: ApiRequest, response: HttpResponse, run_id: UUID, payload: ForkIn):
     run, actor = _target(request, run_id, ApiKey.Scope.WRITE)
     # A fork starts a new run of the kind: only of a kind the tenant may start (a retry is not a new run).
     kinds.require_startable(request.auth.tenant, run.kind)

@@ -11,7 +11,7 @@ from ninja.errors import HttpError
 from pydantic import Field
 
 from runs import kinds, selectors, services
-from runs.api.auth import ApiAuth, actor_of, refusal_of
+from runs.api.auth import ApiAuth, ApiRequest, Authenticated, actor_of, refusal_of
 from runs.api.schemas import (
     ErrorOut,
     HealthOut,
@@ -38,14 +38,14 @@ ERRORS = {
 }
 
 
-def require_scope(request: HttpRequest, scope: str) -> None:
+def require_scope(request: Authenticated, scope: str) -> None:
     if not request.auth.has_scope(scope):
         raise HttpError(403, refusal_of(request.auth, scope))
 
 
 @router.post("/runs", response={200: RunOut, 202: RunOut} | ERRORS, summary="Submit a run")
 def submit_run(
-    request: HttpRequest,
+    request: ApiRequest,
     response: HttpResponse,
     payload: RunIn,
     headers: Header[SubmitHeaders],
@@ -95,7 +95,7 @@ class RunFilters(StorableIn):
 @router.get(
     "/runs", response={200: RunPage} | ERRORS, summary="List the tenant's runs, newest first"
 )
-def list_runs(request: HttpRequest, filters: Query[RunFilters]):
+def list_runs(request: ApiRequest, filters: Query[RunFilters]):
     require_scope(request, ApiKey.Scope.READ)
     page = selectors.list_runs(
         tenant=request.auth.tenant,
@@ -113,7 +113,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]):
 @router.get(
     "/runs/{run_id}", response={200: RunOut} | ERRORS, summary="A run's status and progress"
 )
-def get_run(request: HttpRequest, run_id: UUID):
+def get_run(request: ApiRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
     return run
@@ -129,7 +129,7 @@ class StepFilters(StorableIn):
     response={200: StepPage} | ERRORS,
     summary="A run's audit trail, in pages",
 )
-def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
+def list_steps(request: ApiRequest, run_id: UUID, filters: Query[StepFilters]):
     """Every step of every generation, oldest first: ``?limit=&cursor=`` pages like the run list."""
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
@@ -140,7 +140,7 @@ def list_steps(request: HttpRequest, run_id: UUID, filters: Query[StepFilters]):
 @router.get(
     "/kinds", response={200: list[KindOut]} | ERRORS, summary="The kinds this tenant may start"
 )
-def list_kinds(request: HttpRequest):
+def list_kinds(request: ApiRequest):
     """Registered kinds the caller's tenant may start, with their input JSON schema (``runs.kinds``)."""
     require_scope(request, ApiKey.Scope.READ)
     return [

@@ -23,6 +23,7 @@ from ninja.errors import HttpError
 from pydantic import Field
 
 from runs import selectors
+from runs.api.auth import ApiRequest
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import StorableIn
 from runs.db import release_connection
@@ -107,7 +108,7 @@ async def events(request: HttpRequest, run_id: UUID, query: Query[StreamQuery]):
     response={200: StreamTokenOut} | ERRORS,
     summary="A token for the run's event stream, valid 60 s (for EventSource)",
 )
-def stream_token(request: HttpRequest, run_id: UUID):
+def stream_token(request: ApiRequest, run_id: UUID):
     run = selectors.get_run(tenant=request.auth.tenant, run_id=run_id)
     require_scope(request, ApiKey.Scope.READ)
     # Issued under the key (or, with the dashboard's session, to the user): the token dies with it.

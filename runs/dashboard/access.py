@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from uuid import UUID
 
-from django.contrib.auth.models import AbstractUser
+from django.contrib.auth.models import AbstractUser, AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
@@ -42,7 +42,7 @@ OPERATOR_ACTIONS = frozenset(
     {Action.SUBMIT, Action.CANCEL, Action.PAUSE, Action.RESUME, Action.RETRY, Action.MESSAGE}
 )
 APPROVER_ACTIONS = OPERATOR_ACTIONS | {Action.APPROVE, Action.REJECT, Action.RESOLVE}
-ROLE_ACTIONS = {
+ROLE_ACTIONS: dict[str, frozenset[Action]] = {
     Membership.Role.VIEWER: frozenset(),
     Membership.Role.OPERATOR: OPERATOR_ACTIONS,
     Membership.Role.APPROVER: APPROVER_ACTIONS,
@@ -98,23 +98,29 @@ class Access:
         return len(self.memberships) > 1
 
 
+def signed_in_user(request: HttpRequest) -> User:
+    """The user of a request the dashboard serves: its views are ``login_required``, so never anonymous."""
+    if isinstance(request.user, AnonymousUser):
+        raise PermissionDenied("sign in to use the dashboard")
+    return request.user
+
+
 def current_access(request: HttpRequest) -> Access:
     """The tenant selected in the session if the user is still a member of it, else their first tenant."""
+    user = signed_in_user(request)
     memberships = tuple(
         Membership.objects.select_related("tenant")
-        .filter(user=request.user)
+        .filter(user=user)
         .order_by("tenant__name", "tenant__slug")
     )
     if not memberships:
         raise NoMembership(
-            f"you are signed in as {person_name(request.user)} but not a member of any tenant yet: "
+            f"you are signed in as {person_name(user)} but not a member of any tenant yet: "
             "ask an administrator to add you to one"
         )
     selected = request.session.get(SESSION_TENANT)
     chosen = next((m for m in memberships if str(m.tenant_id) == selected), memberships[0])
-    return Access(
-        tenant=chosen.tenant, role=chosen.role, user=request.user, memberships=memberships
-    )
+    return Access(tenant=chosen.tenant, role=chosen.role, user=user, memberships=memberships)
 
 
 def require(access: Access, action: Action) -> None:
@@ -132,7 +138,7 @@ def select_tenant(request: HttpRequest, tenant_id: str) -> Tenant:
         raise Http404("you are not a member of that tenant") from None
     membership = (
         Membership.objects.select_related("tenant")
-        .filter(user=request.user, tenant_id=tenant_uuid)
+        .filter(user=signed_in_user(request), tenant_id=tenant_uuid)
         .first()
     )
     if membership is None:

@@ -356,7 +356,7 @@ RESOLUTIONS = {
 
 
 def _resolved(said: _Said) -> dict:
-    template = RESOLUTIONS.get(said.payload.get("action"), "resolved {step}")
+    template = RESOLUTIONS.get(said.payload.get("action", ""), "resolved {step}")
     return _person(said, template.format(step=said.step()) + ".")
 
 

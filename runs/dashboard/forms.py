@@ -12,9 +12,10 @@ mapped back onto the fields by ``add_input_errors``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.forms.fields import InvalidJSONInput
@@ -92,6 +93,10 @@ def _resolve(schema: dict, prop: dict) -> tuple[dict, bool]:
     return prop, nullable
 
 
+# How an enum's chosen option, a string in the form, becomes a value of the schema's type again.
+COERCE: dict[str, Callable[[Any], Any]] = {"integer": int, "number": float}
+
+
 def _field(prop: dict, required: bool, nullable: bool) -> tuple[forms.Field, str]:
     common: dict[str, Any] = {
         "required": required,
@@ -100,10 +105,10 @@ def _field(prop: dict, required: bool, nullable: bool) -> tuple[forms.Field, str
     }
     if "default" in prop and prop["default"] is not None:
         common["initial"] = prop["default"]
-    kind = prop.get("type")
+    kind = prop.get("type", "")
     choices = prop.get("enum") or ([prop["const"]] if "const" in prop else None)
     if choices:
-        coerce = {"integer": int, "number": float}.get(kind, str)
+        coerce = COERCE.get(kind, str)
         options = [(c, str(c)) for c in choices]
         if not required and prop.get("default") is None:
             options = [("", "—"), *options]
@@ -269,17 +274,19 @@ class RetryForm(forms.Form):
 
 
 class RunFilterForm(forms.Form):
-    status = forms.ChoiceField(required=False)
+    status = forms.ChoiceField(
+        required=False,
+        choices=[("", "Any status")] + [(s, status_label(s)) for s in RunStatus.values],
+    )
     kind = forms.ChoiceField(required=False)
     q = forms.CharField(required=False, max_length=200, label="Search")
     cursor = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, kinds: list[str], **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["status"].choices = [("", "Any status")] + [
-            (s, status_label(s)) for s in RunStatus.values
+        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "Any kind")] + [
+            (k, k) for k in kinds
         ]
-        self.fields["kind"].choices = [("", "Any kind")] + [(k, k) for k in kinds]
         self.fields["q"].widget.attrs.update(
             {"placeholder": "words of its title or input, or a run id", "autocomplete": "off"}
         )

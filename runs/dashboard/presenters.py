@@ -32,7 +32,7 @@ CENT = Decimal("0.01")
 # Large step payloads are cut for display; the API serves them whole.
 MAX_JSON_CHARS = 20_000
 
-STATUS_LABELS = {
+STATUS_LABELS: dict[str, str] = {
     RunStatus.QUEUED: "Queued",
     RunStatus.RUNNING: "Running",
     RunStatus.WAITING_HUMAN: "Needs a person",

@@ -48,14 +48,16 @@ def now_step(run: Run, last: Step | None) -> NowStep | None:
     """
     if run.is_terminal or not run.current_step:
         return None
-    recorded = last is not None and last.name == run.current_step
+    recorded = last if last is not None and last.name == run.current_step else None
     if run.status == RunStatus.RUNNING:
-        if recorded and last.status == StepStatus.DONE:
+        if recorded is not None and recorded.status == StepStatus.DONE:
             return NowStep("Last step", run.current_step, "done")
         return NowStep("Current step", run.current_step, "running")
-    if recorded and last.status == StepStatus.WAITING:
+    if recorded is not None and recorded.status == StepStatus.WAITING:
         return NowStep("Waiting on", run.current_step, "waiting")
-    return NowStep("Last step", run.current_step, last.status if recorded else "done")
+    return NowStep(
+        "Last step", run.current_step, recorded.status if recorded is not None else "done"
+    )
 
 
 @dataclass(frozen=True)

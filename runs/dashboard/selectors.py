@@ -149,7 +149,7 @@ def family(*, run: Run, children: bool = True) -> Family:
 
     ``children=False`` skips the children's query (a run that never spawned).
     """
-    related = {
+    related: dict[UUID | None, Run] = {
         r.pk: r
         for r in Run.objects.filter(pk__in=[k for k in (run.parent_id, run.origin_id) if k]).only(
             "id", "kind", "status", "title", "tenant_id"
@@ -157,7 +157,7 @@ def family(*, run: Run, children: bool = True) -> Family:
     }
     if not children:
         return Family(parent=related.get(run.parent_id), origin=related.get(run.origin_id))
-    children = list(
+    shown = list(
         Run.objects.filter(parent=run)
         .order_by("created_at", "id")
         .only(
@@ -174,12 +174,12 @@ def family(*, run: Run, children: bool = True) -> Family:
         )[: CHILDREN_SHOWN + 1]
     )
     more = 0
-    if len(children) > CHILDREN_SHOWN:
+    if len(shown) > CHILDREN_SHOWN:
         more = Run.objects.filter(parent=run).count() - CHILDREN_SHOWN
-        children = children[:CHILDREN_SHOWN]
+        shown = shown[:CHILDREN_SHOWN]
     return Family(
         parent=related.get(run.parent_id),
         origin=related.get(run.origin_id),
-        children=children,
+        children=shown,
         more_children=more,
     )

@@ -21,6 +21,7 @@ from django.views import defaults
 from django.views.decorators.csrf import requires_csrf_token
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
+from django_htmx.middleware import HtmxDetails
 
 from runs import kinds, selectors, services
 from runs.actors import describe_actors, message_author, parse_actor
@@ -54,6 +55,12 @@ HTMX_STOP_POLLING = 286
 PAGE_SIZE = 50
 
 
+class HtmxHttpRequest(HttpRequest):
+    """A request through django-htmx's middleware, which tells whether htmx sent it."""
+
+    htmx: HtmxDetails
+
+
 def login_required_polls(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """``login_required``, except that an htmx poll from a session that ended reloads the page.
 
@@ -62,7 +69,7 @@ def login_required_polls(view: Callable[..., HttpResponse]) -> Callable[..., Htt
     protected = login_required(view)
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.htmx and not request.user.is_authenticated:
             return HttpResponseClientRefresh()
         return protected(request, *args, **kwargs)
@@ -78,7 +85,7 @@ def actor_of(request: HttpRequest) -> services.Actor:
 
 
 @login_required_polls
-def run_list(request: HttpRequest) -> HttpResponse:
+def run_list(request: HtmxHttpRequest) -> HttpResponse:
     access = current_access(request)
     filters = RunFilterForm(request.GET, kinds=[kind.name for kind in all_kinds()])
     page, error = selectors.Page(items=[], next_cursor=None), ""
@@ -134,7 +141,7 @@ def _page_url(filters: RunFilterForm, cursor: str | None) -> str | None:
 
 
 @login_required_polls
-def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     access = current_access(request)
     run = selectors.get_run(tenant=access.tenant, run_id=run_id)
     if request.htmx:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -23,6 +24,10 @@ from django.utils import timezone
 
 from runs.models.tenancy import MONEY, Tenant
 from runs.states import TERMINAL_STATUSES, Compensation, ErrorKind, RunOutcome, RunStatus
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler
 
 # The input's string values at any depth (keys, numbers and JSON syntax left out).
 INPUT_STRINGS_PATH = 'strict $.** ? (@.type() == "string")'
@@ -41,11 +46,20 @@ class SearchText(Func):
     def __init__(self) -> None:
         super().__init__(F("title"), F("input"))
 
-    def as_sql(self, compiler, connection, **extra_context):
+    def as_sql(
+        self,
+        compiler: SQLCompiler,
+        connection: BaseDatabaseWrapper,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> tuple[str, tuple[Any, ...]]:
+        # Written out, not a template: run_search_keys_idx holds this text, which a query must repeat.
         title, title_params = compiler.compile(self.source_expressions[0])
         data, data_params = compiler.compile(self.source_expressions[1])
         text = f"{title} || ' ' || jsonb_path_query_array({data}, '{INPUT_STRINGS_PATH}'::jsonpath)::text"
-        return f"({text})", [*title_params, *data_params]
+        return f"({text})", (*title_params, *data_params)
 
 
 class SearchKeys(Func):

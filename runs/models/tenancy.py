@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
+from typing import Final, TypedDict
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -11,7 +12,14 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-MONEY = {"max_digits": 18, "decimal_places": 6}
+
+class DecimalPlaces(TypedDict):
+    max_digits: int
+    decimal_places: int
+
+
+# Every column of money, in cents with six decimal places: ``DecimalField(**MONEY)``.
+MONEY: Final[DecimalPlaces] = {"max_digits": 18, "decimal_places": 6}
 
 
 class Tenant(models.Model):

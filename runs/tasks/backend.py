@@ -24,7 +24,7 @@ retried and inspected like any run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core import checks
 from django.tasks.backends.base import BaseTaskBackend
@@ -81,12 +81,11 @@ class DurableTaskBackend(BaseTaskBackend):
         declare_queues([task.queue_name])
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        from runs.services import submit_run
+        from runs.services import submit
 
         self.validate_task(task)
-        data = normalize_json(
-            {"args": args, "kwargs": kwargs}
-        )  # TypeError for what JSON cannot hold
+        # TypeError for what JSON cannot hold; a dict normalises to a dict.
+        data = cast(dict[str, Any], normalize_json({"args": args, "kwargs": kwargs}))
         if self.alias != "default":
             data["backend"] = self.alias
         if task.run_after is not None:
@@ -94,7 +93,8 @@ class DurableTaskBackend(BaseTaskBackend):
                 task.run_after.isoformat()
             )  # read back by get_result (results.enqueued_task)
         tenant = self.tenant()
-        run = submit_run(
+        # submit, not submit_run: tenant_is_fresh (the tenant was just read) is not a public option.
+        run = submit(
             tenant=tenant,
             kind=task.module_path,
             input=data,
@@ -103,7 +103,7 @@ class DurableTaskBackend(BaseTaskBackend):
             run_after=task.run_after,
             max_attempts=self.max_attempts,
             tenant_is_fresh=True,
-        )
+        ).run
         result = results.build_result(
             task=task,
             run_id=run.pk,
@@ -131,7 +131,7 @@ class DurableTaskBackend(BaseTaskBackend):
 
         found = task_run(result_id, tenant_slug=tenant_slug)
         task = task_for(found.run.kind) if found is not None else None
-        if task is None:
+        if found is None or task is None:
             raise TaskResultDoesNotExist(result_id)
         return results.from_run(
             found.run, task=task, alias=self.alias, errors=found.errors, worker_ids=found.worker_ids

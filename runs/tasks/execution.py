@@ -16,6 +16,7 @@ Nothing here imports the execution layer: ``ctx`` is the worker's
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,7 @@ def register_kind(task: Task, *, step_timeout: float | None) -> None:
             queue=task.queue_name,
             step_timeout=step_timeout,
             description=(task.func.__doc__ or "").strip(),
-            title=lambda data, name=task.name: title(name, data),
+            title=functools.partial(title, task.name),
             after_exit=after_exit,
             public=False,  # code enqueues a task with the arguments it chooses; a tenant never does
         )

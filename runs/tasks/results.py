@@ -106,7 +106,7 @@ def build_result(
     worker_ids: list[str],
     return_value: Any = None,
 ) -> TaskResult:
-    result = TaskResult(
+    result: TaskResult = TaskResult(
         task=task,
         id=str(run_id),
         status=status,

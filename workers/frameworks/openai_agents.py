@@ -193,8 +193,8 @@ class DurableRunner:
 
     run_sync = run
 
-    # Steps.
-    async def _model_step(
+    # Steps: what the durable models and tools ask of their runner.
+    async def model_step(
         self,
         model: DurableModel,
         call: Callable[[ModelSettings], Awaitable[ModelResponse]],
@@ -202,6 +202,7 @@ class DurableRunner:
         tools: list[Any],
         settings: ModelSettings,
     ) -> ModelResponse:
+        """``call`` (one call of ``model``) as the run's next ``llm`` step, or that step's record on replay."""
         bridge = self._running()
         self.iterations += 1
         iteration = self.iterations
@@ -237,7 +238,7 @@ class DurableRunner:
         recorded = await bridge.call(make_step)
         return load_response(recorded["response"])
 
-    async def _tool_step(
+    async def tool_step(
         self,
         invoker: Callable[[Any, str], Awaitable[Any]],
         tool_context: Any,
@@ -245,6 +246,7 @@ class DurableRunner:
         options: StepOptions,
         typed: bool,
     ) -> Any:
+        """One function tool call (``invoker`` on ``arguments``) as a ``tool`` step, or its record on replay."""
         bridge = self._running()
         name = tool_context.tool_name
         call = {"id": tool_context.tool_call_id, "name": name, "arguments": parsed(arguments)}
@@ -343,10 +345,11 @@ class DurableRunner:
             "tracing_disabled": config.tracing_disabled or not self.tracing,
         }
         if isinstance(config.model, Model):
-            changes["model"] = self._durable_model(config.model)
+            changes["model"] = self.durable_model(config.model)
         return dataclasses.replace(config, **changes), owns_provider
 
-    def _durable_model(self, model: Model, name: str | None = None) -> Model:
+    def durable_model(self, model: Model, name: str | None = None) -> Model:
+        """``model`` with its calls made steps of this runner's run (a ``DurableModel``)."""
         return model if isinstance(model, DurableModel) else DurableModel(model, self, name=name)
 
     def _durable_agent(self, agent: Agent[Any]) -> Agent[Any]:
@@ -370,7 +373,7 @@ class DurableRunner:
             clone,
         )  # the original stays referenced, so its id stays unique
         if isinstance(agent.model, Model):
-            clone.model = self._durable_model(agent.model)
+            clone.model = self.durable_model(agent.model)
         clone.tools = [self._durable_tool(tool) for tool in agent.tools]
         clone.handoffs = [self._durable_handoff(handoff) for handoff in agent.handoffs]
         return clone
@@ -443,7 +446,7 @@ class DurableModel(Model):
                 "ModelSettings.timeout cannot bound a durable model call: the step timeout does "
                 "(DurableRunner(ctx, timeout=...) or the kind's step_timeout)"
             )
-        return await self.runner._model_step(self, call, input, tools, model_settings)
+        return await self.runner.model_step(self, call, input, tools, model_settings)
 
     async def stream_response(self, *args, **kwargs):
         raise UserError("DurableRunner does not stream: use DurableRunner.run")
@@ -469,7 +472,7 @@ class _DurableProvider(ModelProvider):
         self.runner = runner
 
     def get_model(self, model_name: str | None) -> Model:
-        return self.runner._durable_model(self.inner.get_model(model_name), name=model_name)
+        return self.runner.durable_model(self.inner.get_model(model_name), name=model_name)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -493,7 +496,7 @@ class _DurableInvoker:
     async def __call__(self, tool_context: Any, arguments: str) -> Any:
         if _INSIDE_STEP.get() is not None:  # part of an enclosing tool's step
             return await self.inner(tool_context, arguments)
-        return await self.runner._tool_step(
+        return await self.runner.tool_step(
             self.inner, tool_context, arguments, self.options, self.typed
         )
 

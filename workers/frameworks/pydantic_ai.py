@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic_ai import Agent, ToolDenied
+from pydantic_ai import Agent, ToolApproved, ToolDenied
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
@@ -163,7 +163,7 @@ class AgentRunsDurability(BaseDurabilityCapability[AgentDepsT]):
         session = _SESSION.get() if self.in_durable_context else None
         if session is None or not requests.approvals:
             return None
-        answers: dict[str, bool | ToolDenied] = {}
+        answers: dict[str, bool | ToolApproved | ToolDenied] = {}
         for call in requests.approvals:
             decision = await session.approval(call, requests.metadata.get(call.tool_call_id))
             answers[call.tool_call_id] = True if decision.approved else ToolDenied(denial(decision))
@@ -271,7 +271,8 @@ class _Session:
     ) -> object:
         # The unit runs in the agent's context (its run context, its thread executor), not the step thread's.
         context = contextvars.copy_context()
-        kind, model, describe = "custom", "", {}
+        kind, model = "custom", ""
+        describe: dict[str, Any] = {}
         if isinstance(operation_id, ModelRequestId | ModelCompactMessagesId):
             kind, model = "llm", operation_id.model_name
             describe = {"model": model}
