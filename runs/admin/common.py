@@ -101,9 +101,8 @@ class EstimatedCountPaginator(Paginator):
     ``max_pages``, so no link leads to an OFFSET of a million rows.
     """
 
-    object_list: QuerySet[
-        Any
-    ]  # what the admin's changelist pages: a QuerySet, which the planner can estimate
+    # What the admin's changelist pages: a QuerySet, whose rows the planner can estimate.
+    object_list: QuerySet[Any]
     exact_up_to = 1000
     # A page costs its OFFSET: deeper than this, narrow the list with the filters instead.
     max_pages = 200

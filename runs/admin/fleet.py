@@ -163,9 +163,8 @@ def kind_choices() -> list[tuple[str, str]]:
 
 
 class KindStateForm(forms.ModelForm):
-    name = forms.ChoiceField(
-        choices=kind_choices
-    )  # a callable: the kinds registered when the form is shown
+    # A callable: the kinds registered when the form is shown.
+    name = forms.ChoiceField(choices=kind_choices)
 
     class Meta:
         model = KindState
