@@ -11,10 +11,10 @@ from config.dbserver import ensure_database_url
 
 os.environ.setdefault(
     "AGENT_MODULES",
-    "tests.agents,tests.agents_control,tests.agents_llm,tests.agents_edges,tests.agents_streams,tests.agents_workflows,tests.agents_step_options,tests.agents_payloads",
+    "tests.support.agents,tests.support.agents_control,tests.support.agents_llm,tests.support.agents_edges,tests.support.agents_streams,tests.support.agents_workflows,tests.support.agents_step_options,tests.support.agents_payloads",
 )
 # The example kinds and demo apps (examples/): many tests run them. Tests of a deployment without them
-# start their processes with RUNS_EXAMPLES=0 (tests/test_trust_kinds.py).
+# start their processes with RUNS_EXAMPLES=0 (tests/runs/test_kinds.py).
 os.environ.setdefault("RUNS_EXAMPLES", "1")
 # One test database per session, so that concurrent sessions on one server
 # (a developer's and CI's, or parallel checkouts) never collide.
@@ -23,7 +23,7 @@ os.environ.setdefault("RUNS_TEST_DATABASE", f"test_agentruns_{os.getpid()}")
 # with a key of their own (without one, settings refuse to start).
 os.environ.setdefault("SECRET_KEY", "test-insecure-not-a-secret-7f3a9c1e5b2d8046aa91c3e7f05b6d24")
 # Processes started by tests log readable lines (tests look for " ERROR " in them); the JSON
-# format has tests of its own (tests/test_logging.py).
+# format has tests of its own (tests/config/test_logging.py).
 os.environ.setdefault("RUNS_LOG_FORMAT", "console")
 for name in (
     "SECURE_SSL_REDIRECT",

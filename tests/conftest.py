@@ -17,15 +17,15 @@ from django.test import Client
 
 from runs.keys import create_api_key
 from runs.models import Run
-from tests.factories import TenantFactory
+from tests.support.factories import TenantFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def chromium() -> str:
-    """Debian's Chromium for the browser tests: skipped without it, except under CI (tests/browser.py)."""
-    from tests.browser import require_chromium
+    """Debian's Chromium for the browser tests: skipped without it, except under CI (tests/support/browser.py)."""
+    from tests.support.browser import require_chromium
 
     return require_chromium()
 
