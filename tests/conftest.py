@@ -31,6 +31,13 @@ def chromium() -> str:
 
 
 @pytest.fixture
+def media_root(settings, tmp_path) -> Path:
+    """MEDIA_ROOT in the test's own temporary folder: the files it makes (artifacts) go there."""
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    return Path(settings.MEDIA_ROOT)
+
+
+@pytest.fixture
 def tenant(db):
     return TenantFactory()
 

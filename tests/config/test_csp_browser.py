@@ -16,9 +16,9 @@ import pytest
 import tests.support.agents_dashboard  # noqa: F401  (its kinds, for the worker and the web process)
 from runs.dashboard.rendering import markdown_html
 from runs.services import submit_run
-from tests.config.test_web_edge import Web
 from tests.support.browser import browser, log_in
 from tests.support.factories import MembershipFactory, UserFactory
+from tests.support.web import Web
 
 REPORT_VIOLATIONS = """
 document.addEventListener("securitypolicyviolation", (e) => window.reportViolation(
@@ -69,7 +69,7 @@ def test_the_dashboard_and_the_admin_work_under_the_policy_without_a_violation(p
     admin = UserFactory(is_staff=True, is_superuser=True)
     MembershipFactory(user=admin, tenant=member.tenant)
     live = submit_run(tenant=member.tenant, kind="steps", input={"steps": 90, "step_seconds": 1})
-    web = Web(processes, AGENT_MODULES=modules())
+    web = Web(processes, AGENT_MODULES=modules()).start()
     processes.worker("--heartbeat", "1", "--poll", "0.3", AGENT_MODULES=modules())
     base = web.base
 

@@ -23,38 +23,13 @@ from django.test import Client
 from runs.keys import create_api_key
 from runs.models import Event, Membership, Run
 from runs.services import submit_run
-from tests.conftest import free_port, wait_for
 from tests.support.factories import MembershipFactory, TenantFactory
+from tests.support.web import Web
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MIB = 1024 * 1024
 BODY = 300 * MIB
-
-
-class Web:
-    """A `manage.py serve` process on a free port."""
-
-    def __init__(self, processes, **env):
-        self.processes = processes
-        self.port = free_port()
-        self.proc = processes.manage("serve", f"127.0.0.1:{self.port}", **env)
-
-        def up():
-            assert self.proc.poll() is None, processes.output(self.proc)
-            try:
-                return httpx.get(self.base + "/api/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=30, message="the web server to answer")
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.processes.output(self.proc)
 
 
 class Watch(threading.Thread):
@@ -147,7 +122,7 @@ def server_tmp(tmp_path) -> Path:
 def test_a_300_mib_chunked_body_to_the_event_stream_is_refused_unread(
     processes, server_tmp, method
 ):
-    web = Web(processes, TMPDIR=str(server_tmp))
+    web = Web(processes, TMPDIR=str(server_tmp)).start()
     watch = Watch(web.proc.pid, server_tmp)
     watch.start()
     path = f"/api/runs/{uuid.uuid4()}/events"
@@ -167,7 +142,7 @@ def test_a_300_mib_chunked_body_to_the_event_stream_is_refused_unread(
 
 
 def test_a_chunked_body_past_the_limit_is_cut_off_with_413(processes, server_tmp, tenant, api_key):
-    web = Web(processes, TMPDIR=str(server_tmp), RUNS_MAX_BODY_BYTES=str(64 * 1024))
+    web = Web(processes, TMPDIR=str(server_tmp), RUNS_MAX_BODY_BYTES=str(64 * 1024)).start()
     watch = Watch(web.proc.pid, server_tmp)
     watch.start()
     answer, sent = send_chunked(
@@ -199,7 +174,7 @@ def test_a_chunked_body_past_the_limit_is_cut_off_with_413(processes, server_tmp
 
 
 def test_a_chunked_body_within_the_limit_is_read_whole(processes, tenant, api_key):
-    web = Web(processes)
+    web = Web(processes).start()
     payload = json.dumps({"kind": "echo", "input": {"text": "sent in chunks"}}).encode()
     sock = socket.create_connection(("127.0.0.1", web.port), timeout=30)
     sock.sendall(
@@ -223,7 +198,7 @@ def test_a_chunked_body_within_the_limit_is_read_whole(processes, tenant, api_ke
 def test_a_content_length_over_the_limit_is_answered_before_the_body_is_sent(
     processes, method, path
 ):
-    web = Web(processes)
+    web = Web(processes).start()
     sock = socket.create_connection(("127.0.0.1", web.port), timeout=30)
     sock.sendall(
         f"{method} {path.format(run=uuid.uuid4())} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -244,7 +219,7 @@ def test_a_content_length_over_the_limit_is_answered_before_the_body_is_sent(
 
 @pytest.mark.parametrize("log_format", ["console", "json"])
 def test_keys_and_tokens_in_urls_never_reach_the_server_log(processes, tenant, api_key, log_format):
-    web = Web(processes, RUNS_LOG_FORMAT=log_format, LOG_LEVEL="DEBUG")
+    web = Web(processes, RUNS_LOG_FORMAT=log_format, LOG_LEVEL="DEBUG").start()
     run = submit_run(tenant=tenant, kind="echo", input={"text": "hi"})
     token = "s3cr3t-stream-token-" + uuid.uuid4().hex
     password = "hunter2-" + uuid.uuid4().hex

@@ -33,10 +33,10 @@ from runs.db import connection_kwargs
 from runs.models import Run, Tenant, Worker
 from tests.conftest import test_database_url as database_url
 from tests.conftest import wait_for
-from tests.runs.streams.test_sse import SSE, Web, bearer, read_events
 from tests.support.agents import executions
 from tests.support.factories import TenantFactory
 from tests.support.pgbouncer import PgBouncer, pgbouncer_version, require_pgbouncer
+from tests.support.web import SSE, Web, bearer, read_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

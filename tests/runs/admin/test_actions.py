@@ -27,19 +27,6 @@ from tests.support.factories import UserFactory
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def operator(db):
-    """A staff member (not a superuser) with the view and action permissions on runs."""
-    return staff_user("view_run", "view_step", *ACTION_PERMISSIONS)
-
-
-@pytest.fixture
-def ops(client, operator):
-    """The admin test client logged in as the operator."""
-    client.force_login(operator)
-    return client
-
-
 def assert_recorded(run: Run, event_type: str, user) -> dict:
     event = last_event(run)
     assert (event.type, event.actor_type, event.actor_id) == (event_type, "user", str(user.pk))
@@ -49,10 +36,10 @@ def assert_recorded(run: Run, event_type: str, user) -> dict:
 # Cancel
 
 
-def test_cancel_asks_first_then_stops_a_queued_run_at_once(ops, operator, tenant):
+def test_cancel_asks_first_then_stops_a_queued_run_at_once(operator_client, operator, tenant):
     run = make_run(tenant, "queued")
 
-    confirmation = post_action(ops, "cancel_runs", [run])
+    confirmation = post_action(operator_client, "cancel_runs", [run])
 
     assert confirmation.status_code == 200
     assert (
@@ -61,7 +48,7 @@ def test_cancel_asks_first_then_stops_a_queued_run_at_once(ops, operator, tenant
     )
     assert fresh(run).status == "queued"
 
-    response = post_action(ops, "cancel_runs", [run], apply="1")
+    response = post_action(operator_client, "cancel_runs", [run], apply="1")
 
     assert response.status_code == 302
     assert fresh(run).status == "cancelled"
@@ -69,10 +56,10 @@ def test_cancel_asks_first_then_stops_a_queued_run_at_once(ops, operator, tenant
     assert messages_of(response) == ["Cancelled 1 run."]
 
 
-def test_cancel_of_a_running_run_is_a_request_its_worker_honours(ops, operator, tenant):
+def test_cancel_of_a_running_run_is_a_request_its_worker_honours(operator_client, operator, tenant):
     run = make_run(tenant, "running")
 
-    response = post_action(ops, "cancel_runs", [run], apply="1")
+    response = post_action(operator_client, "cancel_runs", [run], apply="1")
 
     run = fresh(run)
     assert run.status == "running"
@@ -81,11 +68,11 @@ def test_cancel_of_a_running_run_is_a_request_its_worker_honours(ops, operator, 
     assert "1 running: they stop at their next step boundary" in messages_of(response)[0]
 
 
-def test_cancel_skips_finished_runs_and_says_why(ops, operator, tenant):
+def test_cancel_skips_finished_runs_and_says_why(operator_client, operator, tenant):
     done = make_run(tenant, "done")
     queued = make_run(tenant, "queued")
 
-    response = post_action(ops, "cancel_runs", [done, queued], apply="1")
+    response = post_action(operator_client, "cancel_runs", [done, queued], apply="1")
 
     assert fresh(done).status == "done"
     assert fresh(queued).status == "cancelled"
@@ -98,28 +85,30 @@ def test_cancel_skips_finished_runs_and_says_why(ops, operator, tenant):
 # Retry
 
 
-def test_retry_queues_a_failed_run_with_a_fresh_attempt_budget(ops, operator, tenant):
+def test_retry_queues_a_failed_run_with_a_fresh_attempt_budget(operator_client, operator, tenant):
     run = make_run(tenant, "failed", error_kind="retryable", error="timeout", failures=3)
 
-    post_action(ops, "retry_runs", [run])
+    post_action(operator_client, "retry_runs", [run])
 
     run = fresh(run)
     assert (run.status, run.failures, run.error_kind, run.finished_at) == ("queued", 0, "", None)
     assert assert_recorded(run, "run.retried", operator)["from_step"] is None
 
 
-def test_retry_from_step_asks_for_the_step_then_discards_the_later_ones(ops, operator, tenant):
+def test_retry_from_step_asks_for_the_step_then_discards_the_later_ones(
+    operator_client, operator, tenant
+):
     run = make_run(tenant, "failed", error_kind="fatal", error="the CRM said no")
     add_steps(run, 3)
 
-    form = post_action(ops, "retry_from_step", [run])
+    form = post_action(operator_client, "retry_from_step", [run])
 
     assert form.status_code == 200
     assert b'name="from_step"' in form.content
     assert b"step 3" in form.content  # the steps to choose from
     assert fresh(run).status == "failed"  # nothing happens before the form is sent
 
-    response = post_action(ops, "retry_from_step", [run], apply="1", from_step="2")
+    response = post_action(operator_client, "retry_from_step", [run], apply="1", from_step="2")
 
     assert response.status_code == 302
     run = fresh(run)
@@ -128,21 +117,21 @@ def test_retry_from_step_asks_for_the_step_then_discards_the_later_ones(ops, ope
     assert assert_recorded(run, "run.retried", operator)["from_step"] == 2
 
 
-def test_retry_from_step_shows_the_services_refusal_on_the_form(ops, tenant):
+def test_retry_from_step_shows_the_services_refusal_on_the_form(operator_client, tenant):
     run = make_run(tenant, "failed", error_kind="fatal")
     add_steps(run, 2)
 
-    response = post_action(ops, "retry_from_step", [run], apply="1", from_step="9")
+    response = post_action(operator_client, "retry_from_step", [run], apply="1", from_step="9")
 
     assert response.status_code == 200
     assert b"from_step must be between 1 and 3" in response.content
     assert fresh(run).status == "failed"
 
 
-def test_retry_from_step_needs_exactly_one_run(ops, tenant):
+def test_retry_from_step_needs_exactly_one_run(operator_client, tenant):
     runs = [make_run(tenant, "failed"), make_run(tenant, "failed")]
 
-    response = post_action(ops, "retry_from_step", runs)
+    response = post_action(operator_client, "retry_from_step", runs)
 
     assert response.status_code == 302
     assert messages_of(response) == ["Select exactly one run for this action."]
@@ -152,11 +141,11 @@ def test_retry_from_step_needs_exactly_one_run(ops, tenant):
 # Requeue a stuck run
 
 
-def test_requeue_returns_a_run_whose_lease_expired(ops, operator, tenant):
+def test_requeue_returns_a_run_whose_lease_expired(operator_client, operator, tenant):
     stuck = make_run(tenant, "running", locked_until=timezone.now() - timedelta(minutes=1))
     healthy = make_run(tenant, "running")
 
-    response = post_action(ops, "requeue_stuck_runs", [stuck, healthy])
+    response = post_action(operator_client, "requeue_stuck_runs", [stuck, healthy])
 
     stuck, healthy = fresh(stuck), fresh(healthy)
     assert (stuck.status, stuck.lease_token, stuck.failures) == ("queued", None, 1)
@@ -178,11 +167,11 @@ def test_requeue_returns_a_run_whose_lease_expired(ops, operator, tenant):
     ],
 )
 def test_approval_decisions_queue_the_run_with_the_decision(
-    ops, operator, tenant, action, event, approved
+    operator_client, operator, tenant, action, event, approved
 ):
     run, step = waiting_on(tenant, kind="approval")
 
-    post_action(ops, action, [run], apply="1")
+    post_action(operator_client, action, [run], apply="1")
 
     assert fresh(run).status == "queued"
     step.refresh_from_db()
@@ -194,25 +183,34 @@ def test_approval_decisions_queue_the_run_with_the_decision(
     assert assert_recorded(run, event, operator)["step"] == 1
 
 
-def test_approve_skips_a_run_without_a_pending_approval(ops, tenant):
+def test_approve_skips_a_run_without_a_pending_approval(operator_client, tenant):
     run, _ = waiting_on(tenant, kind="tool")  # ambiguous, not an approval
 
-    response = post_action(ops, "approve_runs", [run], apply="1")
+    response = post_action(operator_client, "approve_runs", [run], apply="1")
 
     assert fresh(run).status == "waiting_human"
     assert "has no pending approval" in messages_of(response)[0]
 
 
-def test_resolve_shows_the_ambiguous_step_then_marks_it_done_with_the_output(ops, operator, tenant):
+def test_resolve_shows_the_ambiguous_step_then_marks_it_done_with_the_output(
+    operator_client, operator, tenant
+):
     run, step = waiting_on(tenant, kind="tool")
 
-    form = post_action(ops, "resolve_runs", [run])
+    form = post_action(operator_client, "resolve_runs", [run])
 
     assert form.status_code == 200
     assert b"the connection dropped after sending" in form.content
     assert b'name="output"' in form.content
 
-    post_action(ops, "resolve_runs", [run], apply="1", resolution="done", output='{"invoice": 7}')
+    post_action(
+        operator_client,
+        "resolve_runs",
+        [run],
+        apply="1",
+        resolution="done",
+        output='{"invoice": 7}',
+    )
 
     run = fresh(run)
     step.refresh_from_db()
@@ -221,10 +219,10 @@ def test_resolve_shows_the_ambiguous_step_then_marks_it_done_with_the_output(ops
     assert assert_recorded(run, "run.resolved", operator)["action"] == "done"
 
 
-def test_resolve_can_fail_the_run(ops, operator, tenant):
+def test_resolve_can_fail_the_run(operator_client, operator, tenant):
     run, step = waiting_on(tenant, kind="tool")
 
-    post_action(ops, "resolve_runs", [run], apply="1", resolution="fail")
+    post_action(operator_client, "resolve_runs", [run], apply="1", resolution="fail")
 
     run = fresh(run)
     assert (run.status, run.error_kind) == ("failed", "ambiguous")
@@ -232,11 +230,11 @@ def test_resolve_can_fail_the_run(ops, operator, tenant):
     assert assert_recorded(run, "run.failed", operator)["action"] == "fail"
 
 
-def test_resolve_refuses_output_that_is_not_json(ops, tenant):
+def test_resolve_refuses_output_that_is_not_json(operator_client, tenant):
     run, _ = waiting_on(tenant, kind="tool")
 
     response = post_action(
-        ops, "resolve_runs", [run], apply="1", resolution="done", output="{not json"
+        operator_client, "resolve_runs", [run], apply="1", resolution="done", output="{not json"
     )
 
     assert response.status_code == 200
@@ -248,7 +246,7 @@ def test_resolve_refuses_output_that_is_not_json(ops, tenant):
 
 
 def test_bulk_cancel_covers_the_whole_filtered_selection_in_batches(
-    ops, operator, tenant, monkeypatch
+    operator_client, operator, tenant, monkeypatch
 ):
     monkeypatch.setattr(run_actions, "BATCH_SIZE", 3)
     chosen = [make_run(tenant, "queued", kind="noop3") for _ in range(7)]
@@ -256,7 +254,12 @@ def test_bulk_cancel_covers_the_whole_filtered_selection_in_batches(
 
     # "Select all" on the changelist filtered by kind: only one row's checkbox is sent.
     response = post_action(
-        ops, "cancel_runs", chosen[:1], url=f"{CHANGELIST}?kind=noop3", select_across="1", apply="1"
+        operator_client,
+        "cancel_runs",
+        chosen[:1],
+        url=f"{CHANGELIST}?kind=noop3",
+        select_across="1",
+        apply="1",
     )
 
     assert response.status_code == 302
@@ -267,12 +270,12 @@ def test_bulk_cancel_covers_the_whole_filtered_selection_in_batches(
     assert messages_of(response) == ["Cancelled 7 runs."]
 
 
-def test_bulk_retry_covers_the_filtered_selection(ops, operator, tenant):
+def test_bulk_retry_covers_the_filtered_selection(operator_client, operator, tenant):
     failed = [make_run(tenant, "failed", error_kind="retryable") for _ in range(4)]
     cancelled = make_run(tenant, "cancelled")
 
     post_action(
-        ops,
+        operator_client,
         "retry_runs",
         failed[:1],
         url=f"{CHANGELIST}?status__exact=failed",

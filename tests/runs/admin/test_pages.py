@@ -11,29 +11,16 @@ from runs.admin.common import EstimatedCountPaginator
 from runs.models import Run, Tenant, Worker
 from tests.conftest import fresh
 from tests.support.admin_helpers import (
-    ACTION_PERMISSIONS,
     CHANGELIST,
     add_steps,
     last_event,
     make_run,
-    staff_user,
 )
 from tests.support.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
 HTMX = {"HX-Request": "true"}
 OVERVIEW = "/admin/runs/run/overview/"
-
-
-@pytest.fixture
-def operator(db):
-    return staff_user("view_run", "view_step", *ACTION_PERMISSIONS)
-
-
-@pytest.fixture
-def ops(client, operator):
-    client.force_login(operator)
-    return client
 
 
 @pytest.fixture
@@ -53,14 +40,14 @@ def busy(tenant):
 
 
 def test_run_changelist_lists_runs_with_their_tenants_in_a_fixed_number_of_queries(
-    ops, busy, django_assert_num_queries
+    operator_client, busy, django_assert_num_queries
 ):
     # session, user, the user's and the groups' permissions, EXPLAIN (the estimate), the exact
     # count of a small result (bounded), the page with its tenants (one join), the tenant
     # filter's choices, the queue filter's operator-made queues.
-    ops.get(CHANGELIST)  # warm: the counts below are those of every later visit
+    operator_client.get(CHANGELIST)  # warm: the counts below are those of every later visit
     with django_assert_num_queries(9):
-        response = ops.get(CHANGELIST)
+        response = operator_client.get(CHANGELIST)
 
     assert response.status_code == 200
     assert response.content.count(b'class="action-select"') == len(busy)
@@ -69,26 +56,26 @@ def test_run_changelist_lists_runs_with_their_tenants_in_a_fixed_number_of_queri
 
 
 def test_filtered_changelist_costs_the_same_queries_and_shows_only_the_match(
-    ops, busy, django_assert_num_queries
+    operator_client, busy, django_assert_num_queries
 ):
     url = f"{CHANGELIST}?status__exact=failed&kind=noop3"
-    ops.get(url)
+    operator_client.get(url)
     with django_assert_num_queries(9):  # as the plain list: filters add conditions, not queries
-        response = ops.get(url)
+        response = operator_client.get(url)
 
     assert response.content.count(b'class="action-select"') == 3
     assert b"3 runs" in response.content
 
 
-def test_search_finds_a_run_by_id_or_by_idempotency_key(ops, tenant):
+def test_search_finds_a_run_by_id_or_by_idempotency_key(operator_client, tenant):
     from runs.services import submit_run
 
     keyed = submit_run(tenant=tenant, kind="noop3", input={}, idempotency_key="order-42")
     other = make_run(tenant)
 
-    by_key = ops.get(f"{CHANGELIST}?q=order-42")
-    by_id = ops.get(f"{CHANGELIST}?q={other.pk}")
-    nothing = ops.get(f"{CHANGELIST}?q=order-4")
+    by_key = operator_client.get(f"{CHANGELIST}?q=order-42")
+    by_id = operator_client.get(f"{CHANGELIST}?q={other.pk}")
+    nothing = operator_client.get(f"{CHANGELIST}?q=order-4")
 
     assert str(keyed.pk).encode() in by_key.content and str(other.pk).encode() not in by_key.content
     assert str(other.pk).encode() in by_id.content and str(keyed.pk).encode() not in by_id.content
@@ -134,7 +121,7 @@ def test_the_paginator_counts_small_results_exactly(tenant):
 
 
 def test_run_page_shows_escaped_json_steps_and_events_in_a_fixed_number_of_queries(
-    ops, tenant, django_assert_num_queries
+    operator_client, tenant, django_assert_num_queries
 ):
     run = make_run(
         tenant,
@@ -145,10 +132,12 @@ def test_run_page_shows_escaped_json_steps_and_events_in_a_fixed_number_of_queri
     )
     add_steps(run, 3)
     url = f"{CHANGELIST}{run.pk}/change/"
-    ops.get(url)  # the first visit of a process also loads the run's ContentType (then cached)
+    operator_client.get(
+        url
+    )  # the first visit of a process also loads the run's ContentType (then cached)
     # session, user, permissions (2), the run with its tenant, the steps, the events (the latest 200).
     with django_assert_num_queries(7):
-        response = ops.get(url)
+        response = operator_client.get(url)
 
     html = response.content.decode()
     assert response.status_code == 200
@@ -160,17 +149,17 @@ def test_run_page_shows_escaped_json_steps_and_events_in_a_fixed_number_of_queri
     assert 'value="retry_runs"' in html  # the actions are on the run's own page too
 
 
-def test_an_action_from_the_run_page_comes_back_to_it(ops, operator, tenant):
+def test_an_action_from_the_run_page_comes_back_to_it(operator_client, operator, tenant):
     run = make_run(tenant, "queued")
     url = f"{CHANGELIST}{run.pk}/change/"
 
-    confirmation = ops.post(
+    confirmation = operator_client.post(
         url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk)}
     )
     assert b'name="CHANGE_FORM-action" value="cancel_runs"' in confirmation.content
     assert fresh(run).status == "queued"
 
-    response = ops.post(
+    response = operator_client.post(
         url, {"CHANGE_FORM-action": "cancel_runs", "_selected_action": str(run.pk), "apply": "1"}
     )
 
@@ -179,15 +168,17 @@ def test_an_action_from_the_run_page_comes_back_to_it(ops, operator, tenant):
     assert (last_event(run).actor_type, last_event(run).actor_id) == ("user", str(operator.pk))
 
 
-def test_retry_from_step_from_the_run_page_goes_through_its_form(ops, tenant):
+def test_retry_from_step_from_the_run_page_goes_through_its_form(operator_client, tenant):
     run = make_run(tenant, "failed", error_kind="fatal")
     add_steps(run, 2)
     url = f"{CHANGELIST}{run.pk}/change/"
 
-    form = ops.post(url, {"CHANGE_FORM-action": "retry_from_step", "_selected_action": str(run.pk)})
+    form = operator_client.post(
+        url, {"CHANGE_FORM-action": "retry_from_step", "_selected_action": str(run.pk)}
+    )
     assert b'name="CHANGE_FORM-action" value="retry_from_step"' in form.content
 
-    ops.post(
+    operator_client.post(
         url,
         {
             "CHANGE_FORM-action": "retry_from_step",
@@ -199,12 +190,12 @@ def test_retry_from_step_from_the_run_page_goes_through_its_form(ops, tenant):
     assert (fresh(run).status, fresh(run).generation) == ("queued", 2)
 
 
-def test_a_run_page_says_what_the_run_waits_for(ops, tenant):
+def test_a_run_page_says_what_the_run_waits_for(operator_client, tenant):
     from tests.support.admin_helpers import waiting_on
 
     run, _ = waiting_on(tenant, kind="approval")
 
-    html = ops.get(f"{CHANGELIST}{run.pk}/change/").content.decode()
+    html = operator_client.get(f"{CHANGELIST}{run.pk}/change/").content.decode()
 
     assert "&quot;type&quot;: &quot;approval&quot;" in html
 
@@ -213,7 +204,7 @@ def test_a_run_page_says_what_the_run_waits_for(ops, tenant):
 
 
 def test_overview_shows_depth_capacity_throughput_stuck_runs_and_workers(
-    ops, tenant, busy, django_assert_num_queries
+    operator_client, tenant, busy, django_assert_num_queries
 ):
     Worker.objects.create(host="alive-host", pid=1, concurrency=4, runs_held=2, queues=["default"])
     Worker.objects.create(
@@ -223,9 +214,9 @@ def test_overview_shows_depth_capacity_throughput_stuck_runs_and_workers(
     Tenant.objects.filter(pk=tenant.pk).update(running=1, queued=3)  # the claim keeps these
     # session, user, permissions (2); queues: depth, oldest, paused queues, paused kinds;
     # tenants: one; throughput: one; stuck: the list and its count; workers: live and lost.
-    ops.get(OVERVIEW)
+    operator_client.get(OVERVIEW)
     with django_assert_num_queries(14):
-        response = ops.get(OVERVIEW)
+        response = operator_client.get(OVERVIEW)
 
     html = response.content.decode()
     assert response.status_code == 200
@@ -236,18 +227,18 @@ def test_overview_shows_depth_capacity_throughput_stuck_runs_and_workers(
     assert f"{tenant.slug}</a>" in html and f"1 / {tenant.max_running}" in html
 
 
-def test_overview_panels_refresh_alone(ops, busy, django_assert_num_queries):
+def test_overview_panels_refresh_alone(operator_client, busy, django_assert_num_queries):
     # session, user, permissions (2), then only the stuck panel's two queries.
     with django_assert_num_queries(6):
-        response = ops.get(f"{OVERVIEW}?panel=stuck", headers=HTMX)
+        response = operator_client.get(f"{OVERVIEW}?panel=stuck", headers=HTMX)
 
     html = response.content.decode()
     assert html.lstrip().startswith('<section class="module" id="panel-stuck"')
     assert "<html" not in html
 
 
-def test_the_admin_index_links_the_overview(ops):
-    assert b'href="/admin/runs/run/overview/"' in ops.get("/admin/").content
+def test_the_admin_index_links_the_overview(operator_client):
+    assert b'href="/admin/runs/run/overview/"' in operator_client.get("/admin/").content
 
 
 # Tenants, keys, workers, queues, kinds

@@ -18,7 +18,6 @@ from runs.services import submit_run
 from tests.conftest import fresh, wait_for
 from tests.support.agents import executions
 from tests.support.control_helpers import (
-    Person,
     RowLock,
     act,
     ambiguous_run,
@@ -35,34 +34,29 @@ from tests.support.control_helpers import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def ops(tenant):
-    return Person(tenant, "ops")
-
-
 # --- cancel ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("state", ["queued", "paused", "waiting", "waiting_human"])
-def test_cancel_of_a_run_that_is_not_running_is_immediate(tenant, ops, tmp_path, state):
+def test_cancel_of_a_run_that_is_not_running_is_immediate(tenant, api_person, tmp_path, state):
     log = str(tmp_path / "exec.log")
     if state in ("queued", "paused"):
         run = submit_run(tenant=tenant, kind="steps", input={"steps": 2, "log": log})
         if state == "paused":
-            assert act(ops.client, run, "pause").status_code == 200
+            assert act(api_person.client, run, "pause").status_code == 200
     else:
         run = chat_run(tenant) if state == "waiting" else approval_run(tenant, log)
     assert fresh(run).status == state
     executed = len(executions(log))
 
-    response = act(ops.client, run, "cancel")
+    response = act(api_person.client, run, "cancel")
 
     assert response.status_code == 200, response.content
     assert (response.json()["status"], response.json()["cancel_requested"]) == ("cancelled", True)
     run = fresh(run)
     assert (run.status, run.lease_token) == ("cancelled", None)
     assert run.finished_at is not None
-    assert ops.did(run, "run.cancelled").payload == {"from": state, "to": "cancelled"}
+    assert api_person.did(run, "run.cancelled").payload == {"from": state, "to": "cancelled"}
     burst_worker()  # nothing of it runs any more
     assert fresh(run).status == "cancelled"
     assert len(executions(log)) == executed
@@ -74,16 +68,16 @@ def test_cancel_of_a_run_that_is_not_running_is_immediate(tenant, ops, tmp_path,
 @pytest.mark.parametrize(
     "kind,status", [("echo", "done"), ("broken", "failed"), ("echo", "cancelled")]
 )
-def test_cancel_of_a_finished_run_is_409_and_changes_nothing(tenant, ops, kind, status):
+def test_cancel_of_a_finished_run_is_409_and_changes_nothing(tenant, api_person, kind, status):
     run = submit_run(tenant=tenant, kind=kind, input={"text": "hi"} if kind == "echo" else {})
     if status == "cancelled":
-        act(ops.client, run, "cancel")
+        act(api_person.client, run, "cancel")
     else:
         burst_worker()
     before = fresh(run)
     assert before.status == status
 
-    response = act(ops.client, run, "cancel")
+    response = act(api_person.client, run, "cancel")
 
     assert response.status_code == 409
     assert status in response.json()["detail"]
@@ -95,11 +89,11 @@ def test_cancel_of_a_finished_run_is_409_and_changes_nothing(tenant, ops, kind, 
 # --- pause and resume -------------------------------------------------------------
 
 
-def test_pause_a_queued_run_then_resume_it(tenant, ops, tmp_path):
+def test_pause_a_queued_run_then_resume_it(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     run = submit_run(tenant=tenant, kind="steps", input={"steps": 2, "log": log})
 
-    paused = act(ops.client, run, "pause")
+    paused = act(api_person.client, run, "pause")
 
     assert paused.status_code == 200
     assert (paused.json()["status"], paused.json()["waiting_for"]) == ("paused", {"type": "resume"})
@@ -107,26 +101,26 @@ def test_pause_a_queued_run_then_resume_it(tenant, ops, tmp_path):
     assert fresh(run).status == "paused"
     assert executions(log) == []  # a paused run is not claimed
 
-    resumed = act(ops.client, run, "resume")
+    resumed = act(api_person.client, run, "resume")
 
     assert (resumed.status_code, resumed.json()["status"]) == (200, "queued")
     burst_worker()
     assert fresh(run).status == "done"
-    ops.did(run, "run.paused")
-    ops.did(run, "run.resumed")
+    api_person.did(run, "run.paused")
+    api_person.did(run, "run.resumed")
     assert_events_consistent(run)
 
 
-def test_pause_and_resume_refuse_states_that_do_not_allow_them(tenant, ops, tmp_path):
+def test_pause_and_resume_refuse_states_that_do_not_allow_them(tenant, api_person, tmp_path):
     waiting = approval_run(tenant, str(tmp_path / "exec.log"))
     done = submit_run(tenant=tenant, kind="echo", input={"text": "hi"})
     burst_worker()
     queued = submit_run(tenant=tenant, kind="echo", input={"text": "again"})
 
-    assert act(ops.client, waiting, "pause").status_code == 409
-    assert act(ops.client, done, "pause").status_code == 409
-    assert act(ops.client, queued, "resume").status_code == 409
-    assert act(ops.client, waiting, "resume").status_code == 409
+    assert act(api_person.client, waiting, "pause").status_code == 409
+    assert act(api_person.client, done, "pause").status_code == 409
+    assert act(api_person.client, queued, "resume").status_code == 409
+    assert act(api_person.client, waiting, "resume").status_code == 409
     assert fresh(waiting).status == "waiting_human"
     assert fresh(queued).status == "queued"
 
@@ -134,63 +128,63 @@ def test_pause_and_resume_refuse_states_that_do_not_allow_them(tenant, ops, tmp_
 # --- approvals --------------------------------------------------------------------
 
 
-def test_approve_with_a_comment_resumes_the_run_with_the_decision(tenant, ops, tmp_path):
+def test_approve_with_a_comment_resumes_the_run_with_the_decision(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     run = approval_run(tenant, log)
-    assert get(ops.client, run)["waiting_for"] == {
+    assert get(api_person.client, run)["waiting_for"] == {
         "type": "approval",
         "step": 2,
         "name": "update_crm",
         "proposal": {"fields": {"stage": "won"}},
     }
 
-    response = act(ops.client, run, "approve", {"comment": "ship it", "step": 2})
+    response = act(api_person.client, run, "approve", {"comment": "ship it", "step": 2})
 
     assert response.status_code == 200, response.content
     assert (response.json()["status"], response.json()["waiting_for"]) == ("queued", None)
-    assert ops.did(run, "run.approved").payload["comment"] == "ship it"
+    assert api_person.did(run, "run.approved").payload["comment"] == "ship it"
     burst_worker()
     run = fresh(run)
     assert run.status == "done"
-    assert run.result == {"applied": True, "comment": "ship it", "by": ops.actor}
+    assert run.result == {"applied": True, "comment": "ship it", "by": api_person.actor}
     approval = Step.objects.get(run=run, seq=2)
     assert (approval.kind, approval.status, approval.executions) == ("approval", "done", 1)
-    assert approval.output["approved"] is True and approval.output["by"] == ops.actor
+    assert approval.output["approved"] is True and approval.output["by"] == api_person.actor
     assert steps_of(log, run) == {"draft": 1, "update_crm": 1}
     assert event_types(run).count("run.waiting_human") == 1  # asked once, never again
     assert_events_consistent(run)
 
 
-def test_reject_tells_the_agent_and_it_does_not_act(tenant, ops, tmp_path):
+def test_reject_tells_the_agent_and_it_does_not_act(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     run = approval_run(tenant, log)
 
-    response = act(ops.client, run, "reject", {"comment": "not this quarter"})
+    response = act(api_person.client, run, "reject", {"comment": "not this quarter"})
 
     assert (response.status_code, response.json()["status"]) == (200, "queued")
     burst_worker()
     run = fresh(run)
     assert run.status == "done"
-    assert run.result == {"applied": False, "comment": "not this quarter", "by": ops.actor}
+    assert run.result == {"applied": False, "comment": "not this quarter", "by": api_person.actor}
     assert Step.objects.get(run=run, seq=2).output["approved"] is False
     assert steps_of(log, run) == {"draft": 1}
-    ops.did(run, "run.rejected")
+    api_person.did(run, "run.rejected")
 
 
-def test_approve_needs_no_body(tenant, ops, tmp_path):
+def test_approve_needs_no_body(tenant, api_person, tmp_path):
     run = approval_run(tenant, str(tmp_path / "exec.log"))
 
-    assert act(ops.client, run, "approve").status_code == 200
+    assert act(api_person.client, run, "approve").status_code == 200
     burst_worker()
-    assert fresh(run).result == {"applied": True, "comment": "", "by": ops.actor}
+    assert fresh(run).result == {"applied": True, "comment": "", "by": api_person.actor}
 
 
-def test_a_second_approval_is_409(tenant, ops, tmp_path):
+def test_a_second_approval_is_409(tenant, api_person, tmp_path):
     run = approval_run(tenant, str(tmp_path / "exec.log"))
-    assert act(ops.client, run, "approve", {"comment": "first"}).status_code == 200
+    assert act(api_person.client, run, "approve", {"comment": "first"}).status_code == 200
 
-    again = act(ops.client, run, "approve", {"comment": "second"})
-    rejected = act(ops.client, run, "reject", {"comment": "third"})
+    again = act(api_person.client, run, "approve", {"comment": "second"})
+    rejected = act(api_person.client, run, "reject", {"comment": "third"})
 
     assert again.status_code == 409 and "no pending approval" in again.json()["detail"]
     assert rejected.status_code == 409
@@ -198,17 +192,17 @@ def test_a_second_approval_is_409(tenant, ops, tmp_path):
     assert event_types(run).count("run.approved") == 1 and "run.rejected" not in event_types(run)
 
 
-def test_approve_naming_another_step_is_409(tenant, ops, tmp_path):
+def test_approve_naming_another_step_is_409(tenant, api_person, tmp_path):
     run = approval_run(tenant, str(tmp_path / "exec.log"))
 
-    wrong = act(ops.client, run, "approve", {"step": 1})
+    wrong = act(api_person.client, run, "approve", {"step": 1})
 
     assert wrong.status_code == 409
     assert "step 2" in wrong.json()["detail"]
     assert fresh(run).status == "waiting_human"
     assert Step.objects.get(run=run, seq=2).status == "waiting"
-    assert act(ops.client, run, "reject", {"step": 3}).status_code == 409
-    assert act(ops.client, run, "approve", {"step": 2}).status_code == 200
+    assert act(api_person.client, run, "reject", {"step": 3}).status_code == 409
+    assert act(api_person.client, run, "approve", {"step": 2}).status_code == 200
 
 
 def _race(*calls):
@@ -231,7 +225,7 @@ def _race(*calls):
     return answers
 
 
-def test_approve_racing_reject_exactly_one_wins(tenant, ops, tmp_path):
+def test_approve_racing_reject_exactly_one_wins(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     runs = [
         submit_run(tenant=tenant, kind="approve_then_act", input={"log": log}) for _ in range(6)
@@ -241,8 +235,8 @@ def test_approve_racing_reject_exactly_one_wins(tenant, ops, tmp_path):
 
     for run in runs:
         approve, reject = _race(
-            lambda run=run: act(ops.client, run, "approve", {"comment": "yes"}),
-            lambda run=run: act(ops.client, run, "reject", {"comment": "no"}),
+            lambda run=run: act(api_person.client, run, "approve", {"comment": "yes"}),
+            lambda run=run: act(api_person.client, run, "reject", {"comment": "no"}),
         )
         assert sorted([approve.status_code, reject.status_code]) == [200, 409]
         decided = Step.objects.get(run=run, seq=2).output
@@ -256,7 +250,7 @@ def test_approve_racing_reject_exactly_one_wins(tenant, ops, tmp_path):
         assert_events_consistent(run)
 
 
-def test_approve_racing_cancel_never_leaves_a_half_decided_run(tenant, ops, tmp_path):
+def test_approve_racing_cancel_never_leaves_a_half_decided_run(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     runs = [
         submit_run(tenant=tenant, kind="approve_then_act", input={"log": log}) for _ in range(6)
@@ -266,8 +260,8 @@ def test_approve_racing_cancel_never_leaves_a_half_decided_run(tenant, ops, tmp_
 
     for run in runs:
         approve, cancel = _race(
-            lambda run=run: act(ops.client, run, "approve", {"comment": "yes"}),
-            lambda run=run: act(ops.client, run, "cancel"),
+            lambda run=run: act(api_person.client, run, "approve", {"comment": "yes"}),
+            lambda run=run: act(api_person.client, run, "cancel"),
         )
         # Cancel always wins the run (a run approved a moment earlier is merely queued);
         # the approval either landed first or found nothing pending.
@@ -283,7 +277,7 @@ def test_approve_racing_cancel_never_leaves_a_half_decided_run(tenant, ops, tmp_
 
 
 @pytest.mark.parametrize("first", ["approve", "cancel"])
-def test_approve_and_cancel_arriving_together_are_serialised(tenant, ops, tmp_path, first):
+def test_approve_and_cancel_arriving_together_are_serialised(tenant, api_person, tmp_path, first):
     """Both wait on the run row; the one queued first acts first, the other sees its result."""
     log = str(tmp_path / "exec.log")
     run = approval_run(tenant, log)
@@ -293,7 +287,7 @@ def test_approve_and_cancel_arriving_together_are_serialised(tenant, ops, tmp_pa
     def call(action):
         try:
             answers[action] = act(
-                ops.client, run, action, {"comment": "go"} if action == "approve" else None
+                api_person.client, run, action, {"comment": "go"} if action == "approve" else None
             )
         finally:
             connections.close_all()
@@ -332,10 +326,10 @@ def test_approve_and_cancel_arriving_together_are_serialised(tenant, ops, tmp_pa
 # --- resolving an ambiguous side effect ----------------------------------------------
 
 
-def test_an_ambiguous_step_shows_in_waiting_for(tenant, ops, tmp_path):
+def test_an_ambiguous_step_shows_in_waiting_for(tenant, api_person, tmp_path):
     run = ambiguous_run(tenant, str(tmp_path / "exec.log"))
 
-    waiting_for = get(ops.client, run)["waiting_for"]
+    waiting_for = get(api_person.client, run)["waiting_for"]
 
     assert waiting_for["type"] == "ambiguous"
     assert (waiting_for["step"], waiting_for["name"]) == (2, "charge")
@@ -344,14 +338,18 @@ def test_an_ambiguous_step_shows_in_waiting_for(tenant, ops, tmp_path):
     assert fresh(run).error_kind == "ambiguous"
 
 
-def test_resolve_done_records_the_output_and_does_not_execute_the_step_again(tenant, ops, tmp_path):
+def test_resolve_done_records_the_output_and_does_not_execute_the_step_again(
+    tenant, api_person, tmp_path
+):
     log = str(tmp_path / "exec.log")
     run = ambiguous_run(tenant, log)
 
-    response = act(ops.client, run, "resolve", {"action": "done", "output": {"receipt": "r-1"}})
+    response = act(
+        api_person.client, run, "resolve", {"action": "done", "output": {"receipt": "r-1"}}
+    )
 
     assert (response.status_code, response.json()["status"]) == (200, "queued")
-    assert ops.did(run, "run.resolved").payload["action"] == "done"
+    assert api_person.did(run, "run.resolved").payload["action"] == "done"
     charge = Step.objects.get(run=run, seq=2)
     assert (charge.status, charge.output) == ("done", {"receipt": "r-1"})
     burst_worker()
@@ -362,11 +360,11 @@ def test_resolve_done_records_the_output_and_does_not_execute_the_step_again(ten
     assert_events_consistent(run)
 
 
-def test_resolve_retry_executes_the_step_once_more(tenant, ops, tmp_path):
+def test_resolve_retry_executes_the_step_once_more(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     run = ambiguous_run(tenant, log)
 
-    assert act(ops.client, run, "resolve", {"action": "retry"}).status_code == 200
+    assert act(api_person.client, run, "resolve", {"action": "retry"}).status_code == 200
     burst_worker()
 
     run = fresh(run)
@@ -374,14 +372,14 @@ def test_resolve_retry_executes_the_step_once_more(tenant, ops, tmp_path):
     assert run.result == {"charged": {"receipt": "from-the-retry", "amount": 42}}
     assert steps_of(log, run) == {"prepare": 1, "charge": 2, "finish": 1}
     assert Step.objects.get(run=run, seq=2).executions == 2
-    ops.did(run, "run.resolved")
+    api_person.did(run, "run.resolved")
 
 
-def test_resolve_fail_fails_the_run_as_ambiguous(tenant, ops, tmp_path):
+def test_resolve_fail_fails_the_run_as_ambiguous(tenant, api_person, tmp_path):
     log = str(tmp_path / "exec.log")
     run = ambiguous_run(tenant, log)
 
-    response = act(ops.client, run, "resolve", {"action": "fail"})
+    response = act(api_person.client, run, "resolve", {"action": "fail"})
 
     assert response.status_code == 200
     assert (response.json()["status"], response.json()["error_kind"]) == ("failed", "ambiguous")
@@ -391,34 +389,34 @@ def test_resolve_fail_fails_the_run_as_ambiguous(tenant, ops, tmp_path):
     assert run.finished_at is not None
     assert steps_of(log, run) == {"prepare": 1, "charge": 1}
     # A terminal transition keeps its event type (webhooks listen for run.failed).
-    assert ops.did(run, "run.failed").payload["action"] == "fail"
+    assert api_person.did(run, "run.failed").payload["action"] == "fail"
     assert_events_consistent(run)
 
 
-def test_resolve_without_a_pending_ambiguous_step_is_409(tenant, ops, tmp_path):
+def test_resolve_without_a_pending_ambiguous_step_is_409(tenant, api_person, tmp_path):
     approval = approval_run(tenant, str(tmp_path / "exec.log"))
     queued = submit_run(tenant=tenant, kind="echo", input={"text": "hi"})
 
     for run in (approval, queued):
-        response = act(ops.client, run, "resolve", {"action": "done", "output": 1})
+        response = act(api_person.client, run, "resolve", {"action": "done", "output": 1})
         assert response.status_code == 409, response.content
     # ... and an ambiguous step is not an approval.
     ambiguous = ambiguous_run(tenant, str(tmp_path / "b.log"))
-    assert act(ops.client, ambiguous, "approve", {}).status_code == 409
+    assert act(api_person.client, ambiguous, "approve", {}).status_code == 409
     assert fresh(ambiguous).status == "waiting_human"
     assert fresh(approval).status == "waiting_human"
     assert Step.objects.get(run=approval, seq=2).status == "waiting"
-    assert act(ops.client, queued, "resolve", {"action": "undo"}).status_code == 422
+    assert act(api_person.client, queued, "resolve", {"action": "undo"}).status_code == 422
 
 
 # --- messages ---------------------------------------------------------------------
 
 
-def test_a_message_wakes_a_waiting_run_which_consumes_it(tenant, ops):
+def test_a_message_wakes_a_waiting_run_which_consumes_it(tenant, api_person):
     run = chat_run(tenant)
-    assert get(ops.client, run)["waiting_for"] == {"type": "message"}
+    assert get(api_person.client, run)["waiting_for"] == {"type": "message"}
 
-    response = act(ops.client, run, "messages", {"text": "hello"})
+    response = act(api_person.client, run, "messages", {"text": "hello"})
 
     assert (response.status_code, response.json()["status"]) == (200, "queued")
     burst_worker()
@@ -426,10 +424,10 @@ def test_a_message_wakes_a_waiting_run_which_consumes_it(tenant, ops):
     hello = Message.objects.get(run=run)
     step = hello.consumed_by_step
     assert (step.seq, step.kind, step.status) == (1, "message", "done")
-    assert step.output[0]["text"] == "hello" and step.output[0]["author"] == ops.actor
+    assert step.output[0]["text"] == "hello" and step.output[0]["author"] == api_person.actor
     assert Step.objects.get(run=run, seq=2).output == "you said hello"
 
-    act(ops.client, run, "messages", {"text": "bye"})
+    act(api_person.client, run, "messages", {"text": "bye"})
     burst_worker()
     run = fresh(run)
     assert (run.status, run.result) == ("done", {"seen": ["hello", "bye"]})
@@ -437,12 +435,12 @@ def test_a_message_wakes_a_waiting_run_which_consumes_it(tenant, ops):
     assert_events_consistent(run)
 
 
-def test_a_message_to_a_finished_run_is_409(tenant, ops):
+def test_a_message_to_a_finished_run_is_409(tenant, api_person):
     run = submit_run(tenant=tenant, kind="echo", input={"text": "hi"})
     burst_worker()
 
-    response = act(ops.client, run, "messages", {"text": "too late"})
+    response = act(api_person.client, run, "messages", {"text": "too late"})
 
     assert response.status_code == 409
     assert not Message.objects.filter(run=run).exists()
-    assert act(ops.client, chat_run(tenant), "messages", {"text": "  "}).status_code == 422
+    assert act(api_person.client, chat_run(tenant), "messages", {"text": "  "}).status_code == 422

@@ -36,12 +36,7 @@ ENDPOINTS = {
 }
 
 
-@pytest.fixture
-def ops(tenant):
-    return Person(tenant, "ops")
-
-
-def test_a_key_without_runs_approve_cannot_decide_but_can_cancel(tenant, ops, tmp_path):
+def test_a_key_without_runs_approve_cannot_decide_but_can_cancel(tenant, api_person, tmp_path):
     writer = Person(tenant, "writer", [ApiKey.Scope.READ, ApiKey.Scope.WRITE])
     approval = approval_run(tenant, str(tmp_path / "a.log"))
     ambiguous = ambiguous_run(tenant, str(tmp_path / "b.log"))
@@ -60,17 +55,20 @@ def test_a_key_without_runs_approve_cannot_decide_but_can_cancel(tenant, ops, tm
 
     assert act(writer.client, approval, "cancel").status_code == 200
     writer.did(approval, "run.cancelled")
-    assert act(ops.client, ambiguous, "resolve", {"action": "done", "output": 1}).status_code == 200
+    assert (
+        act(api_person.client, ambiguous, "resolve", {"action": "done", "output": 1}).status_code
+        == 200
+    )
 
 
-def test_a_key_without_runs_write_cannot_control_runs(tenant, ops, tmp_path):
+def test_a_key_without_runs_write_cannot_control_runs(tenant, api_person, tmp_path):
     approver = Person(tenant, "approver", [ApiKey.Scope.READ, ApiKey.Scope.APPROVE])
     queued = submit_run(tenant=tenant, kind="echo", input={"text": "hi"})
     waiting = chat_run(tenant)
     broken = submit_run(tenant=tenant, kind="broken", input={})
     burst_worker()
     paused = submit_run(tenant=tenant, kind="echo", input={"text": "later"})
-    act(ops.client, paused, "pause")
+    act(api_person.client, paused, "pause")
     cases = [
         (queued, "cancel"),
         (queued, "pause"),
@@ -90,7 +88,7 @@ def test_a_key_without_runs_write_cannot_control_runs(tenant, ops, tmp_path):
     assert approver.key.has_scope(ApiKey.Scope.APPROVE)
 
 
-def test_another_tenants_run_is_404_for_every_control_endpoint(tenant, ops, tmp_path):
+def test_another_tenants_run_is_404_for_every_control_endpoint(tenant, api_person, tmp_path):
     run = approval_run(tenant, str(tmp_path / "exec.log"))
     other = TenantFactory()
     stranger = Person(other, "stranger")
@@ -106,7 +104,7 @@ def test_another_tenants_run_is_404_for_every_control_endpoint(tenant, ops, tmp_
     assert not Message.objects.filter(run=run).exists()
 
 
-def test_control_endpoints_need_a_key(tenant, ops, tmp_path):
+def test_control_endpoints_need_a_key(tenant, api_person, tmp_path):
     run = approval_run(tenant, str(tmp_path / "exec.log"))
     revoked = Person(tenant, "revoked")
     ApiKey.objects.filter(pk=revoked.key.pk).update(revoked_at=fresh(run).created_at)

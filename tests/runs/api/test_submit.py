@@ -306,14 +306,6 @@ def test_submit_run_idempotency_hit_inside_a_transaction_returns_the_run(tenant)
 # --- validation -----------------------------------------------------------------
 
 
-@pytest.fixture
-def no_new_runs(db):
-    """Fails the test if it leaves any run or event behind (no half-written submits)."""
-    yield
-    assert Run.objects.count() == 0
-    assert Event.objects.count() == 0
-
-
 @pytest.mark.usefixtures("no_new_runs")
 class TestValidation:
     def test_unknown_kind_is_422_naming_the_kind(self, api):

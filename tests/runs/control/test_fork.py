@@ -338,23 +338,26 @@ def test_a_full_queue_is_a_429(tenant, api):
 
 
 @pytest.fixture
-def ops(client, db):
+def retrying_staff_client(client, db):
+    """The admin test client logged in as a staff member who may view runs and retry them, nothing more."""
     client.force_login(staff_user("view_run", "view_step", "retry_run"))
     return client
 
 
 @db
-def test_the_admin_forks_a_run_from_the_step_chosen_and_links_the_new_run(ops, tenant):
+def test_the_admin_forks_a_run_from_the_step_chosen_and_links_the_new_run(
+    retrying_staff_client, tenant
+):
     run = make_run(tenant, "done")
     add_steps(run, 3)
 
-    form = post_action(ops, "fork_from_step", [run])
+    form = post_action(retrying_staff_client, "fork_from_step", [run])
 
     assert form.status_code == 200
     assert b'name="from_step"' in form.content and b"step 3" in form.content
     assert not Run.objects.filter(origin=run).exists()  # nothing happens before the form is sent
 
-    response = post_action(ops, "fork_from_step", [run], apply="1", from_step="3")
+    response = post_action(retrying_staff_client, "fork_from_step", [run], apply="1", from_step="3")
 
     assert response.status_code == 302
     (copy,) = Run.objects.filter(origin=run)
@@ -363,18 +366,18 @@ def test_the_admin_forks_a_run_from_the_step_chosen_and_links_the_new_run(ops, t
     assert f'<a href="/admin/runs/run/{copy.pk}/change/">{copy.pk}</a>' in message
     told = Event.objects.get(run=run, type="run.forked")
     assert (told.actor_type, told.payload["fork"]) == ("user", str(copy.pk))
-    page = ops.get(f"/admin/runs/run/{copy.pk}/change/").content.decode()
+    page = retrying_staff_client.get(f"/admin/runs/run/{copy.pk}/change/").content.decode()
     assert f"/admin/runs/run/{run.pk}/change/" in page  # the fork's page links its origin
 
 
 @db
-def test_the_admin_shows_a_refusal_as_an_error_message(ops, tenant):
+def test_the_admin_shows_a_refusal_as_an_error_message(retrying_staff_client, tenant):
     run = make_run(tenant, "failed")
     add_steps(run, 2)
     Step.objects.filter(run=run, seq=2).update(status="failed")
 
-    too_far = post_action(ops, "fork_from_step", [run], apply="1", from_step="9")
-    refused = post_action(ops, "fork_from_step", [run], apply="1", from_step="3")
+    too_far = post_action(retrying_staff_client, "fork_from_step", [run], apply="1", from_step="9")
+    refused = post_action(retrying_staff_client, "fork_from_step", [run], apply="1", from_step="3")
 
     assert too_far.status_code == refused.status_code == 200  # the form again, never a 500
     assert "from_step must be between 1 and 3" in messages_of(too_far)[0]

@@ -12,7 +12,6 @@ from decimal import Decimal
 
 import pytest
 
-from runs.keys import create_api_key
 from runs.models import Message, Run, Step
 from runs.services import submit_run
 from tests.conftest import fresh
@@ -21,30 +20,21 @@ from tests.support.control_helpers import (
     act,
     assert_events_consistent,
     burst_worker,
-    client_for,
     work_until,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def ops(tenant):
-    issued = create_api_key(tenant=tenant, name="ops")
-    client = client_for(issued.secret)
-    client.key_id = str(issued.api_key.pk)
-    return client
-
-
 def calls(log, run) -> Counter:
     return Counter(name for run_id, _, name, _ in executions(log) if run_id == str(run.id))
 
 
-def retried_by(run, client) -> dict:
-    """The payload of the run's last run.retried Event, which must name the client's key."""
+def retried_by(run, person) -> dict:
+    """The payload of the run's last run.retried Event, which must name the person's key."""
     event = run.events.filter(type="run.retried").order_by("-seq").first()
     assert event is not None
-    assert (event.actor_type, event.actor_id) == ("api_key", client.key_id)
+    assert (event.actor_type, event.actor_id) == ("api_key", str(person.key.pk))
     return event.payload
 
 
@@ -60,7 +50,7 @@ def priced(tenant, tmp_path, **input) -> tuple[Run, str]:
     ), log
 
 
-def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, ops, tmp_path):
+def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, api_person, tmp_path):
     fail = tmp_path / "fail"
     fail.touch()
     run, log = priced(
@@ -70,7 +60,7 @@ def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, ops, t
     assert (run.error_kind, run.failures, run.steps_done) == ("retryable", 2, 1)
     fail.unlink()
 
-    response = act(ops, run, "retry")
+    response = act(api_person.client, run, "retry")
 
     assert response.status_code == 200, response.content
     body = response.json()
@@ -81,7 +71,7 @@ def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, ops, t
         None,
     )
     assert fresh(run).failures == 0
-    assert retried_by(run, ops) == {"from": "failed", "to": "queued", "from_step": None}
+    assert retried_by(run, api_person) == {"from": "failed", "to": "queued", "from_step": None}
     run = work_until(run, "done")
     assert run.result == {"calls": [1, 2, 3, 4]}
     # call1 was recorded before the failures: replayed, never executed again.
@@ -90,20 +80,22 @@ def test_retry_a_run_that_spent_its_retry_budget_gets_a_fresh_one(tenant, ops, t
     assert_events_consistent(run)
 
 
-def test_retry_a_cancelled_run(tenant, ops, tmp_path):
+def test_retry_a_cancelled_run(tenant, api_person, tmp_path):
     run, log = priced(tenant, tmp_path, steps=2)
-    assert act(ops, run, "cancel").status_code == 200
+    assert act(api_person.client, run, "cancel").status_code == 200
 
-    response = act(ops, run, "retry")
+    response = act(api_person.client, run, "retry")
 
     assert response.status_code == 200
     assert (response.json()["status"], response.json()["cancel_requested"]) == ("queued", False)
     run = work_until(run, "done")
     assert calls(log, run) == {"call1": 1, "call2": 1}
-    assert retried_by(run, ops)["from"] == "cancelled"
+    assert retried_by(run, api_person)["from"] == "cancelled"
 
 
-def test_retry_from_step_n_re_executes_n_and_later_and_keeps_the_money(tenant, ops, tmp_path):
+def test_retry_from_step_n_re_executes_n_and_later_and_keeps_the_money(
+    tenant, api_person, tmp_path
+):
     fail = tmp_path / "fail"
     fail.touch()
     run, log = priced(tenant, tmp_path, steps=4, cents=10, fail_at=4, fail_file=str(fail))
@@ -111,11 +103,11 @@ def test_retry_from_step_n_re_executes_n_and_later_and_keeps_the_money(tenant, o
     assert (run.error_kind, run.cost_cents, run.generation) == ("fatal", Decimal(30), 1)
     fail.unlink()
 
-    response = act(ops, run, "retry", {"from_step": 2})
+    response = act(api_person.client, run, "retry", {"from_step": 2})
 
     assert (response.status_code, response.json()["status"]) == (200, "queued")
     assert response.json()["steps_done"] == 1
-    assert retried_by(run, ops)["from_step"] == 2
+    assert retried_by(run, api_person)["from_step"] == 2
     run = work_until(run, "done")
     assert run.generation == 2
     # Step 1 replayed; steps 2 and 3 executed again, step 4 (failed before) once more.
@@ -139,25 +131,25 @@ def test_retry_from_step_n_re_executes_n_and_later_and_keeps_the_money(tenant, o
     assert_events_consistent(run)
 
 
-def test_retry_from_a_step_the_run_never_reached_is_422(tenant, ops, tmp_path):
+def test_retry_from_a_step_the_run_never_reached_is_422(tenant, api_person, tmp_path):
     run, _ = priced(tenant, tmp_path, steps=2)
-    act(ops, run, "cancel")
+    act(api_person.client, run, "cancel")
 
-    assert act(ops, run, "retry", {"from_step": 5}).status_code == 422
-    assert act(ops, run, "retry", {"from_step": 0}).status_code == 422
+    assert act(api_person.client, run, "retry", {"from_step": 5}).status_code == 422
+    assert act(api_person.client, run, "retry", {"from_step": 0}).status_code == 422
     assert fresh(run).status == "cancelled"
 
 
-def test_retry_from_step_n_hands_back_the_messages_steps_n_and_later_consumed(tenant, ops):
+def test_retry_from_step_n_hands_back_the_messages_steps_n_and_later_consumed(tenant, api_person):
     run = submit_run(tenant=tenant, kind="chat", input={})
     burst_worker()
-    act(ops, run, "messages", {"text": "hello"})
+    act(api_person.client, run, "messages", {"text": "hello"})
     burst_worker()
     hello = Message.objects.get(run=run)
     assert hello.consumed_by_step.seq == 1
-    assert act(ops, run, "cancel").status_code == 200
+    assert act(api_person.client, run, "cancel").status_code == 200
 
-    assert act(ops, run, "retry", {"from_step": 1}).status_code == 200
+    assert act(api_person.client, run, "retry", {"from_step": 1}).status_code == 200
 
     assert Message.objects.get(pk=hello.pk).consumed_by_step is None
     burst_worker()
@@ -168,24 +160,24 @@ def test_retry_from_step_n_hands_back_the_messages_steps_n_and_later_consumed(te
     assert Step.objects.get(run=run, generation=2, seq=2).output == "you said hello"
 
 
-def test_a_run_failed_on_its_budget_needs_a_larger_ceiling(tenant, ops, tmp_path):
+def test_a_run_failed_on_its_budget_needs_a_larger_ceiling(tenant, api_person, tmp_path):
     run, log = priced(tenant, tmp_path, steps=4, cents=10, cost_ceiling_cents=25)
     run = work_until(run, "failed")
     assert (run.error_kind, run.cost_cents) == ("budget", Decimal(30))
 
-    refused = act(ops, run, "retry")
-    too_small = act(ops, run, "retry", {"cost_ceiling_cents": 30})
+    refused = act(api_person.client, run, "retry")
+    too_small = act(api_person.client, run, "retry", {"cost_ceiling_cents": 30})
 
     assert refused.status_code == 409 and "cost_ceiling_cents" in refused.json()["detail"]
     assert too_small.status_code == 409
     assert fresh(run).status == "failed"
-    assert act(ops, run, "retry", {"cost_ceiling_cents": 100}).status_code == 200
+    assert act(api_person.client, run, "retry", {"cost_ceiling_cents": 100}).status_code == 200
     run = work_until(run, "done")
     assert (run.cost_cents, run.cost_ceiling_cents) == (Decimal(40), Decimal(100))
     assert calls(log, run) == {"call1": 1, "call2": 1, "call3": 1, "call4": 1}
 
 
-def test_a_run_failed_on_its_deadline_needs_a_longer_one(tenant, ops, tmp_path):
+def test_a_run_failed_on_its_deadline_needs_a_longer_one(tenant, api_person, tmp_path):
     hold = tmp_path / "hold"
     hold.touch()
     run, log = priced(tenant, tmp_path, steps=3, hold_at=2, hold_file=str(hold), deadline_seconds=1)
@@ -193,19 +185,19 @@ def test_a_run_failed_on_its_deadline_needs_a_longer_one(tenant, ops, tmp_path):
     assert run.error_kind == "deadline"
     hold.unlink()
 
-    refused = act(ops, run, "retry")
-    too_short = act(ops, run, "retry", {"deadline_seconds": 1})
+    refused = act(api_person.client, run, "retry")
+    too_short = act(api_person.client, run, "retry", {"deadline_seconds": 1})
 
     assert refused.status_code == 409 and "deadline_seconds" in refused.json()["detail"]
     assert too_short.status_code == 409
-    assert act(ops, run, "retry", {"deadline_seconds": 60}).status_code == 200
+    assert act(api_person.client, run, "retry", {"deadline_seconds": 60}).status_code == 200
     run = work_until(run, "done")
     assert run.deadline_seconds == 60
     assert calls(log, run) == {"call1": 1, "call2": 2, "call3": 1}
 
 
 @pytest.mark.parametrize("state", ["queued", "done", "waiting"])
-def test_only_failed_or_cancelled_runs_can_be_retried(tenant, ops, state):
+def test_only_failed_or_cancelled_runs_can_be_retried(tenant, api_person, state):
     run = submit_run(
         tenant=tenant, kind="chat" if state == "waiting" else "echo", input={"text": "hi"}
     )
@@ -214,7 +206,7 @@ def test_only_failed_or_cancelled_runs_can_be_retried(tenant, ops, state):
     before = fresh(run)
     assert before.status == state
 
-    response = act(ops, run, "retry")
+    response = act(api_person.client, run, "retry")
 
     assert response.status_code == 409
     assert fresh(run).last_event_seq == before.last_event_seq

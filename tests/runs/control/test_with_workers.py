@@ -25,7 +25,6 @@ from tests.conftest import fresh, wait_for
 from tests.support.agents import executions
 from tests.support.control_helpers import (
     OpenTransaction,
-    Person,
     RowLock,
     act,
     assert_events_consistent,
@@ -38,11 +37,6 @@ from tests.support.control_helpers import (
 from workers.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def ops(tenant):
-    return Person(tenant, "ops")
 
 
 def started(processes, *args, **env):
@@ -95,7 +89,7 @@ def tenant_running(tenant) -> int:
 
 
 def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
-    tenant, ops, processes, tmp_path
+    tenant, api_person, processes, tmp_path
 ):
     Tenant.objects.filter(pk=tenant.pk).update(max_running=1)
     log, hold = str(tmp_path / "exec.log"), tmp_path / "hold"
@@ -113,7 +107,7 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
     time.sleep(1)
     assert fresh(waiting).status == "queued"  # the tenant's one slot is taken
 
-    response = act(ops.client, run, "cancel")
+    response = act(api_person.client, run, "cancel")
 
     assert response.status_code == 202, response.content
     assert (response.json()["status"], response.json()["cancel_requested"]) == ("running", True)
@@ -130,7 +124,7 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
         None,
         None,
     )
-    ops.did(run, "run.cancel_requested")
+    api_person.did(run, "run.cancel_requested")
     assert run.events.get(type="run.cancelled").actor_type == "worker"
     assert_events_consistent(run)
     # Its slot went back: the other run gets it.
@@ -139,7 +133,7 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
 
     # Retried, it continues from its step log.
     hold.unlink()
-    assert act(ops.client, run, "retry").status_code == 200
+    assert act(api_person.client, run, "retry").status_code == 200
     wait_for(lambda: fresh(run).status == "done", timeout=15, message="the retried run to finish")
     assert steps_of(log, run) == {"step1": 1, "step2": 1, "step3": 1}
     assert [o["stopped_early"] for o in fresh(run).result["outputs"]] == [True, False, False]
@@ -147,7 +141,7 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
 
 
 def test_cancels_racing_runs_to_their_end_leave_each_in_exactly_one_terminal_state(
-    tenant, ops, processes, tmp_path
+    tenant, api_person, processes, tmp_path
 ):
     log = str(tmp_path / "exec.log")
     worker = started(
@@ -166,7 +160,7 @@ def test_cancels_racing_runs_to_their_end_leave_each_in_exactly_one_terminal_sta
     def cancel(run, delay):
         try:
             time.sleep(delay)
-            answers[run.id] = act(ops.client, run, "cancel").status_code
+            answers[run.id] = act(api_person.client, run, "cancel").status_code
         finally:
             connections.close_all()
 
@@ -212,7 +206,7 @@ def test_cancels_racing_runs_to_their_end_leave_each_in_exactly_one_terminal_sta
 
 
 def test_pause_during_a_long_step_lets_it_finish_then_frees_the_worker(
-    tenant, ops, processes, tmp_path
+    tenant, api_person, processes, tmp_path
 ):
     log, hold = str(tmp_path / "exec.log"), tmp_path / "hold"
     hold.touch()
@@ -225,7 +219,7 @@ def test_pause_during_a_long_step_lets_it_finish_then_frees_the_worker(
         message="step1 to run",
     )
 
-    response = act(ops.client, run, "pause")
+    response = act(api_person.client, run, "pause")
 
     assert response.status_code == 202, response.content
     assert (response.json()["status"], response.json()["pause_requested"]) == ("running", True)
@@ -236,20 +230,20 @@ def test_pause_during_a_long_step_lets_it_finish_then_frees_the_worker(
     run = fresh(run)
     assert (run.steps_done, run.lease_token, run.locked_by) == (1, None, None)
     assert Step.objects.get(run=run, seq=1).output == {"seq": 1, "stopped_early": False}
-    assert get(ops.client, run)["waiting_for"] == {"type": "resume"}
+    assert get(api_person.client, run)["waiting_for"] == {"type": "resume"}
     assert tenant_running(tenant) == 0
     # The worker (one slot) is free for other runs meanwhile.
     other = submit_run(tenant=tenant, kind="echo", input={"text": "meanwhile"})
     wait_for(lambda: fresh(other).status == "done", timeout=15, message="another run to finish")
     assert fresh(run).status == "paused"
 
-    resumed = act(ops.client, run, "resume")
+    resumed = act(api_person.client, run, "resume")
 
     assert (resumed.status_code, resumed.json()["status"]) == (200, "queued")
     wait_for(lambda: fresh(run).status == "done", timeout=15, message="the resumed run to finish")
     assert steps_of(log, run) == {"step1": 1, "step2": 1, "step3": 1}
-    ops.did(run, "run.pause_requested")
-    ops.did(run, "run.resumed")
+    api_person.did(run, "run.pause_requested")
+    api_person.did(run, "run.resumed")
     assert fresh(run).events.get(type="run.paused").actor_type == "worker"
     assert_events_consistent(run)
     stop(processes, worker)
@@ -268,7 +262,7 @@ def worker_connections(application_name: str) -> int:
 
 
 def test_a_run_waiting_for_approval_holds_no_worker_slot_lease_or_connection(
-    tenant, ops, processes, tmp_path
+    tenant, api_person, processes, tmp_path
 ):
     log = str(tmp_path / "exec.log")
     # One run at a time and one pooled connection: a waiting run holding either would block the next run.
@@ -297,7 +291,7 @@ def test_a_run_waiting_for_approval_holds_no_worker_slot_lease_or_connection(
         message="the run to wait for approval",
     )
 
-    assert get(ops.client, run)["waiting_for"] == {
+    assert get(api_person.client, run)["waiting_for"] == {
         "type": "approval",
         "step": 2,
         "name": "update_crm",
@@ -321,18 +315,18 @@ def test_a_run_waiting_for_approval_holds_no_worker_slot_lease_or_connection(
     assert fresh(run).status == "waiting_human"
     assert worker_connections("ctl-approvals") == 2
 
-    response = act(ops.client, run, "approve", {"comment": "ship it"})
+    response = act(api_person.client, run, "approve", {"comment": "ship it"})
 
     assert response.status_code == 200, response.content
     wait_for(lambda: fresh(run).status == "done", timeout=15, message="the approved run to finish")
-    assert fresh(run).result == {"applied": True, "comment": "ship it", "by": ops.actor}
+    assert fresh(run).result == {"applied": True, "comment": "ship it", "by": api_person.actor}
     assert steps_of(log, run) == {"draft": 1, "update_crm": 1}
-    ops.did(run, "run.approved")
+    api_person.did(run, "run.approved")
     stop(processes, worker)
 
 
 def test_an_approved_run_killed_before_it_finishes_never_asks_again(
-    tenant, ops, processes, tmp_path
+    tenant, api_person, processes, tmp_path
 ):
     log, hold = str(tmp_path / "exec.log"), tmp_path / "hold"
     hold.touch()
@@ -345,7 +339,7 @@ def test_an_approved_run_killed_before_it_finishes_never_asks_again(
         timeout=15,
         message="the run to wait for approval",
     )
-    assert act(ops.client, run, "approve", {"comment": "go"}).status_code == 200
+    assert act(api_person.client, run, "approve", {"comment": "go"}).status_code == 200
     wait_for(
         lambda: in_step(log, run, "act"), timeout=15, message="the step after the approval to start"
     )
@@ -359,7 +353,7 @@ def test_an_approved_run_killed_before_it_finishes_never_asks_again(
 
     run = fresh(run)
     assert run.status == "done"
-    assert run.result == {"approved": True, "comment": "go", "by": ops.actor}
+    assert run.result == {"approved": True, "comment": "go", "by": api_person.actor}
     approval = Step.objects.get(run=run, seq=2)
     assert (approval.status, approval.executions, approval.output) == ("done", 1, decided)
     assert steps_of(log, run) == {"draft": 1, "act": 2}  # only the interrupted step ran again
@@ -370,16 +364,16 @@ def test_an_approved_run_killed_before_it_finishes_never_asks_again(
 # --- messages -------------------------------------------------------------------------
 
 
-def test_a_message_wakes_a_run_waiting_for_one(tenant, ops, processes):
+def test_a_message_wakes_a_run_waiting_for_one(tenant, api_person, processes):
     # A long poll: the run is woken by the message's NOTIFY, not found by polling.
     worker = started(processes, "--poll", "30", "--heartbeat", "1")
     run = submit_run(tenant=tenant, kind="chat", input={})
     wait_for(
         lambda: fresh(run).status == "waiting", timeout=15, message="the run to wait for a message"
     )
-    assert get(ops.client, run)["waiting_for"] == {"type": "message"}
+    assert get(api_person.client, run)["waiting_for"] == {"type": "message"}
 
-    response = act(ops.client, run, "messages", {"text": "hello"})
+    response = act(api_person.client, run, "messages", {"text": "hello"})
 
     assert (response.status_code, response.json()["status"]) == (200, "queued")
     wait_for(
@@ -392,21 +386,21 @@ def test_a_message_wakes_a_run_waiting_for_one(tenant, ops, processes):
     assert (hello.consumed_by_step.seq, hello.consumed_by_step.kind) == (1, "message")
     assert [m["text"] for m in hello.consumed_by_step.output] == ["hello"]
 
-    assert act(ops.client, run, "messages", {"text": "bye"}).status_code == 200
+    assert act(api_person.client, run, "messages", {"text": "bye"}).status_code == 200
     wait_for(lambda: fresh(run).status == "done", timeout=10, message="the run to finish")
     assert fresh(run).result == {"seen": ["hello", "bye"]}
     assert not Message.objects.filter(run=run, consumed_by_step__isnull=True).exists()
-    assert act(ops.client, run, "messages", {"text": "anyone?"}).status_code == 409
+    assert act(api_person.client, run, "messages", {"text": "anyone?"}).status_code == 409
     stop(processes, worker)
 
 
 def test_messages_a_killed_worker_had_read_are_delivered_again_never_lost_nor_duplicated(
-    tenant, ops, processes, tmp_path
+    tenant, api_person, processes, tmp_path
 ):
     log, hold = str(tmp_path / "exec.log"), tmp_path / "hold"
     hold.touch()
     run = submit_run(tenant=tenant, kind="inbox", input={"log": log, "hold_file": str(hold)})
-    act(ops.client, run, "messages", {"text": "first"})
+    act(api_person.client, run, "messages", {"text": "first"})
     first = Message.objects.get(run=run)
 
     # The worker reads the message in its `messages` step; the checkpoint that would
@@ -432,7 +426,7 @@ def test_messages_a_killed_worker_had_read_are_delivered_again_never_lost_nor_du
     assert not Step.objects.filter(run=run).exists()
     assert Message.objects.get(pk=first.pk).consumed_by_step is None
     rescue(run)
-    act(ops.client, run, "messages", {"text": "second"})  # arrives while no worker is alive
+    act(api_person.client, run, "messages", {"text": "second"})  # arrives while no worker is alive
 
     b = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2")
     wait_for(
@@ -467,7 +461,9 @@ def test_messages_a_killed_worker_had_read_are_delivered_again_never_lost_nor_du
     assert_events_consistent(run)
 
 
-def test_a_message_posted_while_the_worker_parks_the_run_still_wakes_it(tenant, ops, processes):
+def test_a_message_posted_while_the_worker_parks_the_run_still_wakes_it(
+    tenant, api_person, processes
+):
     """The exit to `waiting` re-checks for messages under the run's row lock (workers/queue.py).
 
     Staged: the worker's read of the inbox waits behind a table lock; a message is posted
@@ -481,7 +477,7 @@ def test_a_message_posted_while_the_worker_parks_the_run_still_wakes_it(tenant, 
             cursor.execute("LOCK TABLE runs_message IN ACCESS EXCLUSIVE MODE")
 
     def post():
-        control.post_message(run=run, actor=Actor("api_key", str(ops.key.pk)), text="hello")
+        control.post_message(run=run, actor=Actor("api_key", str(api_person.key.pk)), text="hello")
 
     inbox_locked, posted = OpenTransaction(lock_the_inbox), OpenTransaction(post)
     try:
@@ -530,7 +526,9 @@ def test_a_message_posted_while_the_worker_parks_the_run_still_wakes_it(tenant, 
     stop(processes, worker)
 
 
-def test_resume_before_the_step_boundary_withdraws_the_pause(tenant, ops, processes, tmp_path):
+def test_resume_before_the_step_boundary_withdraws_the_pause(
+    tenant, api_person, processes, tmp_path
+):
     log, hold = str(tmp_path / "exec.log"), tmp_path / "hold"
     hold.touch()
     worker = started(processes, "--concurrency", "1", "--poll", "0.2", "--heartbeat", "1")
@@ -541,10 +539,10 @@ def test_resume_before_the_step_boundary_withdraws_the_pause(tenant, ops, proces
         lambda: in_step(log, run, "step1") and fresh(run).current_step == "step1",
         message="step1 to run",
     )
-    assert act(ops.client, run, "pause").status_code == 202
+    assert act(api_person.client, run, "pause").status_code == 202
     time.sleep(1.5)  # the worker has heard of the pause (heartbeat every second)
 
-    response = act(ops.client, run, "resume")
+    response = act(api_person.client, run, "resume")
 
     assert response.status_code == 200, response.content
     assert (response.json()["status"], response.json()["pause_requested"]) == ("running", False)
@@ -556,5 +554,5 @@ def test_resume_before_the_step_boundary_withdraws_the_pause(tenant, ops, proces
     assert run.status == "done"
     assert "run.paused" not in event_types(run)
     assert steps_of(log, run) == {"step1": 1, "step2": 1, "step3": 1}
-    ops.did(run, "run.resumed")  # the withdrawal is an action too: recorded with who did it
+    api_person.did(run, "run.resumed")  # the withdrawal is an action too: recorded with who did it
     stop(processes, worker)

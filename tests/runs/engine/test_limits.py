@@ -20,7 +20,7 @@ from django.utils import timezone
 from runs.engine import claim as claims
 from runs.engine.exit import Exit, leave
 from runs.exceptions import InvalidRunInput, QueueFull
-from runs.models import Event, Queue, Run, Tenant, Worker
+from runs.models import Queue, Run, Tenant, Worker
 from runs.registry import all_kinds, get_kind
 from runs.services import request_hash, submit_run
 from tests.conftest import wait_for
@@ -362,13 +362,6 @@ def test_runs_claimed_before_their_count_lands_do_not_fill_the_queue(tenant):
 
 
 # --- bad input (what tests/runs/api/test_submit.py does not already cover) ----------------
-
-
-@pytest.fixture
-def no_new_runs(db):
-    yield
-    assert Run.objects.count() == 0
-    assert Event.objects.count() == 0
 
 
 @pytest.mark.usefixtures("no_new_runs")

@@ -35,6 +35,8 @@ from workers.reaper import Reaper
 
 MONTH = timedelta(days=30)
 
+pytestmark = pytest.mark.usefixtures("media_root")  # artifacts' files in the test's own folder
+
 
 def make_run(
     tenant,
@@ -94,11 +96,6 @@ def left(run_id) -> dict[str, int]:
         "deliveries": WebhookDelivery.objects.filter(run_id=run_id).count(),
         "watches": StreamWatch.objects.filter(run_id=run_id).count(),
     }
-
-
-@pytest.fixture(autouse=True)
-def media(settings, tmp_path):
-    settings.MEDIA_ROOT = str(tmp_path / "media")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -15,8 +15,8 @@ from django.utils import timezone
 from runs.keys import create_api_key
 from runs.models import ApiKey, Membership
 from runs.services import submit_run
-from tests.runs.streams.test_sse import Web, _first, bearer, session_of
 from tests.support.factories import MembershipFactory
+from tests.support.web import Web, bearer, first_answer, session_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +26,8 @@ ENDS_WITHIN_SECONDS = 30
 
 
 @pytest.fixture
-def web(processes):
+def web_rechecking(processes):
+    """A `manage.py serve` process whose streams check their credentials every CHECK_SECONDS."""
     return Web(
         processes,
         RUNS_STREAM_BACKSTOP_SECONDS=str(CHECK_SECONDS),
@@ -63,45 +64,51 @@ def read_until_closed(response: httpx.Response, *, then=None) -> list[str]:
 
 
 def test_a_stream_opened_with_a_token_ends_when_its_key_is_revoked_and_the_token_opens_nothing(
-    tenant, run, web
+    tenant, run, web_rechecking
 ):
     key = create_api_key(tenant=tenant, name="browser").secret
     token = httpx.post(
-        f"{web.base}/api/runs/{run.pk}/stream-token", headers=bearer(key), timeout=5
+        f"{web_rechecking.base}/api/runs/{run.pk}/stream-token", headers=bearer(key), timeout=5
     ).json()["token"]
-    url = f"{web.base}/api/runs/{run.pk}/events?token={token}"
+    url = f"{web_rechecking.base}/api/runs/{run.pk}/events?token={token}"
 
     with httpx.stream("GET", url, timeout=10) as response:
         assert response.status_code == 200
         lines = read_until_closed(response, then=lambda: revoke(key))
 
     assert any("no longer hold" in line for line in lines)
-    status, body = _first(url)
+    status, body = first_answer(url)
     assert status == 401 and "revoked" in body["detail"]
 
 
-def test_a_token_of_a_key_revoked_before_it_is_used_is_refused(tenant, run, web):
+def test_a_token_of_a_key_revoked_before_it_is_used_is_refused(tenant, run, web_rechecking):
     key = create_api_key(tenant=tenant, name="browser").secret
     token = httpx.post(
-        f"{web.base}/api/runs/{run.pk}/stream-token", headers=bearer(key), timeout=5
+        f"{web_rechecking.base}/api/runs/{run.pk}/stream-token", headers=bearer(key), timeout=5
     ).json()["token"]
     revoke(key)
 
-    status, body = _first(f"{web.base}/api/runs/{run.pk}/events?token={token}")
+    status, body = first_answer(f"{web_rechecking.base}/api/runs/{run.pk}/events?token={token}")
 
     assert status == 401 and "revoked" in body["detail"]
 
 
-def test_a_stream_opened_with_a_key_ends_when_the_key_is_revoked(tenant, run, web):
+def test_a_stream_opened_with_a_key_ends_when_the_key_is_revoked(tenant, run, web_rechecking):
     key = create_api_key(tenant=tenant, name="client").secret
     other = create_api_key(tenant=tenant, name="other").secret
 
     with (
         httpx.stream(
-            "GET", f"{web.base}/api/runs/{run.pk}/events", headers=bearer(key), timeout=10
+            "GET",
+            f"{web_rechecking.base}/api/runs/{run.pk}/events",
+            headers=bearer(key),
+            timeout=10,
         ) as response,
         httpx.stream(
-            "GET", f"{web.base}/api/runs/{run.pk}/events", headers=bearer(other), timeout=10
+            "GET",
+            f"{web_rechecking.base}/api/runs/{run.pk}/events",
+            headers=bearer(other),
+            timeout=10,
         ) as kept,
     ):
         assert response.status_code == 200 and kept.status_code == 200
@@ -112,7 +119,7 @@ def test_a_stream_opened_with_a_key_ends_when_the_key_is_revoked(tenant, run, we
 
 @pytest.mark.parametrize("how", ["leaves the tenant", "logs out"])
 def test_a_stream_opened_with_the_session_ends_when_the_user_leaves_the_tenant_or_logs_out(
-    tenant, run, web, how
+    tenant, run, web_rechecking, how
 ):
     membership = MembershipFactory(tenant=tenant, role="viewer")
     cookie = session_of(membership.user)
@@ -124,7 +131,7 @@ def test_a_stream_opened_with_the_session_ends_when_the_user_leaves_the_tenant_o
             Session.objects.filter(session_key=cookie["Cookie"].split("=", 1)[1]).delete()
 
     with httpx.stream(
-        "GET", f"{web.base}/api/runs/{run.pk}/events", headers=cookie, timeout=10
+        "GET", f"{web_rechecking.base}/api/runs/{run.pk}/events", headers=cookie, timeout=10
     ) as response:
         assert response.status_code == 200
         read_until_closed(response, then=go)

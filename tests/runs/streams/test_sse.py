@@ -7,63 +7,24 @@ streams without LISTEN.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-from dataclasses import dataclass
 
 import httpx
 import pytest
 from django.db import connection
-from django.test import Client
 
 from runs import control
 from runs.events import Actor
 from runs.keys import create_api_key
 from runs.models import ApiKey, Event, StreamWatch
 from runs.services import submit_run
-from tests.conftest import free_port, fresh, wait_for
+from tests.conftest import fresh, wait_for
 from tests.support.factories import MembershipFactory, TenantFactory
 from tests.support.fake_openai import drive
+from tests.support.web import SSE, Web, bearer, first_answer, read_events, session_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@dataclass
-class SSE:
-    id: int | None
-    event: str
-    data: dict
-
-
-class Web:
-    """A `manage.py serve` process on a fixed port, restartable."""
-
-    def __init__(self, processes, **env):
-        self.processes = processes
-        self.port = free_port()
-        self.env = env
-        self.proc = None
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Web:
-        self.proc = self.processes.manage("serve", f"127.0.0.1:{self.port}", **self.env)
-
-        def up():
-            try:
-                return httpx.get(self.base + "/api/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=30, message="the web server to answer")
-        return self
-
-    def stop(self, sig=signal.SIGTERM) -> None:
-        self.proc.send_signal(sig)
-        self.proc.wait(20)
 
 
 @pytest.fixture
@@ -71,50 +32,8 @@ def web(processes):
     return Web(processes, RUNS_STREAM_KEEPALIVE_SECONDS="0.5").start()
 
 
-def read_events(
-    response: httpx.Response,
-    *,
-    until=None,
-    seen: list[SSE] | None = None,
-    comments: list[str] | None = None,
-) -> list[SSE]:
-    """Parse SSE from a streaming response until it ends or ``until(event)`` is true.
-
-    One line iterator per response: abandoning one would close the connection.
-    """
-    seen = [] if seen is None else seen
-    lines = getattr(response, "sse_lines", None)
-    if lines is None:
-        lines = response.sse_lines = response.iter_lines()
-    fields: dict[str, str] = {}
-    for line in lines:
-        if line.startswith(":"):
-            if comments is not None:
-                comments.append(line)
-            continue
-        if line == "":
-            if "data" in fields:
-                event = SSE(
-                    int(fields["id"]) if "id" in fields else None,
-                    fields.get("event", "message"),
-                    json.loads(fields["data"]),
-                )
-                seen.append(event)
-                if until is not None and until(event):
-                    return seen
-            fields = {}
-            continue
-        name, _, value = line.partition(":")
-        fields[name] = value[1:] if value.startswith(" ") else value
-    return seen
-
-
 def stored_events(run) -> list[tuple[int, str]]:
     return list(Event.objects.filter(run=run).order_by("seq").values_list("seq", "type"))
-
-
-def bearer(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def test_a_client_resumes_after_a_server_restart_and_sees_every_event_once_in_order(
@@ -222,7 +141,7 @@ def test_stream_credentials(tenant, api_key, web):
     events = f"{web.base}/api/runs/{{}}/events"
 
     def get(run, params="", headers=None):
-        return _first(events.format(run.pk) + params, headers)
+        return first_answer(events.format(run.pk) + params, headers)
 
     # A stream token opens run A's stream, and only run A's.
     token = httpx.post(
@@ -253,12 +172,6 @@ def test_stream_credentials(tenant, api_key, web):
     assert get(run_a, headers=session_of(outsider))[0] == 404
 
 
-def session_of(user) -> dict:
-    client = Client()
-    client.force_login(user)
-    return {"Cookie": f"sessionid={client.cookies['sessionid'].value}"}
-
-
 def test_a_stream_token_expires(tenant, api_key, processes):
     web = Web(processes, RUNS_STREAM_TOKEN_SECONDS="1").start()
     run = submit_run(tenant=tenant, kind="echo", input={"text": "a"})
@@ -266,17 +179,8 @@ def test_a_stream_token_expires(tenant, api_key, processes):
         f"{web.base}/api/runs/{run.pk}/stream-token", headers=bearer(api_key), timeout=5
     ).json()
     time.sleep(2.2)
-    status, body = _first(f"{web.base}/api/runs/{run.pk}/events?token={token['token']}")
+    status, body = first_answer(f"{web.base}/api/runs/{run.pk}/events?token={token['token']}")
     assert status == 401 and "expired" in body["detail"]
-
-
-def _first(url: str, headers: dict | None = None) -> tuple[int, dict]:
-    """The status and JSON error of a stream request (a 200 is closed after its first bytes)."""
-    with httpx.stream("GET", url, headers=headers or {}, timeout=5) as response:
-        if response.status_code == 200:
-            return 200, {}
-        response.read()
-        return response.status_code, response.json() if response.content else {}
 
 
 def test_many_streams_share_a_bounded_number_of_connections(tenant, api_key, web):

@@ -27,19 +27,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PERSON = Actor(type="user", id="7")
 
 
-@pytest.fixture
-def receiver():
-    server = Receiver()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def private_allowed(settings):
-    settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = True
-    return settings
-
-
 def secret_of(tenant: Tenant) -> str:
     return signing.current_secret(tenant.pk)
 

@@ -120,7 +120,8 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver(settings):
+def start_receiver(settings):
+    """Starts receivers that answer as ``respond`` does (private addresses allowed); all stop at teardown."""
     settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = True
     started: list[Receiver] = []
 
@@ -152,8 +153,8 @@ def answer(status, body=b"", headers=()):
     return respond
 
 
-def test_send_delivers_body_and_headers_with_the_original_host(receiver):
-    server = receiver(answer(200, b"thanks\x00!"))
+def test_send_delivers_body_and_headers_with_the_original_host(start_receiver):
+    server = start_receiver(answer(200, b"thanks\x00!"))
     sent = send(
         server.url("/hook?x=1"),
         body=b'{"type": "run.done"}',
@@ -168,26 +169,26 @@ def test_send_delivers_body_and_headers_with_the_original_host(receiver):
 
 
 @pytest.mark.parametrize(("status", "permanent"), [(500, False), (410, True)])
-def test_send_reports_an_error_status(receiver, status, permanent):
-    server = receiver(answer(status, b"boom"))
+def test_send_reports_an_error_status(start_receiver, status, permanent):
+    server = start_receiver(answer(status, b"boom"))
     sent = send(server.url(), body=b"{}", headers={})
     assert (sent.status, sent.delivered, sent.permanent) == (status, False, permanent)
     assert sent.error.startswith(f"the receiver answered {status}")
     assert sent.body == "boom"
 
 
-def test_send_opens_a_new_connection_for_every_delivery(receiver):
+def test_send_opens_a_new_connection_for_every_delivery(start_receiver):
     """A kept connection verified for one name must never carry another name's request."""
-    server = receiver(answer(200))
+    server = start_receiver(answer(200))
     assert send(server.url(), body=b"{}", headers={}).delivered
     assert send(server.url(), body=b"{}", headers={}).delivered
     assert len(set(server.peers)) == 2
 
 
-def test_send_does_not_follow_redirects(receiver):
-    elsewhere = receiver(answer(200))
+def test_send_does_not_follow_redirects(start_receiver):
+    elsewhere = start_receiver(answer(200))
     location = f"http://{LOOPBACK_IN_URL}:{elsewhere.port}/x"
-    server = receiver(answer(302, headers=[("Location", location)]))
+    server = start_receiver(answer(302, headers=[("Location", location)]))
     sent = send(server.url(), body=b"{}", headers={})
     assert (sent.status, sent.delivered, sent.permanent) == (302, False, False)
     assert sent.error == (
@@ -197,7 +198,7 @@ def test_send_does_not_follow_redirects(receiver):
     assert elsewhere.requests == []
 
 
-def test_send_reads_at_most_max_body_bytes(receiver):
+def test_send_reads_at_most_max_body_bytes(start_receiver):
     def huge(handler):
         handler.send_response(200)
         handler.send_header("Content-Length", str(10 * 1024 * 1024))
@@ -208,7 +209,7 @@ def test_send_reads_at_most_max_body_bytes(receiver):
         except OSError:
             pass  # the sender stopped reading, as it should
 
-    sent = send(receiver(huge).url(), body=b"{}", headers={})
+    sent = send(start_receiver(huge).url(), body=b"{}", headers={})
     assert sent.delivered
     assert sent.body == "a" * MAX_BODY_BYTES
 

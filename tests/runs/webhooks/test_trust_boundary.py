@@ -29,30 +29,9 @@ from runs.webhooks import targets
 from tests.conftest import wait_for
 from tests.support.factories import MembershipFactory, TenantFactory
 from tests.support.fake_openai import drive
-from tests.support.webhook_receiver import Receiver, Tarpit
 from workers.webhooks import DeliveryLoop
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def receiver():
-    server = Receiver()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def tarpit():
-    server = Tarpit()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def private_allowed(settings):
-    settings.RUNS_WEBHOOKS_ALLOW_PRIVATE = True
-    return settings
 
 
 def finished_runs(tenant, count: int, **fields) -> list:

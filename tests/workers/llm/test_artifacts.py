@@ -16,12 +16,7 @@ from tests.support.factories import TenantFactory
 from tests.support.fake_openai import drive, say
 
 pytest_plugins = ["tests.support.fake_openai"]  # the fake_llm and offline fixtures
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def media(settings, tmp_path):
-    settings.MEDIA_ROOT = str(tmp_path / "media")
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("media_root")]
 
 
 def tool_answers(body):
