@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -122,20 +121,6 @@ def processes(tmp_path):
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
-
-
-def wait_for(
-    predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"
-):
-    """Poll until predicate() is truthy; fail the test with ``message`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
 
 
 def fresh(run: Run) -> Run:

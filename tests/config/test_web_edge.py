@@ -50,7 +50,7 @@ class Watch(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             self.sample()
-            time.sleep(0.01)
+            time.sleep(0.01)  # the sampling interval: the watch measures, it waits for nothing
 
     def sample(self) -> None:
         self.max_rss = max(self.max_rss, self.process.memory_info().rss)

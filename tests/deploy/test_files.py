@@ -26,8 +26,9 @@ from django.conf import settings
 from django.core.management import get_commands, load_command_class
 from django.core.management.base import CommandError
 
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port
 from tests.conftest import test_database_url as database_url
+from tests.support.waiting import wait_until
 from tests.support.webhook_receiver import Receiver
 from workers.executor import EXIT_RETRY_SECONDS
 from workers.webhooks import DeliveryLoop
@@ -355,7 +356,7 @@ def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themse
         except httpx.HTTPError:
             return False
 
-    wait_for(web_is_up, timeout=90, message="the web process to answer")
+    wait_until(web_is_up, timeout=90, what="the web process to answer")
     receiver = Receiver()
     try:
         client = httpx.Client(
@@ -390,7 +391,7 @@ def test_the_procfile_processes_run_a_run_per_queue_over_http_and_stop_by_themse
             assert not set(statuses.values()) & {"failed", "cancelled"}, statuses
             return set(statuses.values()) == {"done"}
 
-        wait_for(finished, timeout=90, message=f"a run on each of {queues} to finish")
+        wait_until(finished, timeout=90, what=f"a run on each of {queues} to finish")
         for queue, run_id in ids.items():
             assert client.get(f"/api/runs/{run_id}").json()["result"] == {"echo": queue}
         deliveries = receiver.wait_for(len(ids), timeout=60)  # sent by the webhooks process

@@ -16,9 +16,10 @@ from runs.control import approve_run, reject_run
 from runs.models import Step, Tenant
 from runs.selectors import waiting_for
 from runs.services import Actor, submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.factories import make_lead
 from tests.support.fake_openai import MODEL, drive, from_script
+from tests.support.waiting import wait_until
 from workers.llm.scripts import research_script
 
 pytest_plugins = ["tests.support.fake_openai"]  # the fake_llm and offline fixtures
@@ -232,12 +233,12 @@ def test_make_run_offline_runs_both_built_in_kinds_to_the_end(processes):
         ]
         return found[-1] if found else None
 
-    key = wait_for(printed_key, timeout=60, interval=0.2, message="the API key printed by `up`")
-    wait_for(
+    key = wait_until(printed_key, timeout=60, interval=0.2, what="the API key printed by `up`")
+    wait_until(
         lambda: _answers(f"{base}/health"),
         timeout=60,
         interval=0.2,
-        message="the web server of `up`",
+        what="the web server of `up`",
     )
     lead = Lead.objects.create(
         tenant=Tenant.objects.get(slug="demo"),
@@ -258,17 +259,17 @@ def test_make_run_offline_runs_both_built_in_kinds_to_the_end(processes):
         key,
         {"kind": "crm_update", "input": {"lead_id": lead.pk, "instruction": "Sent them our offer"}},
     )
-    wait_for(
+    wait_until(
         lambda: call("GET", f"{base}/runs/{crm['id']}", key)["status"] == "waiting_human",
         timeout=60,
-        message="crm_update to ask for approval",
+        what="crm_update to ask for approval",
     )
     call("POST", f"{base}/runs/{crm['id']}/approve", key, {"comment": "go"})
     for run in (research, crm):
-        wait_for(
+        wait_until(
             lambda run=run: call("GET", f"{base}/runs/{run['id']}", key)["status"] == "done",
             timeout=60,
-            message=f"run {run['id']} to finish",
+            what=f"run {run['id']} to finish",
         )
     assert (
         "[retries-and-backoff]"

@@ -22,10 +22,11 @@ from runs.control import approve_run
 from runs.keys import create_api_key
 from runs.models import Event, Run, Tenant
 from runs.services import Actor
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port
 from tests.support import django_tasks  # noqa: F401  (its @task functions are kinds in this process)
 from tests.support.factories import MembershipFactory, TenantFactory
 from tests.support.fake_openai import drive
+from tests.support.waiting import wait_until
 
 pytest_plugins = ["tests.support.fake_openai"]  # the offline fixture
 
@@ -279,7 +280,7 @@ def test_without_runs_examples_the_demo_apps_and_example_kinds_are_not_there(pro
     port = free_port()
     processes.manage("serve", f"127.0.0.1:{port}", RUNS_EXAMPLES="0")
     base = f"http://127.0.0.1:{port}/api"
-    wait_for(lambda: _answers(f"{base}/health"), timeout=30, message="the web server")
+    wait_until(lambda: _answers(f"{base}/health"), timeout=30, what="the web server")
     headers = {"Authorization": f"Bearer {create_api_key(tenant=tenant, name='prod').secret}"}
     names = {kind["name"] for kind in httpx.get(f"{base}/kinds", headers=headers).json()}
     assert "echo" in names and not EXAMPLE_KINDS & names

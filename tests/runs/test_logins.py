@@ -12,8 +12,9 @@ import pytest
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port
 from tests.support.factories import UserFactory
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,7 +39,7 @@ def serve(processes, **env) -> str:
         except httpx.HTTPError:
             return False
 
-    wait_for(up, timeout=30, message="the web server to answer")
+    wait_until(up, timeout=30, what="the web server to answer")
     return base
 
 

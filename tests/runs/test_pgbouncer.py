@@ -32,10 +32,10 @@ from django.utils import timezone
 from runs.db import connection_kwargs
 from runs.models import Run, Tenant, Worker
 from tests.conftest import test_database_url as database_url
-from tests.conftest import wait_for
 from tests.support.agents import executions
 from tests.support.factories import TenantFactory
 from tests.support.pgbouncer import PgBouncer, pgbouncer_version, require_pgbouncer
+from tests.support.waiting import wait_until
 from tests.support.web import SSE, Web, bearer, read_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,7 +119,7 @@ def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(
     approval = submit("approve_then_act", {"log": log})
     stream = Stream(f"{web.base}/api/runs/{approval}/events", api_key)
     stream.start()
-    wait_for(lambda: stream.seen or stream.error, message="the stream to start")
+    wait_until(lambda: stream.seen or stream.error, what="the stream to start")
     assert stream.error is None, stream.error
     workers = [
         processes.worker(
@@ -127,21 +127,19 @@ def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(
         )
         for _ in range(2)
     ]
-    wait_for(
+    wait_until(
         lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2,
-        message="both workers to register",
+        what="both workers to register",
     )
 
     # Multi-step runs, claimed and checkpointed by both workers.
     batch = [submit("steps", {"steps": 4, "log": log, "step_seconds": 0.01}) for _ in range(20)]
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(pk__in=batch, status="done").count() == len(batch),
         timeout=60,
-        message="the multi-step runs to finish",
+        what="the multi-step runs to finish",
     )
-    wait_for(
-        lambda: status(approval) == "waiting_human", message="the run to wait for its approval"
-    )
+    wait_until(lambda: status(approval) == "waiting_human", what="the run to wait for its approval")
     # Every worker connection is a PgBouncer client; fewer server connections serve them all.
     clients = [c for c in pgbouncer.admin("SHOW CLIENTS") if c["database"] == "workers"]
     assert len(clients) > POOL_SIZE, clients
@@ -154,7 +152,7 @@ def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(
         timeout=10,
     )
     assert answer.status_code == 200, answer.text
-    wait_for(lambda: status(approval) == "done", message="the approved run to finish")
+    wait_until(lambda: status(approval) == "done", what="the approved run to finish")
     stream.join(20)
     assert not stream.is_alive(), "the event stream did not close at the run's end"
     assert stream.error is None and stream.status == 200, (stream.error, stream.status)
@@ -165,26 +163,26 @@ def test_web_workers_and_reaper_through_pgbouncer_in_transaction_mode(
     block = tmp_path / "block"
     block.touch()
     doomed = submit("steps", {"steps": 3, "log": log, "block_at": 2, "block_file": str(block)})
-    started = wait_for(
+    started = wait_until(
         lambda: [pid for r, seq, _, pid in executions(log) if r == doomed and seq == 2],
-        message="step 2 to start",
+        what="step 2 to start",
     )
     holder = next(proc for proc in workers if proc.pid == started[0])
     survivor = next(proc for proc in workers if proc is not holder)
     holder.send_signal(signal.SIGKILL)
     holder.wait(10)
     block.unlink()
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=doomed).locked_until < timezone.now(),
         timeout=10,
-        message="the dead worker's lease to expire",
+        what="the dead worker's lease to expire",
     )
     reaped = processes.run("reap", "--once", DATABASE_URL=pgbouncer.url("reaper"), **pooled)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
-    wait_for(
+    wait_until(
         lambda: status(doomed) == "done",
         timeout=20,
-        message="the other worker to finish the rescued run",
+        what="the other worker to finish the rescued run",
     )
 
     survivor.send_signal(signal.SIGTERM)

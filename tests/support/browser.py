@@ -161,7 +161,9 @@ def screenshots(page, name: str, *, check: bool = True) -> None:
     before = page.viewport_size
     for size, suffix in ((DESKTOP, ""), (PHONE, "-phone")):
         page.set_viewport_size(size)
-        page.wait_for_timeout(100)  # let the layout settle
+        page.wait_for_timeout(
+            100
+        )  # let the layout settle for a screenshot (asserts nothing on time)
         if check:
             assert_no_horizontal_scroll(page)
         screenshot(page, f"{name}{suffix}.png")

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter
 
-import pytest
 from django.db import connection, connections, transaction
 from django.test import Client
 
 from runs.keys import create_api_key
 from runs.models import TERMINAL_STATUSES, Event, Run
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
+from tests.support.waiting import wait_until
 from workers.worker import Worker, WorkerOptions
 
 
@@ -62,15 +61,17 @@ def burst_worker() -> None:
 
 def work_until(run: Run, *statuses: str, timeout: float = 20.0) -> Run:
     """Burst workers until ``run`` reaches one of ``statuses`` (retries wait out their short backoff)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def reached() -> Run | None:
         burst_worker()
         current = fresh(run)
-        if current.status in statuses:
-            return current
-        if time.monotonic() > deadline:
-            pytest.fail(f"run stayed {current.status}, never reached {statuses}")
-        time.sleep(0.05)
+        return current if current.status in statuses else None
+
+    return wait_until(
+        reached,
+        timeout=timeout,
+        what=lambda: f"the run to reach {statuses}; it is {fresh(run).status}",
+    )
 
 
 def events(run: Run) -> list[Event]:
@@ -139,7 +140,7 @@ def terminate_backends(application_name: str) -> None:
             )
             return cursor.fetchone()[0] == 0
 
-    wait_for(gone, timeout=10, message=f"the sessions of {application_name} to end")
+    wait_until(gone, timeout=10, what=f"the sessions of {application_name} to end")
 
 
 class OpenTransaction:

@@ -53,7 +53,7 @@ def introspect(context, x: int) -> dict:
 
 @task
 async def double_later(x: int) -> int:
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a coroutine task that awaits: its behaviour, not a wait in a test
     return 2 * x
 
 
@@ -76,7 +76,7 @@ def stall_once(marker: str) -> str:
     """The first execution writes ``marker`` and hangs (the test kills its worker); the next returns."""
     if not os.path.exists(marker):
         Path(marker).write_text(str(os.getpid()))
-        time.sleep(120)
+        time.sleep(120)  # hangs until the test kills its worker: the behaviour under test
     return f"finished by {os.getpid()}"
 
 

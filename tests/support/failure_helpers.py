@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
-import pytest
 from django.db import connection
 
 from runs.db import release_connection
@@ -14,6 +12,7 @@ from runs.engine.claim import ClaimedRun
 from runs.models import Event, Run
 from tests.conftest import fresh
 from tests.support.agents import LEDGER_TABLE
+from tests.support.waiting import wait_until
 from workers.executor import RunExecutor
 from workers.host import RunControl
 from workers.reaper import Reaper
@@ -35,14 +34,15 @@ def burst_worker(**options) -> None:
 def drive(runs: Iterable[Run], *, timeout: float = 20) -> list[Run]:
     """Burst workers, again and again, until no run is queued or running (backoffs are waited out)."""
     ids = [run.pk for run in runs]
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def settled() -> bool:
         burst_worker()
-        if not Run.objects.filter(pk__in=ids, status__in=("queued", "running")).exists():
-            return [Run.objects.get(pk=pk) for pk in ids]
-        if time.monotonic() > deadline:
-            pytest.fail(f"runs still queued or running after {timeout}s")
-        time.sleep(0.02)
+        return not Run.objects.filter(pk__in=ids, status__in=("queued", "running")).exists()
+
+    wait_until(
+        settled, timeout=timeout, interval=0.02, what="no run to be queued or running any more"
+    )
+    return [Run.objects.get(pk=pk) for pk in ids]
 
 
 class Stepper:
@@ -73,17 +73,14 @@ class Stepper:
 
     def attempt(self, run: Run, *, timeout: float = 10) -> str | None:
         """Wait until ``run`` is claimable, claim it and execute one attempt; returns the status it left in."""
-        deadline = time.monotonic() + timeout
-        while True:
-            claimed = self.claim(n=1)
-            if claimed:
-                assert claimed[0].id == run.pk, "another run was claimed"
-                return self.execute(claimed[0])
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"run {run.pk} not claimable within {timeout}s (status {fresh(run).status})"
-                )
-            time.sleep(0.01)
+        [claimed] = wait_until(
+            lambda: self.claim(n=1),
+            timeout=timeout,
+            interval=0.01,
+            what=lambda: f"run {run.pk} to be claimable (it is {fresh(run).status})",
+        )
+        assert claimed.id == run.pk, "another run was claimed"
+        return self.execute(claimed)
 
 
 def exit_delay(run: Run) -> float:

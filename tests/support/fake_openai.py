@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from runs.models import Run
+from tests.support.waiting import wait_until
 from workers.llm.providers import to_assistant_message
 from workers.worker import Worker, WorkerOptions
 
@@ -412,14 +413,16 @@ def drive(
     timeout: float = 30,
 ) -> list[Run]:
     """Run burst workers (waiting out backoffs) until every run reached one of ``until``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    seen: list[Run] = []
+
+    def reached() -> bool:
         burst_worker()
-        fresh = [Run.objects.get(pk=run.pk) for run in runs]
-        if all(run.status in until for run in fresh):
-            return fresh
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"runs not in {until} after {timeout}s: {[(r.status, r.error) for r in fresh]}"
-            )
-        time.sleep(0.05)
+        seen[:] = [Run.objects.get(pk=run.pk) for run in runs]
+        return all(run.status in until for run in seen)
+
+    wait_until(
+        reached,
+        timeout=timeout,
+        what=lambda: f"runs in {until}; they are {[(r.status, r.error) for r in seen]}",
+    )
+    return seen

@@ -173,6 +173,8 @@ class PgBouncer:
         return ["-u", user]
 
     def _wait_ready(self, timeout: float = 10) -> bool:
+        # Not wait_until: a server that does not come up (its port was taken) is tried again on
+        # another port, not a failed test.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import httpx
 from django.test import Client
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Web:
             except httpx.HTTPError:
                 return False
 
-        wait_for(up, timeout=30, message="the web server to answer")
+        wait_until(up, timeout=30, what="the web server to answer")
         return self
 
     def output(self) -> str:
@@ -63,8 +64,9 @@ def read_events(
     until=None,
     seen: list[SSE] | None = None,
     comments: list[str] | None = None,
+    comments_until=None,
 ) -> list[SSE]:
-    """Parse SSE from a streaming response until it ends or ``until(event)`` is true.
+    """Parse SSE from a streaming response until it ends, ``until(event)`` or ``comments_until(comments)`` is true.
 
     One line iterator per response: abandoning one would close the connection.
     """
@@ -77,6 +79,8 @@ def read_events(
         if line.startswith(":"):
             if comments is not None:
                 comments.append(line)
+                if comments_until is not None and comments_until(comments):
+                    return seen
             continue
         if line == "":
             if "data" in fields:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -46,15 +47,17 @@ class Receiver:
         self.answers.append((status, headers))
 
     def wait_for(self, count: int, timeout: float = 30.0) -> list[Received]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def arrived() -> bool:
             with self._lock:
-                if len(self.received) >= count:
-                    return list(self.received)
-            time.sleep(0.05)
-        raise AssertionError(
-            f"expected {count} deliveries, got {len(self.received)} in {timeout} s"
+                return len(self.received) >= count
+
+        wait_until(
+            arrived,
+            timeout=timeout,
+            what=lambda: f"{count} deliveries; {len(self.received)} arrived",
         )
+        with self._lock:
+            return list(self.received)
 
     def stop(self) -> None:
         self.server.shutdown()

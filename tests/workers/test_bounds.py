@@ -6,12 +6,12 @@ a worker retries it afterwards.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.engine import claim as claims
@@ -22,6 +22,7 @@ from tests.conftest import fresh
 from tests.support.agents import executions, notes
 from tests.support.factories import TenantFactory
 from tests.support.failure_helpers import Stepper, assert_left_alone, burst_worker, drive
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,7 +60,13 @@ class TestDeadline:
         stepper = Stepper()  # claims like a worker whose run is stuck between steps
         [claimed] = stepper.claim()
         held = {claimed.lease_token: run.pk}
-        time.sleep(1.1)
+        wait_until(  # by the database's clock, as the reaper judges
+            lambda: Run.objects.filter(
+                pk=run.pk, claimed_at__lt=Now() - timedelta(seconds=run.deadline_seconds)
+            ).exists(),
+            timeout=10,
+            what="the run to be past its deadline",
+        )
         reaper = Reaper()
         # Its worker is alive: the lease is fresh, so there is nothing to rescue...
         assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {

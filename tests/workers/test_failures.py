@@ -8,7 +8,6 @@ process must die or be replaced, real ``runworker`` processes.
 from __future__ import annotations
 
 import signal
-import time
 from collections import Counter, defaultdict
 from statistics import mean
 
@@ -17,7 +16,7 @@ from django.utils import timezone
 
 from runs.models import Event, Run, Step, StepAttempt, Tenant
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions, notes
 from tests.support.failure_helpers import (
     Stepper,
@@ -28,6 +27,7 @@ from tests.support.failure_helpers import (
     exit_delay,
     ledger,
 )
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,13 +47,16 @@ def claim_times(run: Run) -> dict[int, object]:
 def attempt_until_done(runs, on_retry, *, timeout: float = 25) -> None:
     """Execute every due attempt of ``runs`` until all are done; ``on_retry(run)`` sees each retry's state."""
     stepper = Stepper()
-    deadline = time.monotonic() + timeout
-    while Run.objects.filter(pk__in=[r.pk for r in runs]).exclude(status="done").exists():
-        assert time.monotonic() < deadline, "the runs did not finish"
+
+    def all_done() -> bool:
+        if not Run.objects.filter(pk__in=[r.pk for r in runs]).exclude(status="done").exists():
+            return True
         for claimed in stepper.claim():
             if stepper.execute(claimed) == "queued":
                 on_retry(Run.objects.get(pk=claimed.id))
-        time.sleep(0.01)
+        return False
+
+    wait_until(all_done, timeout=timeout, interval=0.01, what="every run to be done")
 
 
 class TestRetryable:
@@ -322,17 +325,17 @@ class TestKilledInsideASideEffect:
             input={"log": log, "keyed": keyed, "block_file": str(block)},
         )
         first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.1")
-        wait_for(lambda: notes(log, step="charge"), message="the charge to begin")
-        wait_for(lambda: ledger(run), timeout=5, message="the effect")
+        wait_until(lambda: notes(log, step="charge"), what="the charge to begin")
+        wait_until(lambda: ledger(run), timeout=5, what="the effect")
         assert Step.objects.get(run=run, name="charge").status == "running"  # written ahead
 
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         block.unlink()
-        wait_for(
+        wait_until(
             lambda: fresh(run).locked_until < timezone.now(),
             timeout=10,
-            message="the lease to expire",
+            what="the lease to expire",
         )
         assert Reaper().reap_once().rescued == 1
         assert (fresh(run).status, fresh(run).failures) == ("queued", 1)

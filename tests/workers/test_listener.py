@@ -9,7 +9,7 @@ from django.db import connection
 
 from runs.models import Run, Worker
 from runs.services import submit_run
-from tests.conftest import wait_for
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,26 +17,26 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_an_idle_worker_is_woken_by_notify_and_survives_losing_its_listener(tenant, processes):
     # With a 60 s poll, only a NOTIFY can get these runs started within the test's wait.
     worker = processes.worker("--poll", "60")
-    wait_for(lambda: Worker.objects.exists(), message="the worker to register")
-    wait_for(_listening, message="the LISTEN connection")
+    wait_until(lambda: Worker.objects.exists(), what="the worker to register")
+    wait_until(_listening, what="the LISTEN connection")
 
     first = submit_run(tenant=tenant, kind="echo", input={"text": "a"})
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=first.pk).status == "done",
         timeout=20,
-        message="a run woken by NOTIFY",
+        what="a run woken by NOTIFY",
     )
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%'"
         )
-    wait_for(_listening, timeout=20, message="the LISTEN connection to come back")
+    wait_until(_listening, timeout=20, what="the LISTEN connection to come back")
     second = submit_run(tenant=tenant, kind="echo", input={"text": "b"})
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=second.pk).status == "done",
         timeout=20,
-        message="a run woken after reconnecting",
+        what="a run woken after reconnecting",
     )
 
     worker.send_signal(signal.SIGTERM)

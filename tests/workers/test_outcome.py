@@ -18,10 +18,11 @@ from runs.engine.exit import Exit, leave
 from runs.models import Event, Run
 from runs.services import Actor, submit_run
 from runs.states import RunOutcome
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
 from tests.support.factories import make_lead
 from tests.support.fake_openai import drive
+from tests.support.waiting import wait_until
 
 pytest_plugins = ["tests.support.fake_openai"]  # the offline fixture
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -171,16 +172,16 @@ def test_a_report_survives_a_killed_worker(tenant, processes, tmp_path):
         "--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES
     )
     # It reported (in memory) and is blocked in the step after: kill it there.
-    wait_for(
+    wait_until(
         lambda: any(name == "after" for _, _, name, _ in executions(log)),
-        message="the step after the report",
+        what="the step after the report",
     )
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     block.unlink()
     assert (fresh(run).outcome, fresh(run).summary) == ("", "")
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once", AGENT_MODULES=MODULES)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections import Counter
 
 import pytest
@@ -11,8 +10,9 @@ from django.utils import timezone
 
 from runs.models import Run, Step, Tenant, Worker
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,9 +24,9 @@ def step_started(log, run, seq):
 def test_two_workers_never_execute_the_same_step(tenant, processes, tmp_path):
     log = str(tmp_path / "exec.log")
     workers = [processes.worker("--concurrency", "4", "--poll", "0.2") for _ in range(2)]
-    wait_for(
+    wait_until(
         lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2,
-        message="both workers to register",
+        what="both workers to register",
     )
     runs = [
         submit_run(
@@ -35,10 +35,10 @@ def test_two_workers_never_execute_the_same_step(tenant, processes, tmp_path):
         for _ in range(60)
     ]
 
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(status="done").count() == len(runs),
         timeout=90,
-        message="all runs done",
+        what="all runs done",
     )
     for proc in workers:
         proc.send_signal(signal.SIGTERM)
@@ -67,7 +67,7 @@ def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6
         input={"steps": 9, "log": log, "block_at": 7, "block_file": str(block)},
     )
     first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2")
-    wait_for(lambda: step_started(log, run, 7), message="step 7 to start")
+    wait_until(lambda: step_started(log, run, 7), what="step 7 to start")
     assert fresh(run).steps_done == 6
 
     first.send_signal(signal.SIGKILL)
@@ -75,8 +75,8 @@ def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6
     block.unlink()  # the next execution of step 7 does not block
     # Nobody heartbeats now; until the lease expires the run stays with the dead worker.
     assert fresh(run).status == "running"
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once")
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
@@ -106,10 +106,14 @@ def test_sigterm_releases_without_spending_an_attempt_and_the_next_worker_finish
         input={"steps": 4, "log": log, "block_at": 2, "block_file": str(block)},
     )
     first = processes.worker("--poll", "0.2")
-    wait_for(lambda: step_started(log, run, 2), message="step 2 to start")
+    wait_until(lambda: step_started(log, run, 2), what="step 2 to start")
 
     first.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    wait_until(
+        lambda: "stopping: finishing in-flight steps" in processes.output(first),
+        timeout=10,
+        what="the worker to say it is stopping",
+    )
     assert first.poll() is None, "the worker must let its in-flight step finish"
     block.unlink()  # the in-flight step finishes now
     assert first.wait(30) == 0, processes.output(first)
@@ -150,16 +154,16 @@ def test_runs_waiting_on_slow_steps_hold_no_database_connection(tenant, processe
             return cursor.fetchone()[0]
 
     # Every run enters its first step, which waits (like a slow model call) until the file goes.
-    wait_for(
-        lambda: len(executions(log)) == 40, timeout=60, message="40 runs inside their first step"
+    wait_until(
+        lambda: len(executions(log)) == 40, timeout=60, what="40 runs inside their first step"
     )
     # The pool (6) and the dedicated LISTEN connection, and at least the listener.
     assert 1 <= connections_in_use() <= 7
     block.unlink()
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(status="done").count() == len(runs),
         timeout=60,
-        message="all runs done",
+        what="all runs done",
     )
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0, processes.output(worker)

@@ -6,8 +6,6 @@ process; the step functions note each call in a file (tests/support/agents_step_
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.db import connection
 
@@ -15,23 +13,26 @@ from runs.models import Run, Step, StepAttempt
 from runs.services import submit_run
 from tests.conftest import fresh
 from tests.support.agents import notes
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def burst(processes, *runs: Run, rounds: int = 1) -> list[Run]:
     """A real worker process, until nothing is claimable; again while a run waits out its backoff."""
-    for _ in range(30):
+    left = [rounds]
+
+    def finished() -> bool:
         done = processes.run(
             "runworker", "--burst", "--heartbeat", "1", "--lease", "10", timeout=90
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        current = [fresh(run) for run in runs]
-        rounds -= 1
-        if rounds <= 0 and all(run.status not in ("queued", "running") for run in current):
-            return current
-        time.sleep(0.15)  # a backoff of at most 0.1 s
-    pytest.fail("runs still queued after 30 workers")
+        left[0] -= 1
+        return left[0] <= 0 and all(fresh(run).status not in ("queued", "running") for run in runs)
+
+    # Between workers, a backoff of at most 0.1 s passes.
+    wait_until(finished, timeout=120, interval=0.15, what="no run to be queued or running")
+    return [fresh(run) for run in runs]
 
 
 def test_fn_gets_its_keyword_arguments_from_kwargs_and_the_step_keeps_its_timeout(

@@ -11,8 +11,9 @@ from runs.control import cancel_run
 from runs.events import Actor
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import notes
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,22 +31,22 @@ def test_a_sleeping_run_holds_no_slot_and_another_run_of_its_tenant_runs_meanwhi
     log = str(tmp_path / "log")
     sleeper = submit_run(tenant=tenant, kind="wf_sleep", input={"log": log, "seconds": 3})
     worker(processes)
-    wait_for(lambda: notes(log, step="before"), message="the sleeper's first step")
-    wait_for(
-        lambda: fresh(sleeper).status == "queued", message="the sleeper to go back to the queue"
+    wait_until(lambda: notes(log, step="before"), what="the sleeper's first step")
+    wait_until(
+        lambda: fresh(sleeper).status == "queued", what="the sleeper to go back to the queue"
     )
     # Its slot is given back (by the worker's next claim, which returns the slots of runs it let go).
-    wait_for(
+    wait_until(
         lambda: Tenant.objects.get(pk=tenant.pk).running == 0,
         timeout=5,
-        message="the slot to be given back",
+        what="the slot to be given back",
     )
     other = submit_run(tenant=tenant, kind="occupy", input={"log": log, "seconds": 0.2})
-    wait_for(lambda: fresh(other).status == "done", timeout=10, message="the other run to finish")
-    wait_for(
+    wait_until(lambda: fresh(other).status == "done", timeout=10, what="the other run to finish")
+    wait_until(
         lambda: fresh(sleeper).status == "done",
         timeout=20,
-        message="the sleeper to wake and finish",
+        what="the sleeper to wake and finish",
     )
 
     (before,), (after,) = notes(log, step="before"), notes(log, step="after")
@@ -65,14 +66,14 @@ def test_wait_for_message_times_out_and_returns_nothing(tenant, processes):
     told = submit_run(tenant=tenant, kind="wf_wait", input={"timeout": 60})
     worker(processes)
     processes.manage("reap", "--interval", "5")
-    wait_for(lambda: fresh(told).status == "waiting", message="the run to wait for a message")
+    wait_until(lambda: fresh(told).status == "waiting", what="the run to wait for a message")
     from runs.control import post_message
 
     post_message(run=fresh(told), actor=PERSON, text="hello")
-    wait_for(
+    wait_until(
         lambda: fresh(quiet).status == "done" and fresh(told).status == "done",
         timeout=20,
-        message="both runs to finish",
+        what="both runs to finish",
     )
     assert fresh(quiet).result == {"messages": []}
     assert fresh(told).result == {"messages": ["hello"]}
@@ -88,18 +89,18 @@ def test_a_hundred_children_finishing_at_once_wake_their_parent_exactly_once(
     parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 100, "gate": str(gate)})
     for _ in range(2):
         worker(processes, "--concurrency", "60")
-    wait_for(
+    wait_until(
         lambda: fresh(parent).status == "waiting",
         timeout=60,
-        message="the parent to wait for its children",
+        what="the parent to wait for its children",
     )
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(parent=parent, status="running").count() == 100,
         timeout=60,
-        message="all hundred children to be running",
+        what="all hundred children to be running",
     )
     gate.unlink()
-    wait_for(lambda: fresh(parent).status == "done", timeout=60, message="the parent to finish")
+    wait_until(lambda: fresh(parent).status == "done", timeout=60, what="the parent to finish")
 
     parent = fresh(parent)
     assert parent.result["statuses"] == ["done"] * 100
@@ -118,19 +119,19 @@ def test_cancelling_a_parent_cancels_its_live_children(tenant, processes, tmp_pa
     gate.touch()
     parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 4, "gate": str(gate)})
     worker(processes, "--concurrency", "4")
-    wait_for(lambda: fresh(parent).status == "waiting", timeout=30, message="the parent to wait")
-    wait_for(
+    wait_until(lambda: fresh(parent).status == "waiting", timeout=30, what="the parent to wait")
+    wait_until(
         lambda: Run.objects.filter(parent=parent, status="running").count() == 2,
         timeout=30,
-        message="two children to run (the tenant runs two at a time; the waiting parent holds no slot)",
+        what="two children to run (the tenant runs two at a time; the waiting parent holds no slot)",
     )
     cancel_run(run=fresh(parent), actor=PERSON)
-    wait_for(
+    wait_until(
         lambda: (
             set(Run.objects.filter(parent=parent).values_list("status", flat=True)) == {"cancelled"}
         ),
         timeout=30,
-        message="every child to be cancelled",
+        what="every child to be cancelled",
     )
     assert fresh(parent).status == "cancelled"
     assert (
@@ -147,7 +148,7 @@ def test_min_success_wakes_the_parent_early_and_cancels_the_rest(tenant, process
         tenant=tenant, kind="wf_parent", input={"n": 6, "min_success": 2, "fail": [0, 1]}
     )
     worker(processes, "--concurrency", "8")
-    wait_for(lambda: fresh(parent).status == "done", timeout=60, message="the parent to finish")
+    wait_until(lambda: fresh(parent).status == "done", timeout=60, what="the parent to finish")
     statuses = fresh(parent).result["statuses"]
     assert statuses.count("done") >= 2
     assert statuses[:2] == ["failed", "failed"]
@@ -162,7 +163,7 @@ def test_a_saga_compensates_in_reverse_order_each_once(tenant, processes, tmp_pa
     log = str(tmp_path / "log")
     run = submit_run(tenant=tenant, kind="wf_saga", input={"log": log, "steps": 4, "fail_at": 4})
     worker(processes)
-    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the saga to fail")
+    wait_until(lambda: fresh(run).status == "failed", timeout=30, what="the saga to fail")
     run = fresh(run)
     assert (run.compensation, run.error_kind) == ("done", "fatal")
     undone = [n["step"] for n in notes(log, action="undo")]
@@ -187,7 +188,7 @@ def test_a_kind_without_compensate_on_keeps_its_work(tenant, processes, tmp_path
     log = str(tmp_path / "log")
     run = submit_run(tenant=tenant, kind="wf_steps", input={"log": log, "steps": 3, "fail_at": 3})
     worker(processes)
-    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the run to fail")
+    wait_until(lambda: fresh(run).status == "failed", timeout=30, what="the run to fail")
     assert fresh(run).compensation == ""
     assert list(Step.objects.filter(run=run).order_by("seq").values_list("status", flat=True)) == [
         "done",
@@ -208,22 +209,22 @@ def test_sigkill_in_a_compensation_resumes_without_repeating_those_done(
         input={"log": log, "steps": 4, "fail_at": 4, "gate_at": 2, "gate": str(gate)},
     )
     first = worker(processes)
-    wait_for(
+    wait_until(
         lambda: notes(log, action="undo", step=2),
         timeout=30,
-        message="the compensation of step 2 to start",
+        what="the compensation of step 2 to start",
     )
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     gate.unlink()
     assert fresh(run).compensation == "running"
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once")
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
     second = worker(processes)
-    wait_for(lambda: fresh(run).status == "failed", timeout=30, message="the rollback to finish")
+    wait_until(lambda: fresh(run).status == "failed", timeout=30, what="the rollback to finish")
 
     assert fresh(run).compensation == "done"
     undos = notes(log, action="undo")
@@ -244,13 +245,13 @@ def test_cancel_with_compensate_rolls_back_a_waiting_saga(tenant, processes, tmp
         input={"log": log, "steps": 3, "wait_after": 2, "gate": str(gate)},
     )
     worker(processes)
-    wait_for(lambda: len(notes(log, action="do")) == 2, timeout=30, message="two steps to be done")
+    wait_until(lambda: len(notes(log, action="do")) == 2, timeout=30, what="two steps to be done")
     outcome = cancel_run(run=fresh(run), actor=PERSON, compensate=True)
     assert outcome.later
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "cancelled",
         timeout=30,
-        message="the run to roll back and cancel",
+        what="the run to roll back and cancel",
     )
     assert fresh(run).compensation == "done"
     assert [n["step"] for n in notes(log, action="undo")] == [2, 1]
@@ -267,10 +268,10 @@ def test_a_compensation_that_keeps_failing_waits_for_a_person_who_can_skip_it(
         input={"log": log, "steps": 3, "fail_at": 3, "fatal_undo": [2]},
     )
     worker(processes)
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "waiting_human",
         timeout=30,
-        message="the rollback to stop at step 2",
+        what="the rollback to stop at step 2",
     )
     run = fresh(run)
     assert run.compensation == "running"
@@ -287,8 +288,8 @@ def test_a_compensation_that_keeps_failing_waits_for_a_person_who_can_skip_it(
         f"/api/runs/{run.id}/resolve", {"action": "skip"}, content_type="application/json"
     )
     assert answer.status_code == 200, answer.content
-    wait_for(
-        lambda: fresh(run).status == "failed", timeout=30, message="the rollback to go on and end"
+    wait_until(
+        lambda: fresh(run).status == "failed", timeout=30, what="the rollback to go on and end"
     )
     run = fresh(run)
     assert run.compensation == "partial"
@@ -312,18 +313,18 @@ def test_retrying_a_rolled_back_run_does_its_steps_again(tenant, processes, tmp_
         input={"log": log, "steps": 3, "wait_after": 2, "gate": str(gate)},
     )
     worker(processes)
-    wait_for(
+    wait_until(
         lambda: len(notes(log, run=str(run.id), action="do")) == 2,
         timeout=30,
-        message="two steps done",
+        what="two steps done",
     )
     cancel_run(run=fresh(run), actor=PERSON, compensate=True)
-    wait_for(lambda: fresh(run).status == "cancelled", timeout=30, message="the rollback")
+    wait_until(lambda: fresh(run).status == "cancelled", timeout=30, what="the rollback")
     gate.unlink()
     from runs.control import retry_run
 
     retry_run(run=fresh(run), actor=PERSON)
-    wait_for(lambda: fresh(run).status == "done", timeout=30, message="the retried run to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=30, what="the retried run to finish")
     # Undone steps 1 and 2 run again; step 3 runs for the first time.
     assert [n["step"] for n in notes(log, run=str(run.id), action="do")] == [1, 2, 1, 2, 3]
     assert fresh(run).compensation == ""
@@ -339,14 +340,14 @@ def test_a_gather_timeout_cancels_the_stragglers(tenant, processes, tmp_path):
     )
     worker(processes, "--concurrency", "4")
     processes.manage("reap", "--interval", "5")
-    wait_for(lambda: fresh(parent).status == "done", timeout=30, message="the gather to time out")
+    wait_until(lambda: fresh(parent).status == "done", timeout=30, what="the gather to time out")
     assert fresh(parent).result["statuses"] == ["cancelled", "cancelled"]
-    wait_for(
+    wait_until(
         lambda: (
             set(Run.objects.filter(parent=parent).values_list("status", flat=True)) == {"cancelled"}
         ),
         timeout=30,
-        message="the stragglers to stop",
+        what="the stragglers to stop",
     )
     assert Event.objects.filter(run=parent, type="run.queued", payload__reason="timer").count() == 1
 
@@ -358,7 +359,7 @@ def test_what_children_spend_counts_toward_their_parents_ceiling(tenant, process
     )
     Tenant.objects.filter(pk=tenant.pk).update(max_running=10)
     worker(processes, "--concurrency", "4")
-    wait_for(lambda: fresh(parent).is_terminal, timeout=30, message="the parent to finish")
+    wait_until(lambda: fresh(parent).is_terminal, timeout=30, what="the parent to finish")
     parent = fresh(parent)
     children = list(Run.objects.filter(parent=parent).order_by("created_at"))
     # Each child's ceiling was what its parent had left when it was spawned: all of it
@@ -381,10 +382,10 @@ def test_the_built_in_deploy_saga_leaves_nothing_behind_when_a_step_fails(tenant
         tenant=tenant, kind="deploy_app", input={"app": "shop", "fail_at": "container"}
     )
     processes.worker("--poll", "0.2", RUNS_DEMO_DELAY_SCALE="0.02")
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "failed",
         timeout=30,
-        message="the deploy to fail and roll back",
+        what="the deploy to fail and roll back",
     )
     run = fresh(run)
     assert (run.compensation, run.error_kind) == ("done", "fatal")
@@ -397,7 +398,7 @@ def test_the_built_in_deploy_saga_leaves_nothing_behind_when_a_step_fails(tenant
         ("dns", "deleted"),
     ]
     done = submit_run(tenant=tenant, kind="deploy_app", input={"app": "blog"})
-    wait_for(lambda: fresh(done).status == "done", timeout=30, message="a deploy that works")
+    wait_until(lambda: fresh(done).status == "done", timeout=30, what="a deploy that works")
     assert fresh(done).result["url"] == "https://blog.eu-west.example.test"
     assert Resource.objects.filter(run_id=done.id, state="active").count() == 4
 
@@ -409,7 +410,7 @@ def test_the_built_in_research_many_gathers_with_min_success(tenant, processes):
         tenant=tenant, kind="research_many", input={"questions": questions, "min_success": 1}
     )
     processes.worker("--poll", "0.2", "--concurrency", "6", RUNS_DEMO_DELAY_SCALE="0.02")
-    wait_for(lambda: fresh(parent).is_terminal, timeout=60, message="the lead run to finish")
+    wait_until(lambda: fresh(parent).is_terminal, timeout=60, what="the lead run to finish")
     parent = fresh(parent)
     assert parent.status == "done", parent.error
     answered = len(parent.result["sections"])

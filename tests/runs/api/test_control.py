@@ -15,7 +15,7 @@ from django.db import connections
 
 from runs.models import Message, Run, Step, Tenant
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
 from tests.support.control_helpers import (
     RowLock,
@@ -30,6 +30,7 @@ from tests.support.control_helpers import (
     get,
     steps_of,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -297,10 +298,10 @@ def test_approve_and_cancel_arriving_together_are_serialised(tenant, api_person,
         for n, action in enumerate(order, start=1):
             threads.append(threading.Thread(target=call, args=(action,)))
             threads[-1].start()
-            wait_for(
+            wait_until(
                 lambda n=n: len(backends_waiting_on_locks()) == n,
                 timeout=10,
-                message=f"{action} to wait",
+                what=f"{action} to wait",
             )
     for thread in threads:
         thread.join(30)

@@ -102,8 +102,9 @@ def test_a_deadlock_met_by_a_transition_is_a_503_and_the_retry_succeeds(api, ten
     import psycopg
     from django.db import connections
 
-    from tests.conftest import test_database_url, wait_for
+    from tests.conftest import test_database_url
     from tests.support.control_helpers import backends_waiting_on_locks
+    from tests.support.waiting import wait_until
 
     parent = submit_run(tenant=tenant, kind="wf_parent", input={"n": 1})
     child = submit_run(tenant=tenant, kind="wf_child", input={"n": 0})
@@ -123,10 +124,10 @@ def test_a_deadlock_met_by_a_transition_is_a_503_and_the_retry_succeeds(api, ten
     request.start()
     pid = other.info.backend_pid
     # ... the cancel locks the child and waits for the parent (to wake it) ...
-    wait_for(
+    wait_until(
         lambda: any(pid in blockers for _, _, blockers in backends_waiting_on_locks()),
         timeout=10,
-        message="the cancel to wait for the parent's row",
+        what="the cancel to wait for the parent's row",
     )
     # ... and the other session now wants the child: PostgreSQL breaks the cycle.
     other.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [child.pk])

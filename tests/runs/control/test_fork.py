@@ -8,11 +8,12 @@ import pytest
 
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.admin_helpers import add_steps, make_run, messages_of, post_action, staff_user
 from tests.support.agents import notes
 from tests.support.control_helpers import Person
 from tests.support.factories import TenantFactory
+from tests.support.waiting import wait_until
 
 processes_db = pytest.mark.django_db(transaction=True)
 db = pytest.mark.django_db
@@ -49,7 +50,7 @@ def test_a_fork_replays_the_steps_before_n_and_executes_from_n(tenant, api, proc
     log = str(tmp_path / "log")
     origin = submit_run(tenant=tenant, kind="wf_steps", input={"log": log, "steps": 4})
     processes.worker("--poll", "0.2")
-    wait_for(lambda: fresh(origin).status == "done", timeout=30, message="the origin to finish")
+    wait_until(lambda: fresh(origin).status == "done", timeout=30, what="the origin to finish")
 
     response = fork(api, origin, {"from_step": 3})
     body = response.json()
@@ -61,7 +62,7 @@ def test_a_fork_replays_the_steps_before_n_and_executes_from_n(tenant, api, proc
         "queued",
         2,
     )
-    wait_for(lambda: fresh(run).status == "done", timeout=30, message="the fork to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=30, what="the fork to finish")
 
     run = fresh(run)
     assert noted_steps(log, run) == [3, 4]  # steps 1 and 2 replayed from the copies, for free
@@ -96,7 +97,7 @@ def test_a_failed_step_before_n_refuses_the_fork_and_a_fork_from_it_runs_it_agai
         tenant=tenant, kind="wf_steps", input={"log": log, "steps": 4, "fail_at": 2}
     )
     processes.worker("--poll", "0.2")
-    wait_for(lambda: fresh(origin).status == "failed", timeout=30, message="the origin to fail")
+    wait_until(lambda: fresh(origin).status == "failed", timeout=30, what="the origin to fail")
 
     refused = fork(api, origin, {"from_step": 3})
 
@@ -105,10 +106,10 @@ def test_a_failed_step_before_n_refuses_the_fork_and_a_fork_from_it_runs_it_agai
     assert not Run.objects.filter(origin=origin).exists()
 
     run = forked(fork(api, origin, {"from_step": 2}))
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "failed",
         timeout=30,
-        message="the fork to run step 2 (and fail again)",
+        what="the fork to run step 2 (and fail again)",
     )
     assert noted_steps(log, run) == [2]  # step 1 replayed, step 2 executed again
     assert steps_of(run)[:1] == [(1, "done", 0)]
@@ -121,10 +122,10 @@ def test_a_fork_after_the_gather_replays_the_finished_children_and_one_between_i
     log = str(tmp_path / "log")
     origin = submit_run(tenant=tenant, kind="wf_parent", input={"n": 2, "log": log})
     processes.worker("--poll", "0.2")
-    wait_for(
+    wait_until(
         lambda: fresh(origin).status == "done",
         timeout=30,
-        message="the parent and its children to finish",
+        what="the parent and its children to finish",
     )
     # 1, 2: spawn; 3: gather; 4: report.
     children = {str(c) for c in Run.objects.filter(parent=origin).values_list("pk", flat=True)}
@@ -134,7 +135,7 @@ def test_a_fork_after_the_gather_replays_the_finished_children_and_one_between_i
     assert between.status_code == 409
     assert "step 3 gathers" in between.json()["detail"]
     run = forked(fork(api, origin, {"from_step": 4}))
-    wait_for(lambda: fresh(run).status == "done", timeout=30, message="the fork to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=30, what="the fork to finish")
     assert fresh(run).result == fresh(origin).result
     assert len(notes(log, run=str(run.pk), step="report")) == 1
     assert len(notes(log, step="child")) == 2  # no child ran again

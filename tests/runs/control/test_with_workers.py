@@ -21,7 +21,7 @@ from django.utils import timezone
 from runs import control
 from runs.models import TERMINAL_STATUSES, Message, Run, Step, Tenant, Worker
 from runs.services import Actor, submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
 from tests.support.control_helpers import (
     OpenTransaction,
@@ -34,18 +34,35 @@ from tests.support.control_helpers import (
     steps_of,
     terminate_backends,
 )
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def heartbeat_since_now(run: Run) -> None:
+    """Wait until the worker's heartbeat has read the run's flags after this moment (the database's).
+
+    The heartbeat locks the run's row and stamps heartbeat_at in the statement that reads the cancel
+    and pause flags: one stamped after a request committed has told the worker of it.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        [now] = cursor.fetchone()
+    wait_until(
+        lambda: (fresh(run).heartbeat_at or now) > now,
+        timeout=45,  # the 'control' NOTIFY wakes the heartbeat at once; without it, within 30 s
+        what="a heartbeat of the run's worker after the request",
+    )
+
+
 def started(processes, *args, **env):
     """A runworker process, once it has registered (so a NOTIFY reaches it)."""
     proc = processes.worker(*args, **env)
-    wait_for(
+    wait_until(
         lambda: Worker.objects.filter(pid=proc.pid, stopped_at__isnull=True).exists(),
         timeout=30,
-        message="the worker to register",
+        what="the worker to register",
     )
     return proc
 
@@ -64,8 +81,8 @@ def kill(proc) -> None:
 
 def rescue(run: Run) -> None:
     """What the reaper does for a run whose worker died: back to the queue once its lease expired."""
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=15, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=15, what="the lease to expire"
     )
     assert Reaper().reap_once().rescued == 1
     assert fresh(run).status == "queued"
@@ -99,11 +116,12 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
     run = submit_run(
         tenant=tenant, kind="long_steps", input={"steps": 3, "log": log, "hold_file": str(hold)}
     )
-    wait_for(
+    wait_until(
         lambda: in_step(log, run, "step1") and fresh(run).current_step == "step1",
-        message="step1 to run",
+        what="step1 to run",
     )
     waiting = submit_run(tenant=tenant, kind="echo", input={"text": "next"})
+    # A second of polls (every 0.2 s) that must not claim it: the behaviour under test, not a wait.
     time.sleep(1)
     assert fresh(waiting).status == "queued"  # the tenant's one slot is taken
 
@@ -111,9 +129,7 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
 
     assert response.status_code == 202, response.content
     assert (response.json()["status"], response.json()["cancel_requested"]) == ("running", True)
-    wait_for(
-        lambda: fresh(run).status == "cancelled", timeout=15, message="the run to be cancelled"
-    )
+    wait_until(lambda: fresh(run).status == "cancelled", timeout=15, what="the run to be cancelled")
     assert hold.exists()  # the step was not let go: it saw ctx.cancelled and stopped early
     assert Step.objects.get(run=run, seq=1).output == {"seq": 1, "stopped_early": True}
     assert steps_of(log, run) == {"step1": 1}
@@ -128,13 +144,13 @@ def test_cancel_of_a_running_run_stops_its_long_step_and_frees_the_tenant_slot(
     assert run.events.get(type="run.cancelled").actor_type == "worker"
     assert_events_consistent(run)
     # Its slot went back: the other run gets it.
-    wait_for(lambda: fresh(waiting).status == "done", timeout=15, message="the other run to finish")
-    wait_for(lambda: tenant_running(tenant) == 0, timeout=5, message="the slot to be free")
+    wait_until(lambda: fresh(waiting).status == "done", timeout=15, what="the other run to finish")
+    wait_until(lambda: tenant_running(tenant) == 0, timeout=5, what="the slot to be free")
 
     # Retried, it continues from its step log.
     hold.unlink()
     assert act(api_person.client, run, "retry").status_code == 200
-    wait_for(lambda: fresh(run).status == "done", timeout=15, message="the retried run to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=15, what="the retried run to finish")
     assert steps_of(log, run) == {"step1": 1, "step2": 1, "step3": 1}
     assert [o["stopped_early"] for o in fresh(run).result["outputs"]] == [True, False, False]
     stop(processes, worker)
@@ -159,7 +175,7 @@ def test_cancels_racing_runs_to_their_end_leave_each_in_exactly_one_terminal_sta
 
     def cancel(run, delay):
         try:
-            time.sleep(delay)
+            time.sleep(delay)  # cancels spread over the runs' lives: the race under test
             answers[run.id] = act(api_person.client, run, "cancel").status_code
         finally:
             connections.close_all()
@@ -169,10 +185,10 @@ def test_cancels_racing_runs_to_their_end_leave_each_in_exactly_one_terminal_sta
         thread.start()
     for thread in threads:
         thread.join(30)
-    wait_for(
+    wait_until(
         lambda: all(fresh(r).status in TERMINAL_STATUSES for r in runs),
         timeout=30,
-        message="every run to end",
+        what="every run to end",
     )
 
     assert set(answers.values()) <= {200, 202, 409}, answers
@@ -214,19 +230,19 @@ def test_pause_during_a_long_step_lets_it_finish_then_frees_the_worker(
     run = submit_run(
         tenant=tenant, kind="long_steps", input={"steps": 3, "log": log, "hold_file": str(hold)}
     )
-    wait_for(
+    wait_until(
         lambda: in_step(log, run, "step1") and fresh(run).current_step == "step1",
-        message="step1 to run",
+        what="step1 to run",
     )
 
     response = act(api_person.client, run, "pause")
 
     assert response.status_code == 202, response.content
     assert (response.json()["status"], response.json()["pause_requested"]) == ("running", True)
-    time.sleep(0.5)
+    heartbeat_since_now(run)  # the worker knows of the pause
     assert fresh(run).status == "running"  # a pause waits for the step boundary
     hold.unlink()
-    wait_for(lambda: fresh(run).status == "paused", timeout=15, message="the run to pause")
+    wait_until(lambda: fresh(run).status == "paused", timeout=15, what="the run to pause")
     run = fresh(run)
     assert (run.steps_done, run.lease_token, run.locked_by) == (1, None, None)
     assert Step.objects.get(run=run, seq=1).output == {"seq": 1, "stopped_early": False}
@@ -234,13 +250,13 @@ def test_pause_during_a_long_step_lets_it_finish_then_frees_the_worker(
     assert tenant_running(tenant) == 0
     # The worker (one slot) is free for other runs meanwhile.
     other = submit_run(tenant=tenant, kind="echo", input={"text": "meanwhile"})
-    wait_for(lambda: fresh(other).status == "done", timeout=15, message="another run to finish")
+    wait_until(lambda: fresh(other).status == "done", timeout=15, what="another run to finish")
     assert fresh(run).status == "paused"
 
     resumed = act(api_person.client, run, "resume")
 
     assert (resumed.status_code, resumed.json()["status"]) == (200, "queued")
-    wait_for(lambda: fresh(run).status == "done", timeout=15, message="the resumed run to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=15, what="the resumed run to finish")
     assert steps_of(log, run) == {"step1": 1, "step2": 1, "step3": 1}
     api_person.did(run, "run.pause_requested")
     api_person.did(run, "run.resumed")
@@ -279,16 +295,16 @@ def test_a_run_waiting_for_approval_holds_no_worker_slot_lease_or_connection(
         RUNS_APPLICATION_NAME="ctl-approvals",
     )
     # Its one pooled connection and its LISTEN connection.
-    wait_for(
+    wait_until(
         lambda: worker_connections("ctl-approvals") == 2,
         timeout=10,
-        message="the worker's connections",
+        what="the worker's connections",
     )
     run = submit_run(tenant=tenant, kind="approve_then_act", input={"log": log})
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "waiting_human",
         timeout=15,
-        message="the run to wait for approval",
+        what="the run to wait for approval",
     )
 
     assert get(api_person.client, run)["waiting_for"] == {
@@ -301,16 +317,16 @@ def test_a_run_waiting_for_approval_holds_no_worker_slot_lease_or_connection(
     assert (run.lease_token, run.locked_by, run.locked_until) == (None, None, None)
     assert tenant_running(tenant) == 0
     parked_at = timezone.now()
-    wait_for(
+    wait_until(
         lambda: Worker.objects.filter(
             pid=worker.pid, last_seen_at__gt=parked_at, runs_held=0
         ).exists(),
         timeout=10,
-        message="the worker to report that it holds no run",
+        what="the worker to report that it holds no run",
     )
     other = submit_run(tenant=tenant, kind="echo", input={"text": "meanwhile"})
-    wait_for(
-        lambda: fresh(other).status == "done", timeout=15, message="another run to finish meanwhile"
+    wait_until(
+        lambda: fresh(other).status == "done", timeout=15, what="another run to finish meanwhile"
     )
     assert fresh(run).status == "waiting_human"
     assert worker_connections("ctl-approvals") == 2
@@ -318,7 +334,7 @@ def test_a_run_waiting_for_approval_holds_no_worker_slot_lease_or_connection(
     response = act(api_person.client, run, "approve", {"comment": "ship it"})
 
     assert response.status_code == 200, response.content
-    wait_for(lambda: fresh(run).status == "done", timeout=15, message="the approved run to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=15, what="the approved run to finish")
     assert fresh(run).result == {"applied": True, "comment": "ship it", "by": api_person.actor}
     assert steps_of(log, run) == {"draft": 1, "update_crm": 1}
     api_person.did(run, "run.approved")
@@ -334,14 +350,14 @@ def test_an_approved_run_killed_before_it_finishes_never_asks_again(
     run = submit_run(
         tenant=tenant, kind="approve_then_hold", input={"log": log, "hold_file": str(hold)}
     )
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "waiting_human",
         timeout=15,
-        message="the run to wait for approval",
+        what="the run to wait for approval",
     )
     assert act(api_person.client, run, "approve", {"comment": "go"}).status_code == 200
-    wait_for(
-        lambda: in_step(log, run, "act"), timeout=15, message="the step after the approval to start"
+    wait_until(
+        lambda: in_step(log, run, "act"), timeout=15, what="the step after the approval to start"
     )
     decided = Step.objects.get(run=run, seq=2).output
 
@@ -368,26 +384,26 @@ def test_a_message_wakes_a_run_waiting_for_one(tenant, api_person, processes):
     # A long poll: the run is woken by the message's NOTIFY, not found by polling.
     worker = started(processes, "--poll", "30", "--heartbeat", "1")
     run = submit_run(tenant=tenant, kind="chat", input={})
-    wait_for(
-        lambda: fresh(run).status == "waiting", timeout=15, message="the run to wait for a message"
+    wait_until(
+        lambda: fresh(run).status == "waiting", timeout=15, what="the run to wait for a message"
     )
     assert get(api_person.client, run)["waiting_for"] == {"type": "message"}
 
     response = act(api_person.client, run, "messages", {"text": "hello"})
 
     assert (response.status_code, response.json()["status"]) == (200, "queued")
-    wait_for(
+    wait_until(
         lambda: Step.objects.filter(run=run, seq=2, status="done").exists(),
         timeout=10,
-        message="the run to answer",
+        what="the run to answer",
     )
-    wait_for(lambda: fresh(run).status == "waiting", timeout=10, message="the run to wait again")
+    wait_until(lambda: fresh(run).status == "waiting", timeout=10, what="the run to wait again")
     hello = Message.objects.get(run=run)
     assert (hello.consumed_by_step.seq, hello.consumed_by_step.kind) == (1, "message")
     assert [m["text"] for m in hello.consumed_by_step.output] == ["hello"]
 
     assert act(api_person.client, run, "messages", {"text": "bye"}).status_code == 200
-    wait_for(lambda: fresh(run).status == "done", timeout=10, message="the run to finish")
+    wait_until(lambda: fresh(run).status == "done", timeout=10, what="the run to finish")
     assert fresh(run).result == {"seen": ["hello", "bye"]}
     assert not Message.objects.filter(run=run, consumed_by_step__isnull=True).exists()
     assert act(api_person.client, run, "messages", {"text": "anyone?"}).status_code == 409
@@ -416,10 +432,10 @@ def test_messages_a_killed_worker_had_read_are_delivered_again_never_lost_nor_du
                 for _, query, blockers in backends_waiting_on_locks("ctl-inbox-a")
             )
 
-        wait_for(
+        wait_until(
             checkpoint_waits_on_the_message,
             timeout=30,
-            message="the messages step's checkpoint to wait",
+            what="the messages step's checkpoint to wait",
         )
         kill(a)
         terminate_backends("ctl-inbox-a")  # the dead worker's statement never commits
@@ -429,10 +445,10 @@ def test_messages_a_killed_worker_had_read_are_delivered_again_never_lost_nor_du
     act(api_person.client, run, "messages", {"text": "second"})  # arrives while no worker is alive
 
     b = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2")
-    wait_for(
+    wait_until(
         lambda: any(n.startswith("handle:") for n in steps_of(log, run)),
         timeout=30,
-        message="the messages to be handled",
+        what="the messages to be handled",
     )
     read = Step.objects.get(run=run, seq=1)
     assert (read.kind, read.status, read.executions) == ("message", "done", 1)
@@ -486,25 +502,25 @@ def test_a_message_posted_while_the_worker_parks_the_run_still_wakes_it(
         worker = started(
             processes, "--poll", "0.2", "--heartbeat", "30", RUNS_APPLICATION_NAME="ctl-parking"
         )
-        wait_for(
+        wait_until(
             lambda: any(
                 "runs_message" in q for _, q, _ in backends_waiting_on_locks("ctl-parking")
             ),
             timeout=15,
-            message="the worker's read of the inbox to wait",
+            what="the worker's read of the inbox to wait",
         )
         posted.start()
-        wait_for(
+        wait_until(
             lambda: any(pid == posted.pid for pid, _, _ in backends_waiting_on_locks()),
             timeout=10,
-            message="the message to wait for the inbox",
+            what="the message to wait for the inbox",
         )
         inbox_locked.commit()  # the worker reads an empty inbox; the message is written, not committed
         posted.wait_worked()
-        wait_for(
+        wait_until(
             lambda: any(posted.pid in b for _, _, b in backends_waiting_on_locks("ctl-parking")),
             timeout=10,
-            message="the worker's exit to wait for the run row",
+            what="the worker's exit to wait for the run row",
         )
 
         posted.commit()
@@ -512,16 +528,16 @@ def test_a_message_posted_while_the_worker_parks_the_run_still_wakes_it(
     finally:
         inbox_locked.release()
         posted.release()
-    wait_for(lambda: fresh(run).status != "running", timeout=10, message="the run to leave running")
-    wait_for(
+    wait_until(lambda: fresh(run).status != "running", timeout=10, what="the run to leave running")
+    wait_until(
         lambda: Message.objects.filter(run=run, consumed_by_step__isnull=False).exists(),
         timeout=10,
-        message=f"the message to be consumed (the run is {fresh(run).status})",
+        what=f"the message to be consumed (the run is {fresh(run).status})",
     )
-    wait_for(
+    wait_until(
         lambda: Step.objects.filter(run=run, seq=2, status="done").exists(),
         timeout=10,
-        message="the run to answer",
+        what="the run to answer",
     )
     stop(processes, worker)
 
@@ -535,21 +551,19 @@ def test_resume_before_the_step_boundary_withdraws_the_pause(
     run = submit_run(
         tenant=tenant, kind="long_steps", input={"steps": 3, "log": log, "hold_file": str(hold)}
     )
-    wait_for(
+    wait_until(
         lambda: in_step(log, run, "step1") and fresh(run).current_step == "step1",
-        message="step1 to run",
+        what="step1 to run",
     )
     assert act(api_person.client, run, "pause").status_code == 202
-    time.sleep(1.5)  # the worker has heard of the pause (heartbeat every second)
+    heartbeat_since_now(run)  # the worker has heard of the pause
 
     response = act(api_person.client, run, "resume")
 
     assert response.status_code == 200, response.content
     assert (response.json()["status"], response.json()["pause_requested"]) == ("running", False)
     hold.unlink()
-    wait_for(
-        lambda: fresh(run).status in TERMINAL_STATUSES, timeout=15, message="the run to finish"
-    )
+    wait_until(lambda: fresh(run).status in TERMINAL_STATUSES, timeout=15, what="the run to finish")
     run = fresh(run)
     assert run.status == "done"
     assert "run.paused" not in event_types(run)

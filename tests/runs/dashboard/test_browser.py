@@ -18,7 +18,7 @@ import tests.support.agents_dashboard  # noqa: F401  (registers support_reply in
 from runs.control import cancel_run, pause_run
 from runs.models import Event, Run, Step
 from runs.services import SYSTEM, submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.browser import (
     assert_accessible,
     browser_page,
@@ -27,6 +27,7 @@ from tests.support.browser import (
     screenshots,
 )  # noqa: F401
 from tests.support.factories import MembershipFactory
+from tests.support.waiting import wait_until
 
 REPLY = {
     "customer": "ana@example.com",
@@ -52,7 +53,7 @@ def wait_status(run: Run, status: str, worker, processes, timeout: float = 30) -
         assert worker.poll() is None, processes.output(worker)
         return fresh(run).status == status
 
-    wait_for(reached, timeout=timeout, message=f"run {run.id} to be {status}")
+    wait_until(reached, timeout=timeout, what=f"run {run.id} to be {status}")
     return fresh(run)
 
 
@@ -110,7 +111,8 @@ def test_submit_through_the_form_and_watch_the_run_finish_without_reloading(
         assert page.evaluate("window.__notReloaded === true"), "the page was reloaded"
         assert navigations == []
 
-        # The 286 answer stopped polling: no request to the run page afterwards.
+        # The 286 answer stopped polling: no request to the run page afterwards. These 5 s without
+        # one are the behaviour under test, not a wait for something.
         page.wait_for_timeout(5_000)
         polls_after_done = [url for at, url in requests if at > done_at and run_path in url]
         assert polls_after_done == []
@@ -193,8 +195,8 @@ def test_cancel_a_running_run(live_server, processes, chromium, tmp_path):
     hold.touch()
     start_worker(processes, hold_file=hold)
     run = submit_run(tenant=member.tenant, kind="support_reply", input=REPLY, cost_ceiling_cents=5)
-    wait_for(
-        lambda: fresh(run).current_step == "lookup_order", message="the run to reach lookup_order"
+    wait_until(
+        lambda: fresh(run).current_step == "lookup_order", what="the run to reach lookup_order"
     )
 
     with browser_page(chromium) as page:
@@ -207,7 +209,13 @@ def test_cancel_a_running_run(live_server, processes, chromium, tmp_path):
         page.get_by_test_id("step").first.get_by_text("Output").click()  # an open <details> ...
         assert_accessible(page)
         screenshots(page, "run-running")
-        page.wait_for_timeout(2_500)
+        for _ in range(2):  # two polls of the run page (htmx's), answered
+            with page.expect_response(
+                lambda r: (
+                    f"/runs/{run.id}/" in r.url and r.request.headers.get("hx-request") == "true"
+                )
+            ):
+                pass
         # ... stays open across polls: the timeline is only re-rendered when it changed.
         expect(page.get_by_test_id("step").first.locator("details").nth(1)).to_have_attribute(
             "open", ""
@@ -295,7 +303,8 @@ def test_a_proposal_containing_a_script_tag_is_shown_as_text(live_server, proces
             "You wrote: \u201c<script>window.__xss = 1</script><img src=x onerror="
         )
         expect(proposal.locator("script, img")).to_have_count(0)
-        page.wait_for_timeout(2_500)  # a poll or two, in case a swap would run it
+        # A poll or two, in case a swap would run it: nothing must happen, so nothing to wait for.
+        page.wait_for_timeout(2_500)
         assert page.evaluate("typeof window.__xss") == "undefined"
         # The timeline's step input, shown on request, is text too.
         page.get_by_test_id("step").first.get_by_text("Input").click()
@@ -338,9 +347,9 @@ def test_the_run_list_refreshes_live_rows_and_leads_to_a_failed_run(
     running = submit_run(
         tenant=member.tenant, kind="support_reply", input={**REPLY, "order": "A-1004"}
     )
-    wait_for(
+    wait_until(
         lambda: fresh(running).current_step == "lookup_order",
-        message="the run to reach lookup_order",
+        what="the run to reach lookup_order",
     )
 
     with browser_page(chromium) as page:

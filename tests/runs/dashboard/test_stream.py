@@ -25,10 +25,11 @@ from django.utils import timezone
 from runs.events import SYSTEM, append_event
 from runs.models import DeliveryStatus, Event, Run, WebhookDelivery
 from runs.services import submit_run
-from tests.conftest import free_port, fresh, wait_for
+from tests.conftest import free_port, fresh
 from tests.support.browser import assert_accessible, browser_page, log_in, screenshot, screenshots  # noqa: F401
 from tests.support.factories import MembershipFactory
 from tests.support.run_states import force_status
+from tests.support.waiting import wait_until
 
 HTMX = {"HX-Request": "true"}
 LIVE_NOTE = "Live: this page follows the run as it moves."
@@ -45,8 +46,8 @@ class WebServer:
 
     def start(self) -> None:
         self.proc = self.processes.manage("serve", f"127.0.0.1:{self.port}")
-        wait_for(
-            self._answers, timeout=30, interval=0.1, message="manage.py serve to answer /api/health"
+        wait_until(
+            self._answers, timeout=30, interval=0.1, what="manage.py serve to answer /api/health"
         )
 
     def restart(self) -> None:
@@ -90,7 +91,7 @@ def wait_current_step(run: Run, name: str, worker, processes) -> None:
         assert worker.poll() is None, processes.output(worker)
         return fresh(run).current_step == name
 
-    wait_for(reached, message=f"run {run.id} to show {name} in progress")
+    wait_until(reached, what=f"run {run.id} to show {name} in progress")
 
 
 class RequestLog:
@@ -173,7 +174,9 @@ def test_the_run_page_follows_the_event_stream_and_does_not_poll(
         )
         expect(page.get_by_test_id("step").locator(".badge")).to_have_text(["Done"] * 6)
         expect(page.get_by_text(LIVE_NOTE)).to_be_hidden()
-        page.wait_for_timeout(4_000)
+        page.wait_for_timeout(
+            4_000
+        )  # no poll in 4 s after the end: behaviour under test, not a wait
 
         assert errors == []
         assert log.polls() == [], "the page polled while it followed the stream"
@@ -223,7 +226,7 @@ def test_when_the_stream_is_cut_the_page_falls_back_to_polling(
         finished_at = time.monotonic()
         expect(page.get_by_test_id("steps-done")).to_have_text("10 of 10")
         expect(page.get_by_test_id("step").locator(".badge")).to_have_text(["Done"] * 10)
-        page.wait_for_timeout(3_000)
+        page.wait_for_timeout(3_000)  # no poll after the end either: behaviour, not a wait
 
         assert errors == []
         assert log.polls(since=0) == log.polls(since=cut_at), (

@@ -11,9 +11,10 @@ import pytest
 from examples.deploys.models import Resource
 from runs.models import Run, Step
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.browser import assert_accessible, browser_page, log_in, screenshot, screenshots  # noqa: F401
 from tests.support.factories import MembershipFactory
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,10 +33,10 @@ def test_a_rolled_back_saga_shows_what_was_undone(live_server, processes, chromi
         tenant=member.tenant, kind="deploy_app", input={"app": "shop", "fail_at": "monitoring"}
     )
     worker = demo_worker(processes)
-    wait_for(
+    wait_until(
         lambda: fresh(run).status == "failed" or worker.poll() is not None,
         timeout=60,
-        message="the deploy to fail and roll back",
+        what="the deploy to fail and roll back",
     )
     run = fresh(run)
     assert (run.status, run.compensation) == ("failed", "done"), processes.output(worker)
@@ -98,10 +99,10 @@ def test_a_fan_out_shows_its_tree_of_child_runs(live_server, processes, chromium
     ]
     parent = submit_run(tenant=member.tenant, kind="research_many", input={"questions": questions})
     worker = demo_worker(processes)
-    wait_for(
+    wait_until(
         lambda: fresh(parent).status in ("done", "failed") or worker.poll() is not None,
         timeout=90,
-        message="the lead run to finish",
+        what="the lead run to finish",
     )
     parent = fresh(parent)
     assert parent.status == "done", parent.error + processes.output(worker)

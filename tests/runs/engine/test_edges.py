@@ -17,10 +17,11 @@ from runs.events import Actor
 from runs.models import Event, Message, Run, Step, StepAttempt, Tenant
 from runs.selectors import waiting_for
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import notes
 from tests.support.agents_edges import HOSTILE
 from tests.support.factories import TenantFactory
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 from workers.worker import Worker, WorkerOptions
 
@@ -67,19 +68,19 @@ def test_a_tenant_never_runs_more_than_max_running_with_two_workers_and_a_busy_r
         processes.worker("--concurrency", "4", "--poll", "0.05")
     processes.manage("reap", "--interval", "0.005")
 
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status="done").count() == len(runs),
         timeout=60,
-        message="all runs done",
+        what="all runs done",
     )
     spans = [(row["start"], row["end"]) for row in notes(log)]
     assert len(spans) == len(runs)
     assert max_overlap(spans) == 1
     # The last exits' slots come back with each worker's next claim (deferred returns), soon after.
-    wait_for(
+    wait_until(
         lambda: Tenant.objects.get(pk=tenant.pk).running == 0,
         timeout=10,
-        message="the tenant's running counter back at 0",
+        what="the tenant's running counter back at 0",
     )
 
 
@@ -130,7 +131,7 @@ def test_the_same_run_claimed_again_by_the_same_worker_keeps_its_heartbeat(tenan
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: fresh(run).status == "running", message="the first claim")
+        wait_until(lambda: fresh(run).status == "running", what="the first claim")
         first_token = fresh(run).lease_token
         # The lease is taken from the worker while its step blocks (as if it
         # had missed heartbeats); the same worker claims the run again.
@@ -138,18 +139,19 @@ def test_the_same_run_claimed_again_by_the_same_worker_keeps_its_heartbeat(tenan
             locked_until=timezone.now() - timezone.timedelta(seconds=1)
         )
         assert Reaper().reap_once().rescued == 1
-        wait_for(
+        wait_until(
             lambda: fresh(run).status == "running" and fresh(run).lease_token != first_token,
-            message="the second claim, by the same worker",
+            what="the second claim, by the same worker",
         )
         block.unlink()  # both executions go on; the old one finds its lease gone and ends
-        wait_for(
-            lambda: fresh(run).current_step == "long", message="the long step of the second claim"
+        wait_until(
+            lambda: fresh(run).current_step == "long", what="the long step of the second claim"
         )
-        # Several leases later, the second claim must still be alive.
+        # Several leases later, the second claim must still be alive: these 3 s of leases kept by
+        # heartbeats are the behaviour under test, not a wait for something to happen.
         time.sleep(3)
         assert Reaper().reap_once().rescued == 0
-        wait_for(lambda: fresh(run).status == "done", timeout=20, message="the run to finish")
+        wait_until(lambda: fresh(run).status == "done", timeout=20, what="the run to finish")
     finally:
         worker.stop()
         thread.join(20)
@@ -204,7 +206,7 @@ def test_losing_the_database_connections_mid_step_does_not_fail_a_run_with_one_a
     run = submit_run(tenant=tenant, kind="failover", input={"log": log})
     worker = processes.worker("--poll", "0.1", "--heartbeat", "1", "--lease", "5")
 
-    wait_for(lambda: fresh(run).status in ("done", "failed"), timeout=30, message="the run to end")
+    wait_until(lambda: fresh(run).status in ("done", "failed"), timeout=30, what="the run to end")
     run = fresh(run)
     assert notes(log, attempt=1) and notes(log, attempt=1)[0]["killed"] >= 1
     assert (run.status, run.max_attempts, run.attempt) == ("done", 1, 2), (
@@ -237,7 +239,7 @@ def test_a_reaper_pass_does_not_count_every_queued_run(tenant):
     for _ in range(30):
         submit_run(tenant=tenant, kind="noop3", input={})
     # The submits' counter updates land after commit, debounced: wait for them.
-    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).queued == 30, message="the queued counter")
+    wait_until(lambda: Tenant.objects.get(pk=tenant.pk).queued == 30, what="the queued counter")
     Tenant.objects.filter(pk=tenant.pk).update(queued=0)  # drifted
     reaper = Reaper()
     assert reaper.reap_once().tenants_fixed == 1

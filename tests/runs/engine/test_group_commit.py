@@ -16,7 +16,8 @@ from runs.engine import steps as checkpoint
 from runs.engine.exit import Exit, leave_many
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
+from tests.support.waiting import wait_until
 from workers.committer import Committer
 
 WORKER_ID = uuid4()
@@ -119,10 +120,10 @@ def test_leave_many_ends_each_run_as_its_own_exit_says(tenant):
     assert Event.objects.get(run=run_a, type="run.done").payload["result"] == {"ok": 1}
     # The retried run is counted back into the tenant's queue, once; no slot given back (give_slot=False).
     # (The submits' own counts are debounced, runs.notify: they may land a moment later.)
-    wait_for(
+    wait_until(
         lambda: Tenant.objects.filter(pk=tenant.pk, running=3, queued=1).exists(),
         timeout=5,
-        message="the tenant counters to read running=3, queued=1",
+        what="the tenant counters to read running=3, queued=1",
     )
 
 

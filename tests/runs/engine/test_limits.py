@@ -23,18 +23,18 @@ from runs.exceptions import InvalidRunInput, QueueFull
 from runs.models import Queue, Run, Tenant, Worker
 from runs.registry import all_kinds, get_kind
 from runs.services import request_hash, submit_run
-from tests.conftest import wait_for
 from tests.support.agents import executions
 from tests.support.factories import TenantFactory
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 
 processes_db = pytest.mark.django_db(transaction=True)
 
 
 def live_workers(n: int) -> None:
-    wait_for(
+    wait_until(
         lambda: Worker.objects.filter(stopped_at__isnull=True).count() == n,
-        message=f"{n} workers to register",
+        what=f"{n} workers to register",
     )
 
 
@@ -76,8 +76,8 @@ def test_four_workers_never_run_more_than_max_running_of_a_tenant_while_another_
         b_runs = [submit_run(tenant=b, kind="steps", input=work) for _ in range(12)]
 
     samples = []  # (A running rows, A's counter, B running rows, A queued rows, A done, B done)
-    deadline = time.monotonic() + 60  # about 7 s on an idle machine
-    while True:
+
+    def sample() -> bool:
         seen = Run.objects.aggregate(
             a_running=Count("pk", filter=Q(tenant=a, status="running")),
             b_running=Count("pk", filter=Q(tenant=b, status="running")),
@@ -89,11 +89,14 @@ def test_four_workers_never_run_more_than_max_running_of_a_tenant_while_another_
         samples.append(seen | {"a_counter": a_counter})
         assert seen["a_running"] <= 2, samples[-1]
         assert a_counter <= 2, samples[-1]
-        if seen["a_done"] == len(a_runs) and seen["b_done"] == len(b_runs):
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"runs did not finish within 60 s; last sample {samples[-1]}")
-        time.sleep(0.02)
+        return seen["a_done"] == len(a_runs) and seen["b_done"] == len(b_runs)
+
+    wait_until(  # about 7 s on an idle machine
+        sample,
+        timeout=60,
+        interval=0.02,
+        what=lambda: f"every run to be done; last sample {samples[-1]}",
+    )
 
     stop(processes, *workers)
     # The limit was reached (the sampler saw it), not merely never approached.
@@ -191,18 +194,19 @@ def test_workers_only_execute_runs_of_their_queues(tenant, processes, tmp_path):
 
     short_worker = processes.worker("--queues", "short", "--concurrency", "2", "--poll", "0.1")
     live_workers(1)
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(queue="short", status="done").count() == 4,
-        message="short runs done",
+        what="short runs done",
     )
-    # Idle since, and polling every 0.1 s: still, it leaves the long runs alone.
+    # Idle since, and polling every 0.1 s: still, it leaves the long runs alone. Nothing to wait for:
+    # this second of ten polls that claim nothing is the behaviour under test.
     time.sleep(1.0)
     assert set(Run.objects.filter(queue="long").values_list("status", "attempt")) == {("queued", 0)}
 
     long_worker = processes.worker("--queues", "long", "--concurrency", "2", "--poll", "0.1")
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(queue="long", status="done").count() == 4,
-        message="long runs done",
+        what="long runs done",
     )
     stop(processes, short_worker, long_worker)
 
@@ -232,7 +236,7 @@ def test_a_worker_runs_by_priority_then_started_before_fresh_then_age(tenant, pr
     )
 
     worker = processes.worker("--concurrency", "1", "--poll", "0.1")
-    wait_for(lambda: Run.objects.filter(status="done").count() == 5, message="all runs done")
+    wait_until(lambda: Run.objects.filter(status="done").count() == 5, what="all runs done")
     stop(processes, worker)
 
     order = [run_id for run_id, _, _, _ in executions(log)]
@@ -258,19 +262,20 @@ def test_a_paused_queue_is_not_claimed_from_until_resumed(tenant, processes, tmp
     both = processes.worker("--queues", "short,long", "--poll", "0.1")
     live_workers(2)
     polling_since = time.monotonic()
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(queue="short", status="done").count() == 2,
-        message="short runs done",
+        what="short runs done",
     )
-    time.sleep(max(0.0, 2.0 - (time.monotonic() - polling_since)))  # ~20 polls of each worker
+    # ~20 polls of each worker that claim nothing: the behaviour under test, not a wait for something.
+    time.sleep(max(0.0, 2.0 - (time.monotonic() - polling_since)))
     assert set(Run.objects.filter(queue="long").values_list("status", "attempt")) == {("queued", 0)}
     assert counters(tenant)[0] == 0
 
     Queue.objects.filter(name="long").update(paused=False, paused_at=None)
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(queue="long", status="done").count() == 3,
         timeout=20,
-        message="long runs done",
+        what="long runs done",
     )
     stop(processes, long_only, both)
 
@@ -304,10 +309,10 @@ def test_max_queued_refuses_submits_until_a_worker_drains_and_the_reaper_reconci
     Tenant.objects.filter(pk=tenant.pk).update(max_queued=3)
     assert [post_run(api, ECHO).status_code for _ in range(3)] == [202, 202, 202]
     # The counter is raised after commit, debounced: the last increments may still be on their way.
-    wait_for(
+    wait_until(
         lambda: counters(tenant) == (0, 3),
         timeout=5,
-        message="the queued counter to count all three",
+        what="the queued counter to count all three",
     )
 
     refused = post_run(api, ECHO)

@@ -23,9 +23,9 @@ from runs.engine import steps as checkpoint
 from runs.engine.exit import Exit, leave_many
 from runs.models import Run
 from runs.services import submit_run
-from tests.conftest import wait_for
 from tests.runs.engine.test_group_commit import finished_step
 from tests.support.factories import TenantFactory
+from tests.support.waiting import wait_until
 from workers.committer import Committer, _Request
 
 WORKER_ID = uuid4()
@@ -202,10 +202,10 @@ def test_busy_workers_with_a_short_heartbeat_never_deadlock(processes):
         )
         for _ in range(2)
     ]
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(status="done").count() == len(runs),
         timeout=600,
-        message="every run done",
+        what="every run done",
     )
     for worker in workers:
         worker.send_signal(signal.SIGTERM)
@@ -221,7 +221,7 @@ def test_busy_workers_with_a_short_heartbeat_never_deadlock(processes):
             )
             return cursor.fetchone()[0] == 0
 
-    wait_for(workers_gone, timeout=30, message="the workers' connections to close")
+    wait_until(workers_gone, timeout=30, what="the workers' connections to close")
     logs = "".join(processes.output(worker) for worker in workers)
     assert (
         "heartbeat failed" not in logs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
@@ -15,9 +14,10 @@ from runs.engine import steps as checkpoint
 from runs.engine.exit import Exit, leave
 from runs.models import Event, Run, Step, Tenant
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
 from tests.support.factories import TenantFactory
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 from workers.worker import Worker, WorkerOptions
 
@@ -372,14 +372,15 @@ class TestExecution:
         settings.RUNS_BACKOFF_BASE_SECONDS = 0.01
         settings.RUNS_BACKOFF_CAP_SECONDS = 0.02
         run = submit_run(tenant=tenant, kind="flaky", input={"fail_times": 1})
+
         # --burst leaves once nothing is claimable, so a run waiting out its
         # backoff needs another pass.
-        for _ in range(20):
+        def left_the_queue():
             burst_worker()
-            run = fresh(run)
-            if run.status != "queued":
-                break
-            time.sleep(0.02)
+            return fresh(run).status != "queued"
+
+        wait_until(left_the_queue, timeout=10, interval=0.02, what="the run to leave the queue")
+        run = fresh(run)
         assert (run.status, run.attempt, run.failures, run.result) == ("done", 2, 0, {"call": "ok"})
         steps = {s.name: s for s in Step.objects.filter(run=run)}
         assert steps["first"].executions == 1
@@ -424,10 +425,10 @@ def test_heartbeat_and_checkpoint_are_hot_updates(tenant):
             lease=60,
         )
     # Statistics reach the shared counters asynchronously: read until all 40 arrived.
-    after = wait_for(
+    after = wait_until(
         lambda: (c := counters())[0] - before[0] >= 40 and c,
         timeout=10,
-        message="the statistics flush",
+        what="the statistics flush",
     )
     updates, hot = after[0] - before[0], after[1] - before[1]
     assert updates == 40

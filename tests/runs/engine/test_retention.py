@@ -30,7 +30,7 @@ from runs.models import (
     WebhookEndpoint,
 )
 from runs.states import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
-from tests.conftest import wait_for
+from tests.support.waiting import wait_until
 from workers.reaper import Reaper
 
 MONTH = timedelta(days=30)
@@ -364,6 +364,6 @@ def test_a_running_reaper_prunes_on_its_own_and_stops_on_sigterm(tenant, process
     with_records(run)
 
     reaper = processes.manage("reap", "--interval", "0.2", RUNS_RETENTION_DAYS="30")
-    wait_for(lambda: not exists(run), timeout=30, message="the reaper to prune the old run")
+    wait_until(lambda: not exists(run), timeout=30, what="the reaper to prune the old run")
     reaper.send_signal(signal.SIGTERM)
     assert reaper.wait(15) == 0, processes.output(reaper)

@@ -27,8 +27,9 @@ from runs.models import (
     Worker,
 )
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents import executions
+from tests.support.waiting import wait_until
 from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,18 +101,18 @@ def test_after_real_work_the_scrape_agrees_with_the_database(
         )  # no worker serves "long"
 
     worker = processes.worker("--queues", "default", "--poll", "0.1", **FAST)
-    wait_for(
+    wait_until(
         lambda: (
             Run.objects.filter(queue="default", status__in=["done", "failed"]).count() == 8
             and fresh(waiting).status == "waiting_human"
         ),
         timeout=60,
-        message="the default queue to drain",
+        what="the default queue to drain",
     )
-    wait_for(
+    wait_until(
         lambda: total(scrape(), "agentruns_runs_finished_total") == 8,
         timeout=10,
-        message="the worker to publish its counts",
+        what="the worker to publish its counts",
     )
     live = scrape()
     assert total(live, "agentruns_workers_live") == 1
@@ -209,11 +210,11 @@ def test_a_rescued_lease_is_counted_by_the_reaper(tenant, processes, metrics_on,
         input={"steps": 2, "log": log, "block_at": 2, "block_file": str(block)},
     )
     worker = processes.worker("--lease", "2", "--heartbeat", "0.5", "--poll", "0.1", **FAST)
-    wait_for(lambda: len(executions(log)) == 2, message="step 2 to start")
+    wait_until(lambda: len(executions(log)) == 2, what="step 2 to start")
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once", **FAST)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
@@ -244,9 +245,9 @@ def test_webhook_attempts_are_counted_by_result(tenant, processes, metrics_on, s
             **FAST,
         )
         receiver.wait_for(2, timeout=30)
-        wait_for(
+        wait_until(
             lambda: WebhookDelivery.objects.filter(run=run, status="delivered").exists(),
-            message="delivery",
+            what="delivery",
         )
         loop.send_signal(signal.SIGTERM)
         assert loop.wait(30) == 0, processes.output(loop)

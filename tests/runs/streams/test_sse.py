@@ -19,9 +19,10 @@ from runs.events import Actor
 from runs.keys import create_api_key
 from runs.models import ApiKey, Event, StreamWatch
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.factories import MembershipFactory, TenantFactory
 from tests.support.fake_openai import drive
+from tests.support.waiting import wait_until
 from tests.support.web import SSE, Web, bearer, first_answer, read_events, session_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,18 +120,23 @@ def test_an_idle_stream_gets_keepalive_comments_and_ends_when_the_run_is_cancell
     url = f"{web.base}/api/runs/{run.pk}/events"
     with httpx.stream("GET", url, headers=bearer(api_key), timeout=10) as response:
         seen = read_events(response, comments=comments, until=lambda e: e.event == "run.queued")
-        wait_for(
+        wait_until(
             lambda: StreamWatch.objects.filter(run_id=run.pk).exists(),
-            message="the run to be watched",
+            what="the run to be watched",
         )
-        time.sleep(1.3)
+        read_events(
+            response,
+            seen=seen,
+            comments=comments,
+            comments_until=lambda got: sum(c.startswith(": keepalive") for c in got) >= 2,
+        )
         control.cancel_run(run=run, actor=Actor(type="user", id="1"))
         read_events(response, seen=seen, comments=comments)
     assert [e.event for e in seen] == ["run.queued", "run.cancelled"]
     assert sum(c.startswith(": keepalive") for c in comments) >= 2
-    wait_for(
+    wait_until(
         lambda: not StreamWatch.objects.filter(run_id=run.pk).exists(),
-        message="the watch to be dropped",
+        what="the watch to be dropped",
     )
 
 
@@ -178,8 +184,13 @@ def test_a_stream_token_expires(tenant, api_key, processes):
     token = httpx.post(
         f"{web.base}/api/runs/{run.pk}/stream-token", headers=bearer(api_key), timeout=5
     ).json()
-    time.sleep(2.2)
-    status, body = first_answer(f"{web.base}/api/runs/{run.pk}/events?token={token['token']}")
+    url = f"{web.base}/api/runs/{run.pk}/events?token={token['token']}"
+    status, body = wait_until(
+        lambda: (answer := first_answer(url))[0] != 200 and answer,
+        timeout=15,
+        interval=0.2,
+        what="the token (of 1 s) to be refused",
+    )
     assert status == 401 and "expired" in body["detail"]
 
 
@@ -194,9 +205,9 @@ def test_many_streams_share_a_bounded_number_of_connections(tenant, api_key, web
             response = stream.__enter__()
             assert response.status_code == 200
             clients.append((stream, response))
-        wait_for(
+        wait_until(
             lambda: StreamWatch.objects.filter(run_id__in=[r.pk for r in runs]).count() == 40,
-            message="every run watched",
+            what="every run watched",
         )
         with connection.cursor() as cursor:
             cursor.execute(

@@ -24,8 +24,8 @@ from django.utils import timezone
 
 from runs import submit_run
 from runs.models import Run, StepAttempt
-from tests.conftest import wait_for
 from tests.support import django_tasks as tasks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,10 +160,10 @@ def test_run_after_defers_a_task(processes):
     drain(processes)
     assert tasks.add.get_result(now.id).status == TaskResultStatus.SUCCESSFUL
     assert tasks.add.get_result(later.id).status == TaskResultStatus.READY
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=later.id).run_after <= timezone.now(),
         timeout=10,
-        message="run_after",
+        what="run_after",
     )
     drain(processes)
     result = tasks.add.get_result(later.id)
@@ -238,14 +238,14 @@ def test_a_task_survives_a_killed_worker(processes, tmp_path):
     marker = tmp_path / "stalled"
     result = tasks.stall_once.enqueue(str(marker))
     first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.1", **FAST)
-    wait_for(marker.exists, timeout=30, message="the task to start")
+    wait_until(marker.exists, timeout=30, what="the task to start")
     assert tasks.stall_once.get_result(result.id).status == TaskResultStatus.RUNNING
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=result.id).locked_until < timezone.now(),
         timeout=10,
-        message="the lease to expire",
+        what="the lease to expire",
     )
     reaped = processes.run("reap", "--once", **FAST)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr

@@ -23,9 +23,9 @@ from django.utils import timezone
 
 from runs.models import Run, StepAttempt
 from runs.services import submit_run
-from tests.conftest import wait_for
 from tests.support import agents_core
 from tests.support import django_tasks as tasks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,10 +55,10 @@ def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_
     between = submit_run(tenant=tenant, kind="exits_between_steps", input={"how": how})
     ids = [UUID(in_task.id), in_step.pk, between.pk]
 
-    wait_for(
+    wait_until(
         lambda: Run.objects.filter(pk__in=ids, status="failed").count() == 3,
         timeout=60,
-        message=f"the three runs to fail\n{processes.output(worker)}",
+        what=f"the three runs to fail\n{processes.output(worker)}",
     )
     shown = agents_core.SHOWN_AS[how]
     runs = {run.pk: run for run in Run.objects.filter(pk__in=ids)}
@@ -85,9 +85,9 @@ def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_
         "builtins.KeyboardInterrupt" if how == "KeyboardInterrupt" else "builtins.SystemExit"
     )
     assert error.exception_class_path == expected_class
-    wait_for(
+    wait_until(
         lambda: any(e["signal"] == "finished" and e["id"] == in_task.id for e in signals(log)),
-        message="task_finished",
+        what="task_finished",
     )
     [finished] = [e for e in signals(log) if e["signal"] == "finished" and e["id"] == in_task.id]
     assert finished["status"] == "FAILED" and finished["pid"] == worker.pid
@@ -95,10 +95,10 @@ def test_code_that_exits_fails_its_run_and_the_worker_carries_on(processes, tmp_
     # The same process goes on: it runs the next task to the end.
     assert worker.poll() is None, processes.output(worker)
     after = tasks.add.enqueue(2, 3)
-    wait_for(
+    wait_until(
         lambda: tasks.add.get_result(after.id).status == TaskResultStatus.SUCCESSFUL,
         timeout=30,
-        message=f"the worker to run another task\n{processes.output(worker)}",
+        what=f"the worker to run another task\n{processes.output(worker)}",
     )
     assert worker.poll() is None
     assert "executor crashed" not in processes.output(worker)
@@ -131,7 +131,7 @@ def test_a_deferred_task_reads_back_its_run_after(processes):
     assert tasks.add.get_result(later.id).task.run_after == when
     assert tasks.add.get_result(now.id).task.run_after is None
 
-    wait_for(lambda: timezone.now() > when, timeout=10, message="run_after to pass")
+    wait_until(lambda: timezone.now() > when, timeout=10, what="run_after to pass")
     worker = processes.worker("--burst", "--poll", "0.1", **ENV)
     assert worker.wait(90) == 0, processes.output(worker)
     ran = tasks.add.get_result(later.id)

@@ -16,6 +16,7 @@ import socket
 import time
 
 import pytest
+from django.db.models.functions import Now
 from django.test import Client
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
@@ -26,9 +27,9 @@ from runs.keys import create_api_key
 from runs.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from runs.services import submit_run
 from runs.webhooks import targets
-from tests.conftest import wait_for
 from tests.support.factories import MembershipFactory, TenantFactory
 from tests.support.fake_openai import drive
+from tests.support.waiting import wait_until
 from workers.webhooks import DeliveryLoop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,31 +78,31 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     assert hung_up == 0, (accepted, hung_up)
     # Nor did the hanging tenant get every slot (8): some are kept for the others.
     assert accepted < 8
-    wait_for(
+    wait_until(
         lambda: WebhookDelivery.objects.filter(run=wanted, status="delivered").exists(),
-        message="the other tenant's delivery recorded as delivered",
+        what="the other tenant's delivery recorded as delivered",
     )
 
     # Silence after silence: the hanging tenant's receiver is paused, its deliveries wait.
-    paused = wait_for(
+    paused = wait_until(
         lambda: models.WebhookReceiver.objects.filter(
             tenant=hanging, paused_at__isnull=False
         ).first(),
         timeout=90,
-        message="the tarpit's receiver paused",
+        what="the tarpit's receiver paused",
     )
     assert paused.receiver == tarpit.url.removesuffix("/hook")
     assert "attempts in a row got no answer" in paused.paused_reason
     assert "timed out" in paused.paused_reason
-    wait_for(
+    wait_until(
         lambda: not WebhookDelivery.objects.filter(tenant=hanging, status="sending").exists(),
         timeout=60,
-        message="the attempts under way at the pause recorded",
+        what="the attempts under way at the pause recorded",
     )
     statuses = set(WebhookDelivery.objects.filter(tenant=hanging).values_list("status", flat=True))
     assert statuses == {"pending"}  # nothing lost, nothing given up on
     attempts_at_pause = tarpit.counts()[0]
-    time.sleep(1.0)  # ten polls of the loop
+    time.sleep(1.0)  # ten polls of the loop that try nothing: the behaviour under test, not a wait
     assert tarpit.counts()[0] == attempts_at_pause  # a paused receiver is not tried
 
     # The admin shows the endpoint paused, with why and since when, and resumes it.
@@ -118,7 +119,7 @@ def test_a_tenant_whose_receiver_never_answers_does_not_hold_up_another_tenants_
     resumed = models.WebhookReceiver.objects.get(pk=paused.pk)
     assert resumed.paused_at is None and resumed.resumed_by.startswith("user:")
     # Due again: the loop tries the tarpit once more.
-    wait_for(lambda: tarpit.counts()[0] > attempts_at_pause, message="an attempt after the resume")
+    wait_until(lambda: tarpit.counts()[0] > attempts_at_pause, what="an attempt after the resume")
 
 
 def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_only(
@@ -141,7 +142,13 @@ def test_a_callback_url_that_keeps_failing_pauses_that_receiver_for_its_tenant_o
     assert health.paused_at is not None and "connection refused" in health.paused_reason
     # The other tenant's single failure to the same host pauses nothing of its own.
     assert models.WebhookReceiver.objects.get(tenant=theirs).paused_at is None
-    time.sleep(0.1)
+    wait_until(  # the retry schedule's 0.05 s, by the database's clock
+        lambda: WebhookDelivery.objects.filter(
+            run=their_run, status="pending", next_attempt_at__lte=Now()
+        ).exists(),
+        timeout=10,
+        what="the other tenant's failed delivery to be due again",
+    )
     before = {d.pk: d.attempts for d in WebhookDelivery.objects.filter(tenant=mine)}
     loop.run(once=True)
     assert {d.pk: d.attempts for d in WebhookDelivery.objects.filter(tenant=mine)} == before

@@ -25,10 +25,11 @@ import tests.support.agents_openai_agents  # noqa: F401  (registers the kinds in
 from runs.control import approve_run, reject_run
 from runs.models import Run, Step
 from runs.services import Actor, submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.agents_openai_agents import SCRIPTS, executions
 from tests.support.factories import MembershipFactory
 from tests.support.fake_openai import PRICES, drive, fail, hang, say, turn
+from tests.support.waiting import wait_until
 
 pytest_plugins = ["tests.support.fake_openai"]  # the fake_llm and offline fixtures
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -137,15 +138,15 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
     first = processes.worker(
         "--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES, **fake_llm.env
     )
-    wait_for(held.is_set, message="the 4th model call")
+    wait_until(held.is_set, what="the 4th model call")
     assert Step.objects.filter(run=run, kind="llm", status="done").count() == 3
     assert executions(log) == ["tick 1", "tick 2", "tick 3"]
 
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     release.set()
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once", AGENT_MODULES=MODULES)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr

@@ -20,9 +20,10 @@ import tests.support.agents_pydantic_ai as kinds
 from runs.control import approve_run, reject_run
 from runs.models import Step
 from runs.services import Actor, submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.control_helpers import Person, act, get
 from tests.support.fake_openai import drive, fail, hang, say, turn
+from tests.support.waiting import wait_until
 
 pytest_plugins = ["tests.support.fake_openai"]  # the fake_llm and offline fixtures
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,19 +111,19 @@ def test_a_worker_killed_after_the_third_model_call_resumes_with_the_remaining_c
     first = processes.worker(
         "--lease", "3", "--heartbeat", "1", "--poll", "0.2", AGENT_MODULES=MODULES, **fake_llm.env
     )
-    wait_for(
+    wait_until(
         lambda: (
             fake_llm.count == HOLD_AT
             and fresh(run).current_step == f"Thinking (iteration {HOLD_AT})"
         ),
-        message="the 4th model request, held by the server",
+        what="the 4th model request, held by the server",
     )
     assert Step.objects.filter(run=run, kind="llm", status="done").count() == HOLD_AT - 1
 
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once", AGENT_MODULES=MODULES)
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from runs.models import Step
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
+from tests.conftest import fresh
 from tests.support.fake_openai import say, turn
+from tests.support.waiting import wait_until
 
 pytest_plugins = ["tests.support.fake_openai"]  # the fake_llm and offline fixtures
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,9 +39,9 @@ def test_a_run_killed_after_its_5th_model_call_resumes_with_exactly_the_remainin
     fake_llm.brain = brain
     run = submit_run(tenant=tenant, kind="llm_agent", input={"prompt": "count"})
     first = processes.worker("--lease", "3", "--heartbeat", "1", "--poll", "0.2", **fake_llm.env)
-    wait_for(
+    wait_until(
         lambda: fresh(run).current_step == "Calling hold",
-        message="the tool call after the 5th model call",
+        what="the tool call after the 5th model call",
     )
     assert fake_llm.count == HOLD_AT
     assert Step.objects.filter(run=run, kind="llm", status="done").count() == HOLD_AT
@@ -48,8 +49,8 @@ def test_a_run_killed_after_its_5th_model_call_resumes_with_exactly_the_remainin
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     hold_file.unlink()
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once")
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr

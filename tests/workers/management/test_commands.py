@@ -10,7 +10,8 @@ import pytest
 
 from runs.keys import authenticate_key
 from runs.models import Run, Tenant
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,16 +62,16 @@ def test_up_serves_the_api_runs_a_worker_and_stops_on_ctrl_c(processes):
         except OSError:
             return False
 
-    wait_for(healthy, timeout=60, interval=0.2, message="the web server of `up`")
-    key = wait_for(lambda: _printed_key(processes.output(up)), message="the printed API key")
+    wait_until(healthy, timeout=60, interval=0.2, what="the web server of `up`")
+    key = wait_until(lambda: _printed_key(processes.output(up)), what="the printed API key")
     status, body = http(
         "POST", f"{base}/api/runs", key, {"kind": "research_brief", "input": {"topic": "Acme"}}
     )
     assert status == 202
-    wait_for(
+    wait_until(
         lambda: http("GET", f"{base}/api/runs/{body['id']}", key)[1]["status"] == "done",
         timeout=60,
-        message="the demo run to finish",
+        what="the demo run to finish",
     )
     run = Run.objects.get(pk=body["id"])
     assert run.result["topic"] == "Acme"
@@ -80,10 +81,10 @@ def test_up_serves_the_api_runs_a_worker_and_stops_on_ctrl_c(processes):
     from runs.models import Membership
 
     task = pipeline_report.enqueue("demo")
-    wait_for(
+    wait_until(
         lambda: pipeline_report.get_result(task.id).is_finished,
         timeout=60,
-        message="the task to run",
+        what="the task to run",
     )
     # The demo leads are the demo tenant's (RUNS_EXAMPLES=1, as `make run` sets it).
     assert pipeline_report.get_result(task.id).return_value == {
