@@ -39,6 +39,7 @@ lint: install
 	$(VENV)/bin/ruff format --check config runs workers examples tests bench
 	$(VENV)/bin/ruff check config runs workers examples tests bench
 	$(MYPY)
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	DEBUG=$${DEBUG:-1} RUNS_EXAMPLES=1 $(VPY) manage.py makemigrations --check --dry-run
 
 bench: install
