@@ -329,7 +329,10 @@ def test_a_task_is_a_run_on_the_dashboard_and_in_the_admin(processes, django_use
     assert page.status_code == 200
     assert b"tests.support.django_tasks.add" in page.content and b"add(20, 22)" in page.content
     listed = client.get("/admin/runs/run/", {"q": str(result.id)})
-    assert listed.status_code == 200 and b"tests.<wbr>django_<wbr>tasks.<wbr>add" in listed.content
+    assert (
+        listed.status_code == 200
+        and b"tests.<wbr>support.<wbr>django_<wbr>tasks.<wbr>add" in listed.content
+    )
     change = client.get(f"/admin/runs/run/{result.id}/change/")
     assert change.status_code == 200 and b"tests.support.django_tasks.add" in change.content
 
