@@ -17,7 +17,7 @@ binding ``psycopg.Cursor`` on Django's connection, wrapped as
 ``make_cursor`` and ``make_debug_cursor``.
 
 Nothing else in ``runs/``, ``workers/`` or ``config/`` names a private
-psycopg module or attribute (tests/test_driver.py checks it).
+psycopg module or attribute (tests/runs/test_driver.py checks it).
 """
 
 from __future__ import annotations

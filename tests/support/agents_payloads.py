@@ -1,4 +1,4 @@
-"""Kinds of tests/test_payloads.py: steps, inputs and results larger than a row should hold.
+"""Kinds of tests/runs/test_payloads.py: steps, inputs and results larger than a row should hold.
 
 Worker processes import this module through AGENT_MODULES; the test process
 imports it to submit runs of its kinds.

@@ -21,7 +21,7 @@ from runs.models import Run
 from runs.queries import one, queries
 from runs.services import submit_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INSTALLED = psycopg_version()
 UNSUPPORTED = (4, 0, 0)
 

@@ -23,9 +23,10 @@ from runs import payloads
 from runs.keys import create_api_key
 from runs.models import Artifact, Event, Run, Step, StepAttempt
 from runs.services import submit_run
-from tests.agents_payloads import digest
-from tests.conftest import fresh, wait_for
-from tests.factories import TenantFactory
+from tests.conftest import fresh
+from tests.support.agents_payloads import digest
+from tests.support.factories import TenantFactory
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,9 +79,9 @@ def test_a_1_mib_step_output_is_an_artifact_and_replays_after_a_sigkill(
     first = processes.worker(
         "--lease", "3", "--heartbeat", "1", "--poll", "0.2", **worker_env(media)
     )
-    wait_for(
+    wait_until(
         lambda: fresh(run).steps_done == 1,
-        message=f"step 1 to be checkpointed\n{processes.output(first)}",
+        what=lambda: f"step 1 to be checkpointed\n{processes.output(first)}",
     )
 
     # The step row holds a small reference; the megabyte is one Artifact of the run.
@@ -95,8 +96,8 @@ def test_a_1_mib_step_output_is_an_artifact_and_replays_after_a_sigkill(
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     block.unlink()
-    wait_for(
-        lambda: fresh(run).locked_until < timezone.now(), timeout=10, message="the lease to expire"
+    wait_until(
+        lambda: fresh(run).locked_until < timezone.now(), timeout=10, what="the lease to expire"
     )
     reaped = processes.run("reap", "--once", **worker_env(media))
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr

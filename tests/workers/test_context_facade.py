@@ -18,8 +18,9 @@ import pytest
 
 from runs.models import Event, Run, Step, Worker
 from runs.services import submit_run
-from tests.conftest import fresh, wait_for
-from tests.control_helpers import Person, act, steps_of
+from tests.conftest import fresh
+from tests.support.control_helpers import Person, act, steps_of
+from tests.support.waiting import wait_until
 from workers.context import RunContext
 from workers.errors import (
     LeaseLost,
@@ -31,7 +32,7 @@ from workers.errors import (
     Suspend,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # The OpenAI Agents adapter's runner still calls private methods of its own model and tool
 # wrappers; making them public is a change of its own.
@@ -89,10 +90,10 @@ def ops(tenant):
 
 def started(processes, *args):
     proc = processes.worker("--concurrency", "1", "--poll", "0.2", *args)
-    wait_for(
+    wait_until(
         lambda: Worker.objects.filter(pid=proc.pid, stopped_at__isnull=True).exists(),
         timeout=30,
-        message="the worker to register",
+        what="the worker to register",
     )
     return proc
 
@@ -103,9 +104,9 @@ def stopped(processes, proc) -> None:
 
 
 def in_first_step(run: Run, log: str) -> None:
-    wait_for(
+    wait_until(
         lambda: steps_of(log, run).get("step1", 0) > 0 and fresh(run).current_step == "step1",
-        message="step1 to run",
+        what="step1 to run",
     )
 
 
@@ -129,7 +130,7 @@ def test_a_run_cancelled_while_running_is_recorded_as_cancelled_not_as_a_shutdow
 
     assert act(ops.client, run, "cancel").status_code == 202
 
-    wait_for(lambda: fresh(run).status == "cancelled", timeout=15, message="the cancel")
+    wait_until(lambda: fresh(run).status == "cancelled", timeout=15, what="the cancel")
     event = Event.objects.get(run=run, type="run.cancelled")
     assert (event.actor_type, event.payload["reason"]) == ("worker", "cancel_requested")
     assert Step.objects.filter(run=run).count() == 1  # released before its next step
@@ -151,7 +152,7 @@ def test_a_run_paused_while_running_is_recorded_as_paused_for_the_pause(
     assert act(ops.client, run, "pause").status_code == 202
     hold.unlink()
 
-    wait_for(lambda: fresh(run).status == "paused", timeout=15, message="the pause")
+    wait_until(lambda: fresh(run).status == "paused", timeout=15, what="the pause")
     event = Event.objects.get(run=run, type="run.paused")
     assert (event.actor_type, event.payload["reason"]) == ("worker", "pause_requested")
     stopped(processes, worker)

@@ -26,7 +26,7 @@ from runs.queries import queries
 from runs.services import submit_run
 from runs.states import RunStatus
 from tests.conftest import fresh
-from tests.run_states import force_status
+from tests.support.run_states import force_status
 from workers.committer import Committer
 
 WORKER_ID = uuid4()
