@@ -13,10 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime
-from decimal import Decimal
 from typing import Any
-from uuid import UUID
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, connection, connections
@@ -129,30 +126,6 @@ def with_retries(
 def dumps(value: Any) -> str:
     """JSON text for a jsonb parameter; raises TypeError for what JSON cannot say."""
     return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), allow_nan=False)
-
-
-def _param_default(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID | Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not a parameter type of json_to_recordset rows")
-
-
-def param_rows(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    """A statement's table of parameters, one row per item, as one JSON text for ``json_to_recordset``.
-
-    One parameter instead of an array per column: psycopg adapts arrays in
-    Python, element by element, and a checkpoint's or an exit's dozen and
-    more arrays cost a worker more than the rest of the statement's Python.
-    Values are JSON's, and UUIDs, Decimals and datetimes as text.
-    """
-    return json.dumps(
-        [{column: row[column] for column in columns} for row in rows],
-        default=_param_default,
-        separators=(",", ":"),
-        allow_nan=False,
-    )
 
 
 def dumps_storable(value: Any) -> tuple[str, bool]:

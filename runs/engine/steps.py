@@ -83,12 +83,6 @@ class StepRecord:
 
 # The run guard of the statements of the other engine modules that still
 # build their text here (runs/sql/fragments.sql has it as run_guard).
-RUN_GUARD = "id = %(run)s AND status = {running} AND lease_token = %(token)s"
-
-STEP_COLUMNS = (
-    "run_id, generation, seq, name, kind, input, output, idempotency_key, tokens_in, tokens_out,"
-    " cost_cents, status, executions, error, text_replaced, started_at"
-)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ from uuid import UUID
 
 from django.db import connection
 
-from runs.db import dumps_storable
-from runs.events import EVENTS_CHANNEL
+from runs.db import EVENTS_CHANNEL, dumps_storable
 from runs.queries import queries
 
 # NOTIFY payloads stop at 8000 bytes; the envelope needs some of them.

@@ -39,8 +39,7 @@ from django.conf import settings
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from runs.db import connection_kwargs
-from runs.events import EVENTS_CHANNEL
+from runs.db import EVENTS_CHANNEL, connection_kwargs
 from runs.queries import queries
 from runs.streams import ephemeral, grants
 
