@@ -129,14 +129,16 @@ class Children:
         self.procs: list[subprocess.Popen] = []
         self.count = 0
 
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        """Start ``argv`` in the repository with ``env`` (the bench's own by default)."""
+    def start(
+        self, name: str, argv: list[str], env: dict | None = None, cwd: Path = ROOT
+    ) -> subprocess.Popen:
+        """Start ``argv`` in ``cwd`` (the repository) with ``env`` (the bench's own by default)."""
         self.count += 1
         path = self.logdir / f"{self.count:03d}-{name}.log"
         with open(path, "wb") as log:
             proc = subprocess.Popen(
                 argv,
-                cwd=ROOT,
+                cwd=cwd,
                 env=self.env if env is None else env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

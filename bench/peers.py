@@ -66,11 +66,11 @@ from bench.common import (  # noqa: E402
 PY = sys.executable
 BIN = Path(PY).parent
 MANAGE = str(ROOT / "manage.py")
-CLIENT = str(ROOT / "bench" / "peer_client.py")
 SYSTEMS = ["agentruns", "agentruns-tasks", "procrastinate", "pgqueuer", "django-tasks-db"]
 LABELS = {
     "agentruns": "agentruns (this project)",
     "agentruns-tasks": "agentruns django.tasks backend",
+    "agentruns-baseline": "agentruns baseline (--baseline)",
     "procrastinate": "Procrastinate",
     "pgqueuer": "PGQueuer",
     "django-tasks-db": "django-tasks-db",
@@ -109,6 +109,7 @@ def scalar(conn, query: str, params=None):
 class System:
     name = ""
     steps_supported = (1,)
+    root = ROOT  # the checkout whose code runs (another one for agentruns-baseline)
     listens = True  # ready = 2 backends that issued LISTEN; otherwise 2 connected backends
 
     def __init__(self, bench: Bench):
@@ -214,7 +215,7 @@ class AgentRuns(System):
         queue = "bench_ping" if purpose == "dispatch" else "bench_tp"
         return [
             PY,
-            MANAGE,
+            str(self.root / "manage.py"),
             "runworker",
             "--queues",
             queue,
@@ -499,7 +500,71 @@ class DjangoTasksDB(System):
         return scalar(conn, f"SELECT count(*) FROM {self.table} WHERE status = 'READY'")
 
 
-CLASSES = {c.name: c for c in (AgentRuns, AgentRunsTasks, Procrastinate, PGQueuer, DjangoTasksDB)}
+class AgentRunsBaseline(AgentRuns):
+    """This project as another checkout has it (``--baseline DIR``): its migrations, worker and client.
+
+    For a change's before and after side by side in one run: the same
+    bench, machine, PostgreSQL server and Python environment, the other
+    checkout's code (``git worktree add --detach DIR <commit>``). Its own
+    database, migrated by its own ``manage.py migrate``.
+    """
+
+    name = "agentruns-baseline"
+
+    def __init__(self, bench: Bench):
+        super().__init__(bench)
+        self.root = Path(bench.args.baseline).resolve()
+
+    @property
+    def version(self) -> str:
+        head = subprocess.run(
+            ["git", "-C", str(self.root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return f"{head or '?'} ({self.root})"
+
+    def create(self) -> None:
+        with connect(self.bench.base_url) as conn:
+            conn.execute(f'CREATE DATABASE "{self.db_name}"')
+        self.created = True
+        self.url = with_database(self.bench.base_url, self.db_name)
+        manage = [PY, str(self.root / "manage.py")]
+        self.run_checked([*manage, "migrate", "--noinput"], self.env(), "migrate")
+        self.run_checked(
+            [
+                *manage,
+                "shell",
+                "-c",
+                "from runs.tenants import ensure_tenant; "
+                "ensure_tenant(slug='bench-peers', max_running=1000, max_queued=10_000_000)",
+            ],
+            self.env(),
+            "the bench tenant",
+        )
+
+    def drop(self) -> None:
+        System.drop(self)
+
+    def env(self) -> dict:
+        env = super().env()
+        env["PYTHONPATH"] = str(self.root) + os.pathsep + env.get("PYTHONPATH", "")
+        return env
+
+    def run_checked(self, argv: list[str], env: dict, what: str) -> None:
+        out = subprocess.run(
+            argv, cwd=self.root, env=env, capture_output=True, text=True, timeout=300
+        )
+        if out.returncode != 0:
+            raise RuntimeError(
+                f"{self.label}: {what} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+            )
+
+
+CLASSES = {
+    c.name: c
+    for c in (AgentRuns, AgentRunsTasks, AgentRunsBaseline, Procrastinate, PGQueuer, DjangoTasksDB)
+}
 
 
 # The bench.
@@ -552,8 +617,14 @@ class Bench:
         self.results[system.name].setdefault(key, []).append(value)
 
     def client(self, system: System, op: str, *extra: str, timeout: float) -> dict:
+        client = str(system.root / "bench" / "peer_client.py")
+        # The baseline's client submits the baseline's way, as the system it is.
+        peer = "agentruns" if system.name == "agentruns-baseline" else system.name
         proc = self.children.start(
-            f"{system.name}-client-{op}", [PY, CLIENT, system.name, op, *extra], system.env()
+            f"{system.name}-client-{op}",
+            [PY, client, peer, op, *extra],
+            system.env(),
+            cwd=system.root,
         )
         try:
             proc.wait(timeout)
@@ -573,7 +644,10 @@ class Bench:
     def start_workers(self, system: System, purpose: str) -> list[subprocess.Popen]:
         return [
             self.children.start(
-                f"{system.name}-{purpose}-worker-{i}", system.worker_argv(purpose), system.env()
+                f"{system.name}-{purpose}-worker-{i}",
+                system.worker_argv(purpose),
+                system.env(),
+                cwd=system.root,
             )
             for i in range(2)
         ]
@@ -1373,6 +1447,12 @@ def parse_args(argv=None):
         "--out", default="docs/benchmarks.md", help="markdown to write; the PNG goes beside it"
     )
     parser.add_argument("--no-write", action="store_true", help="print only, write no file")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also measure this project as the checkout DIR has it (agentruns-baseline), "
+        "e.g. a `git worktree add --detach DIR <commit>` of the commit before a change",
+    )
     args = parser.parse_args(argv)
     q = args.quick
     args.jobs = args.jobs or (500 if q else 5000)
@@ -1383,9 +1463,16 @@ def parse_args(argv=None):
     args.enqueue_warmup = 20
     args.dispatch_pause = 0.02
     args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
-    unknown = [x for x in args.systems if x not in SYSTEMS]
+    if args.baseline:
+        if not (Path(args.baseline) / "manage.py").is_file():
+            parser.error(f"--baseline: {args.baseline} is not a checkout of this project")
+        if "agentruns-baseline" not in args.systems:
+            args.systems.insert(1, "agentruns-baseline")
+    elif "agentruns-baseline" in args.systems:
+        parser.error("--systems: agentruns-baseline needs --baseline DIR")
+    unknown = [x for x in args.systems if x not in CLASSES]
     if unknown or not args.systems:
-        parser.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEMS)}")
+        parser.error(f"--systems: unknown {unknown}; choose from {','.join(CLASSES)}")
     for name in ("jobs", "repeat", "concurrency", "dispatch_jobs", "enqueue_jobs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
