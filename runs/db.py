@@ -15,7 +15,7 @@ import logging
 import time
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -174,6 +174,10 @@ def dumps_storable(value: Any) -> tuple[str, bool]:
     return dumps(cleaned), replaced
 
 
+@overload
+def storable_text(text: str) -> str: ...
+@overload
+def storable_text(text: None) -> None: ...
 def storable_text(text: str | None) -> str | None:
     """A text column's value with NUL and lone surrogates replaced by U+FFFD."""
     if text is None:
