@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, overload
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, connection, connections
@@ -147,6 +147,10 @@ def dumps_storable(value: Any) -> tuple[str, bool]:
     return dumps(cleaned), replaced
 
 
+@overload
+def storable_text(text: str) -> str: ...
+@overload
+def storable_text(text: None) -> None: ...
 def storable_text(text: str | None) -> str | None:
     """A text column's value with NUL and lone surrogates replaced by U+FFFD."""
     if text is None:

@@ -22,7 +22,6 @@ psycopg module or attribute (tests/runs/test_driver.py checks it).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from collections.abc import Iterator
@@ -80,7 +79,8 @@ def raise_cache_limits(version: tuple[int, ...] | None = None) -> bool:
                 ".".join(map(str, CACHE_LIMITS_KNOWN[1])),
             )
         return False
-    queries = importlib.import_module("psycopg._queries")
+    from psycopg import _queries as queries
+
     if getattr(queries, "MAX_CACHED_STATEMENT_LENGTH", 0) < STATEMENT_LENGTH:
         queries.MAX_CACHED_STATEMENT_LENGTH = STATEMENT_LENGTH
     if getattr(queries, "MAX_CACHED_STATEMENT_PARAMS", 0) < STATEMENT_PARAMS:
@@ -107,10 +107,13 @@ def engine_cursor() -> Iterator[CursorWrapper]:
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
         raw = psycopg.Cursor(connection.connection)
+    # django-stubs type the argument of make_cursor and make_debug_cursor as a CursorWrapper;
+    # Django's own cursor() hands them the DB-API cursor (create_cursor's), as here.
+    cursor: CursorWrapper
     if connection.queries_logged:
-        cursor = connection.make_debug_cursor(raw)
+        cursor = connection.make_debug_cursor(raw)  # type: ignore[arg-type]
     else:
-        cursor = connection.make_cursor(raw)
+        cursor = connection.make_cursor(raw)  # type: ignore[arg-type]
     try:
         yield cursor
     finally:

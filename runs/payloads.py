@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from uuid import UUID
 
 from django.conf import settings
@@ -73,7 +73,7 @@ def max_bytes() -> int:
     return settings.RUNS_PAYLOAD_MAX_BYTES
 
 
-def is_reference(value: Any) -> bool:
+def is_reference(value: Any) -> TypeGuard[dict[str, Any]]:
     """True for the inline stand-in of an artifact-backed value (the shape this module writes)."""
     return (
         isinstance(value, dict)

@@ -131,6 +131,14 @@ def one(cursor) -> dict[str, Any] | None:
     return dict(zip([column.name for column in cursor.description], row, strict=True))
 
 
+def single(cursor) -> dict[str, Any]:
+    """The row of a statement that always returns one (an aggregate, an upsert's RETURNING); LookupError if none."""
+    row = one(cursor)
+    if row is None:
+        raise LookupError("the statement returned no row")
+    return row
+
+
 def rows(cursor) -> list[dict[str, Any]]:
     """Every row the statement returned, each a dict keyed by column name."""
     names = [column.name for column in cursor.description]

@@ -212,7 +212,12 @@ def submit(
     return Submitted(run=run, created=True)
 
 
-_INSERT_FIELDS = [field for field in Run._meta.local_concrete_fields if not field.generated]
+# Each field with its column (a concrete field is one that has a column).
+_INSERT_FIELDS = [
+    (field, field.column)
+    for field in Run._meta.local_concrete_fields
+    if not field.generated and field.column is not None
+]
 
 
 def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
@@ -230,9 +235,9 @@ def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
         DEFAULT_DB_ALIAS
     ]  # the connection itself: the proxy looks it up on every attribute
     params: dict[str, Any] = {}
-    for field in _INSERT_FIELDS:
+    for field, column in _INSERT_FIELDS:
         value = field.pre_save(run, True)
-        params[field.column] = (
+        params[column] = (
             None
             if isinstance(value, DatabaseDefault)
             else field.get_db_prep_save(value, connection=db)
@@ -299,7 +304,7 @@ def spawn_child(
     """
     parent = Run.objects.select_related("tenant").get(pk=parent_id)
     agent_kind = get_kind(kind)
-    ceiling = None
+    ceiling: Decimal | float | None = None
     if agent_kind is not None:
         ceiling = agent_kind.cost_ceiling_cents
     if ceiling is None:

@@ -180,23 +180,23 @@ class Committer:
                 request.done.set()
 
     def _write(self, batch: list[_Request]) -> list[Any]:
-        checkpoints = [r for r in batch if isinstance(r.item, Checkpoint)]
-        exits = [r for r in batch if isinstance(r.item, Exit)]
+        checkpoints = [(r, r.item) for r in batch if isinstance(r.item, Checkpoint)]
+        exits = [(r, r.item) for r in batch if isinstance(r.item, Exit)]
         with transaction.atomic() if len(batch) > 1 else nullcontext():
             # The checkpoints lock the exits' runs too, all in one order
             # (runs.engine.steps: the lock order): a heartbeat could deadlock with this transaction otherwise.
             done = (
                 checkpoint_many(
-                    [r.item for r in checkpoints],
+                    [item for _, item in checkpoints],
                     worker_id=self.worker_id,
                     lease=self.lease,
-                    lock=[r.item.run for r in exits],
+                    lock=[exit.run for _, exit in exits if exit.run is not None],
                 )
                 if checkpoints
                 else []
             )
-            left = leave_many([r.item for r in exits]) if exits else []
-        values = dict(zip(map(id, checkpoints), done, strict=True)) | dict(
-            zip(map(id, exits), left, strict=True)
+            left = leave_many([exit for _, exit in exits]) if exits else []
+        values = dict(zip((id(r) for r, _ in checkpoints), done, strict=True)) | dict(
+            zip((id(r) for r, _ in exits), left, strict=True)
         )
         return [values[id(r)] for r in batch]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -469,12 +470,18 @@ class RunExecutor:
             and self.kind is not None
             and self.kind.after_exit
         ):
-            self._after_exit(exited.status, exit.result, exited.at)
+            self._after_exit(self.kind.after_exit, exited.status, exit.result, exited.at)
 
-    def _after_exit(self, status: RunStatus, result_json: str | None, at: datetime) -> None:
+    def _after_exit(
+        self,
+        hook: Callable[[Any, str, Any, Any], None],
+        status: RunStatus,
+        result_json: str | None,
+        at: datetime,
+    ) -> None:
         """The kind's hook on a run that ended here (runs.registry.AgentKind.after_exit); its errors are logged."""
         try:
-            self.kind.after_exit(
+            hook(
                 self.ctx,
                 status,
                 None

@@ -391,23 +391,22 @@ class StepRecorder:
         who knows whether the effect happened; any other step fails the run.
         """
         what = f"the checkpoint of step {record.seq} ({record.name}) was refused: {type(exc).__name__}: {exc}"
-        # What the call cost is kept with the failure, as with any failed execution.
-        usage = {
-            "tokens_in": record.tokens_in,
-            "tokens_out": record.tokens_out,
-            "cost_cents": record.cost_cents,
-        }
-        error: StepError
+        refused: type[StepError]
         if side_effect and key:
-            error = Retryable(
-                f"{what}; the side effect is retried with its idempotency key", **usage
-            )
+            refused = Retryable
+            what = f"{what}; the side effect is retried with its idempotency key"
         elif side_effect:
-            error = Ambiguous(
-                f"{what}; the side effect has no idempotency key, so a person decides", **usage
-            )
+            refused = Ambiguous
+            what = f"{what}; the side effect has no idempotency key, so a person decides"
         else:
-            error = Fatal(what, **usage)
+            refused = Fatal
+        # What the call cost is kept with the failure, as with any failed execution.
+        error = refused(
+            what,
+            tokens_in=record.tokens_in,
+            tokens_out=record.tokens_out,
+            cost_cents=record.cost_cents,
+        )
         self._failure_refused_too(record, error)
         raise error from exc
 

@@ -38,9 +38,16 @@ class Position:
     recorded: RecordedStep | None
 
     @property
+    def finished(self) -> RecordedStep | None:
+        """The finished step the position holds, whose output replay returns; None if it holds none."""
+        if self.recorded is not None and self.recorded.status == "done":
+            return self.recorded
+        return None
+
+    @property
     def done(self) -> bool:
         """The position holds a finished step: replay returns its output."""
-        return self.recorded is not None and self.recorded.status == "done"
+        return self.finished is not None
 
 
 class StepLog:

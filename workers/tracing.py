@@ -62,16 +62,16 @@ def _opentelemetry() -> tuple[Any, Any, Any] | None:
     return api
 
 
-def observed_run(
-    claimed: ClaimedRun, *, worker_id: UUID, execute: Callable[[], str | None]
-) -> str | None:
+def observed_run[S: str | None](
+    claimed: ClaimedRun, *, worker_id: UUID, execute: Callable[[], S]
+) -> S:
     """``execute()`` in a context of its own, its lines carrying the run's fields, inside the span ``run <kind>``."""
     return contextvars.copy_context().run(_observed_run, claimed, worker_id, execute)
 
 
-def _observed_run(
-    claimed: ClaimedRun, worker_id: UUID, execute: Callable[[], str | None]
-) -> str | None:
+def _observed_run[S: str | None](
+    claimed: ClaimedRun, worker_id: UUID, execute: Callable[[], S]
+) -> S:
     structlog.contextvars.bind_contextvars(
         run_id=str(claimed.id),
         tenant=str(claimed.tenant_id),

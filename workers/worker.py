@@ -17,6 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import structlog
 from django.conf import settings
@@ -60,7 +61,7 @@ class WorkerOptions:
 
     @classmethod
     def from_settings(cls, **overrides) -> WorkerOptions:
-        values = {
+        values: dict[str, Any] = {
             "concurrency": settings.RUNS_CONCURRENCY,
             "lease": settings.RUNS_LEASE_SECONDS,
             "heartbeat": settings.RUNS_HEARTBEAT_SECONDS,

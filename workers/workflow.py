@@ -129,8 +129,8 @@ class Workflow:
             proposal = proposal.to_json()
         position = self._log.take(name, what="approval")
         seq = position.seq
-        if position.done:
-            return Decision.from_output(position.recorded.output)
+        if (finished := position.finished) is not None:
+            return Decision.from_output(finished.output)
         self._bounds.before_step(seq, "approval")
         try:
             dumps(proposal)
@@ -239,9 +239,9 @@ class Workflow:
             timeout = _seconds(timeout, "timeout")
         position = self._log.take(name, what="gather")
         seq = position.seq
-        if position.done:
+        if (finished := position.finished) is not None:
             return [
-                ChildOutcome.from_output(o, parent_id=self.run_id) for o in position.recorded.output
+                ChildOutcome.from_output(o, parent_id=self._claimed.id) for o in finished.output
             ]
         self._bounds.before_step(
             seq, "child"
@@ -276,7 +276,7 @@ class Workflow:
             for c in state.children
         ]
         result = self._finish_waiting(position, "child", outcomes)
-        return [ChildOutcome.from_output(o, parent_id=self.run_id) for o in result]
+        return [ChildOutcome.from_output(o, parent_id=self._claimed.id) for o in result]
 
     def _cancel_child(self, child_id: UUID) -> None:
         from runs.control import cancel_runs  # models: loaded after the app registry

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
 from runs.actors import describe_actor
@@ -153,7 +154,7 @@ def resolve_run(*, run: Run, actor: Actor, action: str, output: Any = None) -> O
     else:
         Step.objects.filter(pk=pending.pk).update(status=StepStatus.FAILED, ended_at=Now())
     if action in ("done", "retry"):
-        counted = {"failures": 0} if action == "retry" else {}
+        counted: dict[str, int | CombinedExpression] = {"failures": 0} if action == "retry" else {}
         if action == "done" and pending is not None:
             counted["steps_done"] = F("steps_done") + 1  # the person finished the step
         return Outcome(

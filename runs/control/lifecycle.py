@@ -58,11 +58,9 @@ def cancel_run(*, run: Run, actor: Actor, compensate: bool = False) -> Outcome:
         )
     # A run parked in the middle of its rollback stops there: not everything was undone. A
     # plain cancel of one queued for a rollback that has not begun withdraws the rollback.
-    partial = {
-        "compensation": {
-            Compensation.RUNNING: Compensation.PARTIAL,
-            Compensation.REQUESTED: Compensation.NONE,
-        }.get(run.compensation, run.compensation)
+    stopped: dict[str, str] = {
+        Compensation.RUNNING: Compensation.PARTIAL,
+        Compensation.REQUESTED: Compensation.NONE,
     }
     cancelled = transition(
         run,
@@ -70,7 +68,7 @@ def cancel_run(*, run: Run, actor: Actor, compensate: bool = False) -> Outcome:
         event="run.cancelled",
         actor=actor,
         cancel_requested_at=Now(),
-        **partial,
+        compensation=stopped.get(run.compensation, run.compensation),
     )
     cancel_children_after_commit(cancelled)
     return Outcome(cancelled)

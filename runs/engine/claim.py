@@ -5,7 +5,7 @@ The statements, with why each clause is there, are in ``runs/sql/claim.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -69,7 +69,7 @@ def claim(
     kinds: dict[str, int],
     n: int,
     lease: float,
-    resumes: dict[str, Iterable[int]] | None = None,
+    resumes: Mapping[str, Iterable[int]] | None = None,
     returned: Iterable[tuple[UUID, datetime]] = (),
 ) -> list[ClaimedRun]:
     """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement.
@@ -86,7 +86,7 @@ def claim(
     pairs = sorted(
         {(k, kinds[k]) for k in names} | {(k, v) for k, vs in (resumes or {}).items() for v in vs}
     )
-    params = {
+    params: dict[str, Any] = {
         "queues": list(queues),
         "kinds": names,
         "versions": [kinds[k] for k in names],

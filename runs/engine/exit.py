@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.conf import settings
@@ -46,8 +46,9 @@ logger = logging.getLogger(__name__)
 _TARGETS = frozenset(RunStatus) - {RunStatus.RUNNING, RunStatus.PAUSED}
 
 
-@dataclass(frozen=True)
-class Exit(recordset.Row.of(queries.leave_running)):
+@recordset.row_of(queries.leave_running)
+@dataclass(frozen=True, kw_only=True)
+class Exit(recordset.Row):
     """How a run leaves running: one row of the exit statement, built by a named constructor.
 
     ``Exit.done(result=...)``, ``Exit.fail(...)``, ``Exit.retry(...)``,
@@ -58,25 +59,35 @@ class Exit(recordset.Row.of(queries.leave_running)):
     combination the statement cannot mean is refused (ValueError) however
     the value is made.
 
-    Its fields are the columns of ``p`` in ``runs/sql/exit.sql``
-    (``leave_running``), declared there only: ``target`` (what the exit
-    asks for), ``reason``, ``result`` (a done run's result, JSON text
-    already storable), ``error`` (untrusted text, made storable here; None
-    keeps the run's error), ``error_kind``, ``add_failure`` (a failed
-    attempt: it counts against ``max_attempts``), ``delay`` (seconds before
-    a run back in the queue may be claimed), ``wake_at`` (when a sleep
-    ends, or a parked run's timer), ``wake_on_message`` and
-    ``wake_on_children`` (parking re-checked under the row lock),
-    ``compensation`` (the rollback state, set with the exit), ``outcome``
-    and ``summary`` (``ctx.report``), ``run``, ``token``, ``actor_type``,
-    ``actor_id``, ``give_slot`` (False: the worker's next claim gives the
-    tenant slot back) and ``only_if_expired`` (the reaper's rescue: only
-    while the lease is still expired). Two more are Python's: the run's
-    ``parent`` and the metrics' name of a retry's error.
+    Its fields up to ``only_if_expired`` are the columns of ``p`` in
+    ``runs/sql/exit.sql`` (``leave_running``), in their order and of their
+    types (checked at import, ``recordset.row_of``). The last two are
+    Python's: the run's ``parent`` and the metrics' name of a retry's error.
     """
 
-    parent: UUID | None = None
-    error_class: str | None = None
+    run: UUID | None = None
+    token: int | None = None
+    target: RunStatus  # what the exit asks for
+    reason: str
+    result: str | None = None  # a done run's result, JSON text already storable
+    error: str | None = None  # untrusted text, made storable here; None keeps the run's error
+    error_kind: str | None = None
+    add_failure: bool = False  # a failed attempt: it counts against max_attempts
+    delay: float = 0.0  # seconds before a run back in the queue may be claimed
+    wake_at: datetime | None = None  # when a sleep ends, or a parked run's timer
+    # Parking, re-checked under the row lock.
+    wake_on_message: bool = False
+    wake_on_children: bool = False
+    compensation: str | None = None  # the rollback state, set with the exit
+    # What the agent reported (ctx.report).
+    outcome: str | None = None
+    summary: str | None = None
+    actor_type: str | None = None
+    actor_id: str | None = None
+    give_slot: bool = False  # False: the worker's next claim gives the tenant slot back
+    only_if_expired: bool = False  # the reaper's rescue: only while the lease is still expired
+    parent: UUID | None = field(default=None, metadata=recordset.PYTHON_ONLY)
+    error_class: str | None = field(default=None, metadata=recordset.PYTHON_ONLY)
 
     def __post_init__(self) -> None:
         target = RunStatus(self.target)
@@ -310,7 +321,7 @@ def leave(exit: Exit, *, expires_seconds: float | None = None) -> Exited | None:
                 "run %s left running without naming its parent %s", exit.run, exited.parent_id
             )
             with transaction.atomic():
-                return exited._replace(woke_parent=_tell_parent(exited, exit.run))
+                return exited._replace(woke_parent=_tell_parent(exited, exit.run, exited.parent_id))
         return exited
     with transaction.atomic():
         if recheck:
@@ -322,7 +333,7 @@ def leave(exit: Exit, *, expires_seconds: float | None = None) -> Exited | None:
             and exited.parent_id is not None
             and exited.status in TERMINAL_STATUSES
         ):
-            exited = exited._replace(woke_parent=_tell_parent(exited, exit.run))
+            exited = exited._replace(woke_parent=_tell_parent(exited, exit.run, exited.parent_id))
         return exited
 
 
@@ -340,7 +351,7 @@ def leave_many(exits: Sequence[Exit]) -> list[Exited | None]:
 
 
 def _execute(exits: Sequence[Exit], *, expires: float) -> list[Exited | None]:
-    params = {
+    params: dict[str, Any] = {
         "rows": recordset.rows(exits),
         "run": [exit.run for exit in exits],
         "expires": float(expires),
@@ -377,7 +388,7 @@ def _count(exited: Exited | None, exit: Exit) -> None:
         transaction.on_commit(lambda: metrics.retried(kind=exited.kind, error_class=error_class))
 
 
-def _tell_parent(exited: Exited, run_id: UUID) -> str | None:
+def _tell_parent(exited: Exited, run_id: UUID, parent_id: UUID) -> str | None:
     return child_finished(
-        child_id=run_id, parent_id=exited.parent_id, succeeded=exited.status == RunStatus.DONE
+        child_id=run_id, parent_id=parent_id, succeeded=exited.status == RunStatus.DONE
     )

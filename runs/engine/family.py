@@ -34,7 +34,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from runs.db import dumps, loads, notify_queues
-from runs.queries import one, queries, rows
+from runs.queries import one, queries, rows, single
 from runs.states import TERMINAL_STATUSES
 
 
@@ -131,7 +131,7 @@ def begin_gather(
             queries.gather_timer,
             {"run": run_id, "generation": generation, "seq": seq, "timeout": timeout},
         )
-        timer = one(cursor)
+        timer = single(cursor)
         until, now = timer["until"], timer["now"]
         live = [c for c in states if c.status not in TERMINAL_STATUSES]
         succeeded = sum(1 for c in states if c.status == "done")

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.core.files.storage import default_storage
 from django.db import connection, transaction
 
-from runs.queries import one, queries
+from runs.queries import queries, single
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def prune_finished(
             queries.prune_finished,
             {"before": before, "age": age, "give_up": give_up, "batch": batch},
         )
-        row = one(cursor)
+        row = single(cursor)
     pruned = PruneBatch(**row | {"files": list(row["files"])})
     if pruned.files:
         files = pruned.files

@@ -25,7 +25,7 @@ committed with them (``checkpoint_many(lock=...)``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -85,14 +85,16 @@ class StepRecord:
 # build their text here (runs/sql/fragments.sql has it as run_guard).
 
 
-@dataclass(frozen=True)
-class Checkpoint(recordset.Row.of(queries.checkpoint)):
+@recordset.row_of(queries.checkpoint)
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(recordset.Row):
     """A finished step to record, as stored: one row of the checkpoint statements (``Checkpoint.of``).
 
-    Its fields are the columns of ``p`` in ``runs/sql/steps.sql`` (the
-    fragment ``checkpoint_step``), declared there only: the step's
-    identity, name, kind, input and ``output`` (JSON text, storable: what
-    replay will return), idempotency ``key``, tokens, ``cost``, when it
+    Its fields up to ``steps_total`` are the columns of ``p`` in
+    ``runs/sql/steps.sql`` (the fragment ``checkpoint_step``), in their
+    order and of their types (checked at import, ``recordset.row_of``): the
+    step's identity, name, kind, input and ``output`` (JSON text, storable:
+    what replay will return), idempotency ``key``, tokens, ``cost``, when it
     started, whether text was replaced, and the run's ``steps_total``. The
     others are Python's: the messages a message step consumed and the step a
     compensation undid (for the statement of a single step), and
@@ -101,9 +103,24 @@ class Checkpoint(recordset.Row.of(queries.checkpoint)):
     (``runs.payloads``).
     """
 
-    message_ids: tuple[int, ...] = ()
-    compensates: int | None = None
-    returned: str = ""
+    run: UUID
+    token: int
+    generation: int
+    seq: int
+    name: str
+    kind: str
+    input: str
+    output: str
+    key: str
+    tokens_in: int
+    tokens_out: int
+    cost: Decimal
+    started_at: datetime
+    text_replaced: bool
+    steps_total: int | None
+    message_ids: tuple[int, ...] = field(default=(), metadata=recordset.PYTHON_ONLY)
+    compensates: int | None = field(default=None, metadata=recordset.PYTHON_ONLY)
+    returned: str = field(default="", metadata=recordset.PYTHON_ONLY)
 
     @classmethod
     def of(
@@ -176,7 +193,7 @@ def _execute(
     compensates: int | None = None,
 ) -> list[Checkpointed | None]:
     runs = [item.run for item in items]
-    params = {
+    params: dict[str, Any] = {
         "rows": recordset.rows(items),
         "run": runs,
         "lock": list({*runs, *lock}),

@@ -34,7 +34,7 @@ from django.db import DatabaseError, connection, transaction
 from runs.db import dumps, loads, release_connection
 from runs.metrics.process import series
 from runs.models import MetricSnapshot
-from runs.queries import one, queries, rows
+from runs.queries import queries, rows, single
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def retire_silent(*, silent_seconds: float | None = None, batch: int = 500) -> i
             return 0
         cursor.execute(queries.insert_retired_snapshot, retired)
         cursor.execute(queries.lock_retired_snapshot, retired)
-        total = keyed(loads(one(cursor)["samples"]))
+        total = keyed(loads(single(cursor)["samples"]))
         for row in silent_rows:
             total = summed(total, keyed(loads(row["samples"])))
         cursor.execute(

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from runs.db import loads
 from runs.metrics.process import REGISTRY
 from runs.metrics.publish import keyed, summed
-from runs.queries import one, queries, rows
+from runs.queries import queries, rows, single
 from runs.states import LIVE_STATUSES, RunStatus
 
 # Counted exactly up to this many; past it the figure says "at least this many".
@@ -76,7 +76,7 @@ class DatabaseCollector:
 
     def _workers(self, cursor) -> Iterable[Metric]:
         cursor.execute(queries.live_workers, {"lease": settings.RUNS_LEASE_SECONDS})
-        workers = one(cursor)
+        workers = single(cursor)
         live, held, slots = workers["live"], workers["held"], workers["slots"]
         yield GaugeMetricFamily(
             "agentruns_workers_live",

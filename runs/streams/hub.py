@@ -30,7 +30,8 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from enum import Enum
+from typing import Any, Final
 from uuid import UUID
 
 import psycopg
@@ -66,11 +67,13 @@ class StoredEvent:
     created_at: datetime
 
 
-class _Revoked:
-    """The item that ends a stream whose credential no longer holds."""
+class _Revoked(Enum):
+    """The item that ends a stream whose credential no longer holds (one member: ``item is REVOKED`` narrows)."""
+
+    REVOKED = "revoked"
 
 
-REVOKED = _Revoked()
+REVOKED: Final = _Revoked.REVOKED
 Item = StoredEvent | ephemeral.Ephemeral | _Revoked | None  # None: the hub is shutting down
 
 
@@ -261,24 +264,24 @@ class EventHub:
 
     async def check_grants(self) -> None:
         """End the streams whose credential no longer holds: one check for all of them."""
-        subs = [
-            sub
+        checked = [
+            (sub, sub.grant)
             for subs in self._subs.values()
             for sub in subs
             if sub.grant is not None and not sub.revoked
         ]
-        if not subs:
+        if not checked:
             return
         try:
             holding = await sync_to_async(grants.live_released, thread_sensitive=False)(
-                {s.grant for s in subs}
+                {grant for _, grant in checked}
             )
         except Exception:
             # Streams stay open while the database cannot say; the next check decides.
             logger.warning("event streams: could not check the streams' credentials", exc_info=True)
             return
-        for sub in subs:
-            if sub.grant not in holding:
+        for sub, grant in checked:
+            if grant not in holding:
                 sub.revoked = True
                 sub.items.put_nowait(REVOKED)
 

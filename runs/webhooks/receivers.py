@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import connection
 
 from runs.events import Actor
-from runs.queries import one, queries
+from runs.queries import queries, single
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def attempted(*, tenant_id: UUID, receiver: str, answered: bool, error: str = ""
                 "reason": reason,
             },
         )
-        paused = bool(one(cursor)["paused"])
+        paused = bool(single(cursor)["paused"])
     if paused:
         parked = park(tenant_id=tenant_id, receiver=receiver)
         logger.warning(
@@ -85,7 +85,7 @@ def resume(*, ids: list[int], actor: Actor) -> tuple[int, int]:
         cursor.execute(
             queries.resume_receivers, {"ids": list(ids), "actor": f"{actor.type}:{actor.id}"[:64]}
         )
-        row = one(cursor)
+        row = single(cursor)
     resumed, due = row["resumed"], row["due"]
     if resumed:
         logger.info(

@@ -244,6 +244,7 @@ def _authority(netloc: str) -> tuple[str, int | None]:
     """
     if "@" in netloc:
         raise Refused("credentials in the URL are not accepted")
+    port_text: str | None  # None: no port
     if netloc.startswith("["):
         literal, closed, rest = netloc[1:].partition("]")
         if not closed:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 from django.utils import timezone
@@ -52,6 +52,17 @@ def finished_step(claimed=None, *, seq=1, name="s1", kind="custom", **record):
         started_at=datetime.now(UTC),
         **record,
     )
+
+
+SAMPLE = "SELECT p.* FROM json_to_recordset(%(rows)s::json) AS p(run uuid, n int, note text)"
+
+
+def sample_row(*fields):
+    """A frozen dataclass of ``fields`` (name, type[, field]), checked against ``SAMPLE``'s columns."""
+    made = dataclasses.make_dataclass(
+        "Sample", fields, bases=(recordset.Row,), frozen=True, kw_only=True
+    )
+    return recordset.row_of(SAMPLE)(made)
 
 
 @pytest.fixture
@@ -132,6 +143,54 @@ class TestDeclaredOnce:
         assert declared == [f.name for f in dataclasses.fields(value)][: len(declared)]
         unread = [c for c in declared if not re.search(rf"\b(p|cur)\.{c}\b", statement)]
         assert unread == []  # a column nobody reads would be a value that changes nothing
+
+    def test_a_row_mirrors_its_statements_columns_and_sends_those_only(self):
+        Sample = sample_row(
+            ("run", UUID | None),
+            ("n", int),
+            ("note", str),
+            (
+                "parent",
+                UUID | None,
+                dataclasses.field(default=None, metadata=recordset.PYTHON_ONLY),
+            ),
+        )
+        assert Sample.COLUMNS == ("run", "n", "note")
+        run = uuid4()
+        value = Sample(run=run, n=1, note="x", parent=uuid4())
+        assert json.loads(recordset.rows([value])) == [{"run": str(run), "n": 1, "note": "x"}]
+
+    @pytest.mark.parametrize(
+        ("fields", "named"),
+        [
+            ([("run", UUID | None), ("n", int)], ["no field for the column(s) note"]),
+            (
+                [("run", UUID | None), ("count", int), ("note", str)],
+                ["no field for the column(s) n", "the field(s) count are no column"],
+            ),
+            (
+                [("run", UUID | None), ("n", float), ("note", str)],
+                ["the field n is float, its column int (int)"],
+            ),
+            (
+                [("run", UUID | None), ("note", str), ("n", int)],
+                ["the fields are in the order run, note, n"],
+            ),
+            (
+                [("run", UUID | None), ("n", int), ("note", str), ("parent", UUID | None)],
+                ["the field(s) parent are no column"],
+            ),
+        ],
+        ids=["missing", "renamed", "wrong-type", "wrong-order", "python-only-unmarked"],
+    )
+    def test_a_row_whose_fields_are_not_its_statements_columns_is_refused_when_made(
+        self, fields, named
+    ):
+        with pytest.raises(TypeError) as refused:
+            sample_row(*fields)
+        message = str(refused.value)
+        assert message.startswith("Sample is not a row of p(run uuid, n int, note text): ")
+        assert [part for part in named if part not in message] == []
 
     @pytest.mark.parametrize(
         "name", ["checkpoint", "checkpoint_consuming_messages", "checkpoint_compensation"]
