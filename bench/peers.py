@@ -144,7 +144,9 @@ class System:
         return env
 
     def run_checked(self, argv: list[str], env: dict, what: str) -> None:
-        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            argv, cwd=self.root, env=env, capture_output=True, text=True, timeout=300
+        )
         if out.returncode != 0:
             raise RuntimeError(
                 f"{self.label}: {what} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
@@ -550,15 +552,6 @@ class AgentRunsBaseline(AgentRuns):
         env = super().env()
         env["PYTHONPATH"] = str(self.root) + os.pathsep + env.get("PYTHONPATH", "")
         return env
-
-    def run_checked(self, argv: list[str], env: dict, what: str) -> None:
-        out = subprocess.run(
-            argv, cwd=self.root, env=env, capture_output=True, text=True, timeout=300
-        )
-        if out.returncode != 0:
-            raise RuntimeError(
-                f"{self.label}: {what} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
-            )
 
 
 CLASSES = {
