@@ -55,11 +55,18 @@ def load(root: Path, folders: tuple[str, ...] = FOLDERS) -> list[Command]:
                 app=app,
                 path=path,
                 help=str(command.help or "").strip(),
-                usage=parser.format_usage().strip(),
+                usage=_usage(f"manage.py {name}", own),
                 arguments=own,
             )
         )
     return commands
+
+
+def _usage(prog: str, actions: list[argparse.Action]) -> str:
+    """The usage line of the command's own arguments (Django's common options left out), 100 wide."""
+    formatter = argparse.HelpFormatter(prog, width=100)
+    formatter.add_usage(None, actions, [], prefix="")
+    return formatter.format_help().strip()
 
 
 def _cell(text: str) -> str:
