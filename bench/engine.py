@@ -1,4 +1,4 @@
-"""Engine benchmark: accept latency, dispatch latency, throughput (README.md, "Performance").
+"""Engine benchmark: accept latency, dispatch latency, throughput (docs/explanation/performance.md).
 
     .venv/bin/python bench/engine.py            # full run (a few minutes)
     .venv/bin/python bench/engine.py --quick    # smaller counts

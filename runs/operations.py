@@ -1,4 +1,4 @@
-"""Operator levers (README.md, "Operations console"): pause and resume queues, tenants and kinds; requeue a stuck run.
+"""Operator levers (docs/how-to/operations.md): pause and resume queues, tenants and kinds; requeue a stuck run.
 
 Pausing stops workers claiming from a queue, for a tenant, or of a kind;
 runs already running finish. Each lever is recorded in the log with the

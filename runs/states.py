@@ -19,7 +19,7 @@ class RunStatus(models.TextChoices):
 TERMINAL_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED})
 
 # The Events that end a run (an event stream closes after one) and those a
-# webhook tells about (README.md, "Webhooks"): a run ended, or waits for a person.
+# webhook tells about (docs/how-to/webhooks.md): a run ended, or waits for a person.
 TERMINAL_EVENT_TYPES = frozenset(f"run.{status.value}" for status in TERMINAL_STATUSES)
 WEBHOOK_EVENT_TYPES = ("run.done", "run.failed", "run.cancelled", "run.waiting_human")
 

@@ -1,4 +1,4 @@
-"""The outbound POST of one webhook delivery (README.md, "Webhooks").
+"""The outbound POST of one webhook delivery (docs/how-to/webhooks.md).
 
 `send` never raises for the network: every outcome is a `Sent` the
 delivery loop can record and schedule from. The connection goes to the

@@ -1,4 +1,4 @@
-"""The operations console (README.md, "Operations console") in the Django admin.
+"""The operations console (docs/how-to/operations.md) in the Django admin.
 
 ModelAdmins for runs and steps (``run``), tenants, keys and memberships
 (``tenancy``), workers, queues and kinds (``fleet``), webhook endpoints and

@@ -1,4 +1,4 @@
-"""The operations overview (README.md, "Operations console"): what is stuck, failing, using capacity, alive.
+"""The operations overview (docs/how-to/operations.md): what is stuck, failing, using capacity, alive.
 
 One admin page of panels; each panel polls its own htmx partial, so a
 refresh runs only that panel's queries. Every query is served by an index

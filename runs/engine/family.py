@@ -1,4 +1,4 @@
-"""Parents and their child runs (README.md, "Workflows"): gathering children, and the wake-up no child can lose.
+"""Parents and their child runs (docs/how-to/fan-out.md): gathering children, and the wake-up no child can lose.
 
 A parent gathers children in two steps, each under its own row's lock:
 ``begin_gather`` reads the children and, when not enough have finished,

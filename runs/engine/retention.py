@@ -1,4 +1,4 @@
-"""Retention (README.md, "Retention"): finished runs past their time are deleted with everything they own.
+"""Retention (docs/how-to/retention.md): finished runs past their time are deleted with everything they own.
 
 One batch is one statement, so one short transaction: it picks the oldest
 finished runs on ``run_finished_idx`` (``FOR UPDATE SKIP LOCKED``, so a run

@@ -1,4 +1,4 @@
-"""A saga's rollback (README.md, "Workflows"): the recorded decision to roll back, and what it left undone.
+"""A saga's rollback (docs/how-to/sagas.md): the recorded decision to roll back, and what it left undone.
 
 A rollback begins with one fenced statement that records its plan as a
 ``compensation`` step named ``rollback`` after the run's last step (the

@@ -1,4 +1,4 @@
-"""Live event streams (README.md, "Live progress: event streams"): a run's Events as Server-Sent Events, resumable by seq.
+"""Live event streams (docs/how-to/streams.md): a run's Events as Server-Sent Events, resumable by seq.
 
 ``hub`` is the one listener of a web process: it watches the runs its
 streams follow, wakes on their NOTIFY and reads new Events in one query for

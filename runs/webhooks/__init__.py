@@ -1,4 +1,4 @@
-"""Signed webhooks (README.md, "Webhooks"): who is told, how it is signed, where it may go, and each delivery's life.
+"""Signed webhooks (docs/how-to/webhooks.md): who is told, how it is signed, where it may go, and each delivery's life.
 
 ``targets`` is the SSRF guard (and the ports public hosts may use);
 ``signing`` the tenants' Standard Webhooks secrets; ``deliveries`` the

@@ -1,4 +1,4 @@
-"""Where a webhook may be sent: the SSRF guard (README.md, "Webhooks").
+"""Where a webhook may be sent: the SSRF guard (docs/how-to/webhooks.md).
 
 A callback URL is chosen by whoever submits a run, so without a guard the
 worker would POST to whatever it can reach: the cloud metadata service,
