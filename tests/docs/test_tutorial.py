@@ -95,7 +95,19 @@ class Terminal:
 def terminals(tmp_path):
     opened: list[Terminal] = []
     env = os.environ.copy()
-    env.pop("AGENT_MODULES", None)  # the tutorial exports its own
+    # What a reader's shell has: none of the test session's settings (its SECRET_KEY, AGENT_MODULES...).
+    for name in (
+        "AGENT_MODULES",
+        "RUNS_EXAMPLES",
+        "SECRET_KEY",
+        "SECURE_SSL_REDIRECT",
+        "SESSION_COOKIE_SECURE",
+        "CSRF_COOKIE_SECURE",
+        "SECURE_HSTS_SECONDS",
+        "RUNS_LOG_FORMAT",
+        "DEBUG",
+    ):
+        env.pop(name, None)
     env.update(
         DATABASE_URL=conftest.test_database_url(),
         PYTHONPATH=str(tmp_path),  # the reader's module, where they wrote it
