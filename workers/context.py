@@ -88,10 +88,12 @@ class RunContext:
     # What the agent may know about its run.
     @property
     def run_id(self) -> UUID:
+        """The run's id, as the API and the dashboard show it."""
         return self._bounds.claim.id
 
     @property
     def tenant_id(self) -> UUID:
+        """The id of the tenant the run belongs to."""
         return self._bounds.claim.tenant_id
 
     @property
@@ -106,10 +108,22 @@ class RunContext:
 
     @property
     def attempt(self) -> int:
+        """How many times the run has been claimed, this claim included.
+
+        1 the first time; one more each time it is taken up again: after a
+        retryable failure, a lost worker, a sleep or a wait.
+        """
         return self._bounds.claim.attempt
 
     @property
     def generation(self) -> int:
+        """The generation of the run's step log this execution writes: 1, one more at each retry from a step.
+
+        A retry from step N (``POST /api/runs/{id}/retry`` with
+        ``from_step``, or of a rolled-back run) starts a new generation
+        holding steps 1 to N-1 of the last one; the steps from N on stay
+        behind in theirs, for the audit trail.
+        """
         return self._bounds.claim.generation
 
     @property

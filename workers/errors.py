@@ -14,7 +14,13 @@ from enum import StrEnum
 
 
 class StepError(Exception):
-    """Base of the classified errors that step code may raise."""
+    """Base of the classified errors that step code may raise.
+
+    ``retry_after`` (seconds) asks for at least that long before the next
+    attempt (up to the backoff's cap). ``tokens_in``, ``tokens_out`` and
+    ``cost_cents`` are what the provider reported using before the failure:
+    the money is counted all the same.
+    """
 
     error_kind = "fatal"
 

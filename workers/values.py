@@ -19,7 +19,12 @@ from runs import payloads
 
 @dataclass(frozen=True)
 class StepResult:
-    """What a step function may return instead of plain data: its output plus usage and cost."""
+    """What a step function may return instead of plain data: its output plus usage and cost.
+
+    ``output`` is what the step returns and records (JSON data);
+    ``tokens_in``, ``tokens_out`` and ``cost_cents`` are added to the
+    step's and the run's totals, which the run's cost ceiling bounds.
+    """
 
     output: Any
     tokens_in: int = 0
@@ -29,7 +34,12 @@ class StepResult:
 
 @dataclass(frozen=True)
 class Decision:
-    """A person's answer to ``ctx.approval``."""
+    """A person's answer to ``ctx.approval``.
+
+    ``approved`` is their decision and ``comment`` what they wrote with it;
+    ``by`` says who decided (``user:7``, ``api_key:3``) and ``by_name`` how
+    they were named then; ``at`` is when.
+    """
 
     approved: bool
     comment: str
@@ -63,7 +73,13 @@ class ChildRun:
 
 @dataclass(frozen=True)
 class ChildOutcome:
-    """What ``ctx.gather`` says of one child: its status, and its result or error."""
+    """What ``ctx.gather`` says of one child: its status, and its result or error.
+
+    ``status`` is ``done``, ``failed`` or ``cancelled`` (by a person, or
+    because the gather no longer needed it); ``succeeded`` is True for
+    ``done``. ``result`` is the child's result, ``error`` and ``error_kind``
+    say why it failed.
+    """
 
     run_id: UUID
     kind: str

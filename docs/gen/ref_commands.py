@@ -63,8 +63,8 @@ def load(root: Path, folders: tuple[str, ...] = FOLDERS) -> list[Command]:
 
 
 def _usage(prog: str, actions: list[argparse.Action]) -> str:
-    """The usage line of the command's own arguments (Django's common options left out), 100 wide."""
-    formatter = argparse.HelpFormatter(prog, width=100)
+    """The usage line of the command's own arguments (Django's common options left out), 80 wide."""
+    formatter = argparse.HelpFormatter(prog, width=80)
     formatter.add_usage(None, actions, [], prefix="")
     return formatter.format_help().strip()
 

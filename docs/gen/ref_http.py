@@ -187,10 +187,20 @@ def _operation(method: str, path: str, operation: dict, schemes: dict) -> list[s
         required = "required" if body.get("required") else "optional"
         lines += [f"Request body ({required}): {_body(body.get('content'))}.", ""]
     lines += ["| Status | Meaning | Body |", "| --- | --- | --- |"]
+    # Errors with the same body share a row (every error is an ErrorOut).
+    rows: list[tuple[list[str], list[str], str]] = []
     for status, response in _responses(operation).items():
+        body = _body(response.get("content"))
+        meaning = response.get("description", "")
+        if rows and status >= "400" and rows[-1][0][-1] >= "400" and rows[-1][2] == body:
+            rows[-1][0].append(status)
+            rows[-1][1].append(meaning)
+        else:
+            rows.append(([status], [meaning], body))
+    for statuses, meanings, body in rows:
         lines.append(
-            f"| `{status}` | {_cell(response.get('description', ''))} "
-            f"| {_cell(_body(response.get('content')))} |"
+            f"| {' '.join(f'`{status}`' for status in statuses)} "
+            f"| {_cell(', '.join(meanings))} | {_cell(body)} |"
         )
     lines.append("")
     return lines

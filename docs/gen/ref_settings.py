@@ -437,6 +437,7 @@ IDENTIFIER = re.compile(r"(?<![\w`])([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?:=[\w.-]+)?)
 
 def prose(text: str) -> str:
     """A comment as Markdown: identifiers in code spans, and nothing read as HTML or emphasis."""
+    text = text[:1].upper() + text[1:]
     out = []
     position = 0
     for match in CODE_SPAN.finditer(text):

@@ -75,7 +75,7 @@ def run_agent_loop(
     """Let a model work on ``user`` with ``tools`` until it answers without calling one.
 
     Each model call is one step (``kind="llm"``, named "Thinking (iteration
-    N)") and each tool call one step (``kind="tool"``, "Calling <tool>");
+    N)") and each tool call one step (``kind="tool"``, ``"Calling <tool>"``);
     a tool declared ``needs_approval`` waits for a person first (shown a
     ``Proposal``: its ``propose`` function's, else the call's arguments), and a
     ``side_effect`` tool runs write-ahead with an idempotency key. Messages

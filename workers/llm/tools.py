@@ -120,7 +120,7 @@ def tool(
     a rejection is answered to the model. ``propose=fn`` describes each
     call to that person: ``fn`` takes the tool's arguments (and ``ctx``
     first if it declares it) and returns a ``Proposal`` with before and
-    after values; the loop calls it in a recorded step ("Proposing <tool>"),
+    after values; the loop calls it in a recorded step (``"Proposing <tool>"``),
     so it may read the database or an API, and a ``ToolError`` it raises is
     answered to the model without asking anyone. Without it, the proposal
     lists the call's arguments. ``timeout`` (seconds) overrides the kind's
