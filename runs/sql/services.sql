@@ -5,7 +5,7 @@
 -- one statement: one round trip in autocommit, no transaction to open and
 -- commit, and no savepoint inside a caller's transaction, since losing an
 -- idempotency race inserts nothing instead of raising. Every concrete column
--- of Run, each parameter named after its column (tests/test_queries.py holds
+-- of Run, each parameter named after its column (tests/runs/test_queries.py holds
 -- the list to the model); run_after left out (None) is its db_default, the
 -- database's now, and is read back.
 WITH born AS (

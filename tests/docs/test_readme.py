@@ -18,8 +18,9 @@ import pytest
 from runs.models import Run, Step
 from runs.seed import seed_demo
 from tests import conftest
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port
 from tests.docs.markdown import marked_blocks, relative_links
+from tests.support.waiting import wait_until
 
 README = ROOT / "README.md"
 
@@ -56,7 +57,7 @@ def test_the_readmes_first_agent_runs_and_its_curl_answers_202(processes, tmp_pa
         except httpx.HTTPError:
             return False
 
-    wait_for(healthy, timeout=60, interval=0.2, message="the web server")
+    wait_until(healthy, timeout=60, interval=0.2, what="the web server")
 
     # The reader's shell: none of the test session's settings.
     env = {
@@ -80,10 +81,10 @@ def test_the_readmes_first_agent_runs_and_its_curl_answers_202(processes, tmp_pa
     run = json.loads(body)
     assert (run["kind"], run["status"]) == ("hello", "queued")
 
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=run["id"]).status == "done",
         timeout=30,
-        message=f"the README's run to finish: {processes.output(worker)}",
+        what=lambda: f"the README's run to finish: {processes.output(worker)}",
     )
     done = Run.objects.get(pk=run["id"])
     assert done.result == {"greeting": "Hello, Ada!", "loud": "HELLO, ADA!"}

@@ -25,8 +25,9 @@ import pytest
 
 from runs.models import Run, Step, WebhookDelivery
 from tests import conftest
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port
 from tests.docs.markdown import marked_blocks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,11 +61,11 @@ class Terminal:
         marker = f"__done_{uuid.uuid4().hex}__"
         start = len(self.output())
         self.type(f"{commands}\necho {marker}")
-        wait_for(
+        wait_until(
             lambda: marker in self.output()[start:],
             timeout=timeout,
             interval=0.1,
-            message=f"terminal {self.name} to run:\n{commands}\n{self.output()[start:]}",
+            what=lambda: f"terminal {self.name} to run:\n{commands}\n{self.output()[start:]}",
         )
         return self.output()[start:].split(marker)[0]
 
@@ -157,28 +158,31 @@ def test_the_tutorial_runs_as_written(terminals, tmp_path):
         except httpx.HTTPError:
             return False
 
-    wait_for(
-        healthy, timeout=60, interval=0.2, message=f"the web server of `make run`: {up.output()}"
+    wait_until(
+        healthy,
+        timeout=60,
+        interval=0.2,
+        what=lambda: f"the web server of `make run`: {up.output()}",
     )
     assert f"Dashboard: {base}/  (log in as demo / demo)" in up.output()
     assert "API key for tenant demo:" in up.output()
 
     receiver = terminals("2")
     receiver.type(page["receiver"])
-    wait_for(
+    wait_until(
         lambda: f"listening on http://127.0.0.1:{hook}/" in receiver.output(),
         timeout=30,
-        message=f"the webhook receiver: {receiver.output()}",
+        what=lambda: f"the webhook receiver: {receiver.output()}",
     )
 
     worker = terminals("3")
     worker.type(page["worker"])
-    wait_for(
+    wait_until(
         lambda: re.search(
             r"worker \S+ started: queues=tutorial .*kinds=.*write_post", worker.output()
         ),
         timeout=30,
-        message=f"the reader's worker to start: {worker.output()}",
+        what=lambda: f"the reader's worker to start: {worker.output()}",
     )
 
     client = terminals("4")
@@ -192,42 +196,42 @@ def test_the_tutorial_runs_as_written(terminals, tmp_path):
         "status": "queued",
     }
 
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=run_id).status == "waiting_human",
         timeout=30,
-        message="the run to wait for approval",
+        what="the run to wait for approval",
     )
     waiting = json.loads(client.run(page["status"]))
     assert (waiting["status"], waiting["current_step"]) == ("waiting_human", "approve_outline")
     assert waiting["waiting_for"]["type"] == "approval"
-    wait_for(
+    wait_until(
         lambda: f"verified run.waiting_human {run_id} waiting_human" in receiver.output(),
         timeout=30,
-        message=f"the run.waiting_human webhook: {receiver.output()}",
+        what=lambda: f"the run.waiting_human webhook: {receiver.output()}",
     )
     assert json.loads(client.run(page["approve"]))["status"] == "queued"
 
     # Kill the worker inside section 2, with section 1 published.
-    wait_for(
+    wait_until(
         lambda: Step.objects.filter(run_id=run_id, name="section 2", status="running").exists(),
         timeout=30,
-        message="section 2 to start",
+        what="section 2 to start",
     )
     worker.run(page["kill"])
     killed = Run.objects.get(pk=run_id)
     assert (killed.status, killed.current_step) == ("running", "section 2")
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=run_id).status == "queued",
         timeout=40,
         interval=0.2,
-        message="the reaper to put the run back in the queue",
+        what="the reaper to put the run back in the queue",
     )
     worker.type(page["worker-again"])
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=run_id).status == "done",
         timeout=40,
         interval=0.2,
-        message=f"the run to finish: {worker.output()}",
+        what=lambda: f"the run to finish: {worker.output()}",
     )
 
     # The page's listing of the steps is what the API says.
@@ -239,10 +243,10 @@ def test_the_tutorial_runs_as_written(terminals, tmp_path):
     assert len(result["result"]["sections"]) == 3
 
     # The run.done webhook arrived, and the reader's receiver verified its signature.
-    wait_for(
+    wait_until(
         lambda: f"verified run.done {run_id} done" in receiver.output(),
         timeout=30,
-        message=f"the run.done webhook: {receiver.output()}",
+        what=lambda: f"the run.done webhook: {receiver.output()}",
     )
     assert "refused" not in receiver.output()
     assert WebhookDelivery.objects.filter(run_id=run_id, status="delivered").count() == 2
