@@ -1,4 +1,4 @@
-"""Settings, configured from the environment (one module; see README).
+"""Settings, configured from the environment (one module; every variable is listed in docs/reference/settings.md).
 
 Importing this module never starts a database: without ``DATABASE_URL`` the
 entry point (``manage.py``, ``manage.py up``, the test session) starts the
@@ -227,7 +227,7 @@ def _database() -> dj_database_url.DBConfig:
         "application_name", os.environ.get("RUNS_APPLICATION_NAME") or f"agentruns {command}"[:63]
     )
     # RUNS_LISTEN=0 means a transaction-pooling proxy (PgBouncer's
-    # pool_mode=transaction; README.md, "Behind PgBouncer"): each transaction may get another
+    # pool_mode=transaction; docs/how-to/pgbouncer.md): each transaction may get another
     # server connection, so nothing may outlive one. Django's .iterator()
     # outside a transaction declares a WITH HOLD cursor, which would.
     pooled = not env_bool("RUNS_LISTEN", True)
@@ -238,7 +238,7 @@ def _database() -> dj_database_url.DBConfig:
     # them only from PgBouncer 1.21 on with max_prepared_statements set
     # (then RUNS_DB_PREPARE=1 turns them back on).
     # Session settings, sent when the connection starts (a transaction pooler
-    # refuses them: there, set them on the database role, README "PgBouncer").
+    # refuses them: there, set them on the database role, docs/how-to/pgbouncer.md).
     # JIT off: it compiles any statement whose estimated cost passes
     # jit_above_cost, which the claim's can at scale, and spends 100-250 ms
     # doing it on every execution of a statement that runs in a millisecond.
