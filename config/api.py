@@ -14,6 +14,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 import runs.api.artifacts  # noqa: F401  (registers the artifact endpoints on the runs router)
 import runs.api.control  # noqa: F401  (registers the control endpoints on the runs router)
 import runs.api.streams  # noqa: F401  (registers the event stream endpoints on the runs router)
+import runs.api.threads  # noqa: F401  (registers the conversation endpoints on the runs router)
 from runs.api.endpoints import router as runs_router
 from runs.db import is_transient
 from runs.exceptions import (
@@ -24,6 +25,7 @@ from runs.exceptions import (
     QueueFull,
     UnknownKind,
 )
+from runs.threads import TurnLive
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +111,8 @@ def on_idempotency_conflict(request, exc):
 
 @api.exception_handler(InvalidTransition)
 def on_invalid_transition(request, exc):
+    if isinstance(exc, TurnLive):  # a thread's reject policy: the live turn is named
+        return _error(request, 409, str(exc), run_id=str(exc.run_id), turn=exc.turn)
     return _error(request, 409, str(exc))
 
 

@@ -11,7 +11,7 @@ from config.dbserver import ensure_database_url
 
 os.environ.setdefault(
     "AGENT_MODULES",
-    "tests.support.agents,tests.support.agents_control,tests.support.agents_llm,tests.support.agents_edges,tests.support.agents_streams,tests.support.agents_workflows,tests.support.agents_step_options,tests.support.agents_payloads",
+    "tests.support.agents,tests.support.agents_control,tests.support.agents_llm,tests.support.agents_edges,tests.support.agents_streams,tests.support.agents_workflows,tests.support.agents_step_options,tests.support.agents_payloads,tests.support.agents_threads",
 )
 # The example kinds and demo apps (examples/): many tests run them. Tests of a deployment without them
 # start their processes with RUNS_EXAMPLES=0 (tests/runs/test_kinds.py).

@@ -26,7 +26,7 @@ from runs.exceptions import (
 )
 from runs.kinds import unknown_kind
 from runs.limits import checked_cents, checked_deadline, checked_int
-from runs.models import Run, Tenant
+from runs.models import Run, RunStatus, Tenant, Thread
 from runs.notify import count_and_notify_after_commit, uncounted_submits
 from runs.queries import one, queries
 from runs.registry import QUEUE_NAME, all_kinds, declared_queues, get_kind
@@ -96,10 +96,17 @@ def submit(
     run_after: datetime | None = None,
     parent: Run | None = None,
     tenant_is_fresh: bool = False,
+    thread: Thread | None = None,
+    turn: int | None = None,
+    held_after: int | None = None,
 ) -> Submitted:
     """``submit_run`` that also tells whether the run was created or found by its idempotency key.
 
     ``parent`` makes the run a child of that run (``spawn_child``).
+    ``thread`` and ``turn`` make it that turn of a conversation
+    (``runs.threads.turns.start_turn``, under the thread's lock); with
+    ``held_after`` it is held (``waiting``) until turn ``held_after`` and
+    those before it have ended.
     ``tenant_is_fresh`` says that ``tenant`` was read in this request (the
     API's key lookup reads it): backpressure then takes its queued counter
     from it instead of reading the row again.
@@ -190,11 +197,18 @@ def submit(
         updated_at=now,
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
         last_event_seq=1,
+        thread=thread,
+        turn=turn,
     )
+    if held_after is not None:
+        run.status = RunStatus.WAITING
     if run_after is not None:
         run.run_after = run_after  # else the database's now(), its db_default
-    payload = {"kind": kind, "queue": queue, "priority": priority} | (
-        {"parent": str(parent.pk)} if parent is not None else {}
+    payload = (
+        {"kind": kind, "queue": queue, "priority": priority}
+        | ({"parent": str(parent.pk)} if parent is not None else {})
+        | ({"thread": str(thread.pk), "turn": turn} if thread is not None else {})
+        | ({"reason": "turn", "after_turn": held_after} if held_after is not None else {})
     )
     if not (
         _insert_queued(run, actor=actor, payload=payload)
@@ -208,7 +222,8 @@ def submit(
         if existing is None:
             raise IntegrityError(f"run {run.pk} could not be inserted")
         return Submitted(run=existing, created=False)
-    count_and_notify_after_commit(tenant_id=tenant.pk, queue=queue)
+    if run.status == RunStatus.QUEUED:
+        count_and_notify_after_commit(tenant_id=tenant.pk, queue=queue)
     return Submitted(run=run, created=True)
 
 
@@ -242,7 +257,12 @@ def _insert_queued(run: Run, *, actor: Actor, payload: dict[str, Any]) -> bool:
             if isinstance(value, DatabaseDefault)
             else field.get_db_prep_save(value, connection=db)
         )
-    params |= {"actor_type": actor.type, "actor_id": actor.id, "payload": dumps(payload)}
+    params |= {
+        "actor_type": actor.type,
+        "actor_id": actor.id,
+        "payload": dumps(payload),
+        "event_type": f"run.{run.status}",  # run.queued, or run.waiting for a held turn
+    }
     with connection.cursor() as cursor:
         cursor.execute(queries.insert_queued_run, params)
         row = one(cursor)

@@ -21,7 +21,15 @@ TERMINAL_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCE
 # The Events that end a run (an event stream closes after one) and those a
 # webhook tells about (docs/how-to/webhooks.md): a run ended, or waits for a person.
 TERMINAL_EVENT_TYPES = frozenset(f"run.{status.value}" for status in TERMINAL_STATUSES)
-WEBHOOK_EVENT_TYPES = ("run.done", "run.failed", "run.cancelled", "run.waiting_human")
+WEBHOOK_EVENT_TYPES = (
+    "run.done",
+    "run.failed",
+    "run.cancelled",
+    "run.waiting_human",
+    # A thread's turn ended and it listens again (with the turn's reply), or it was closed.
+    "thread.asleep",
+    "thread.closed",
+)
 
 
 # A run that is live for the purpose of its parent and children: not terminal.
@@ -83,4 +91,31 @@ class StepKind(models.TextChoices):
     CHILD = "child"  # child runs spawned
     SLEEP = "sleep"  # a durable timer
     COMPENSATION = "compensation"  # a saga compensation
+    STATE = "state"  # a thread's state patched, or the thread closed, when the turn ends well
+    REPLY = "reply"  # a turn's answer in its conversation
     CUSTOM = "custom"  # any other function
+
+
+class ThreadStatus(models.TextChoices):
+    ASLEEP = "asleep"  # between turns: it listens to its conversation, and only a mention wakes it
+    ACTIVE = "active"  # a turn is live (queued, running, waiting, paused...)
+    CLOSED = "closed"  # the agent or a person ended it: no more turns
+
+
+class ThreadPolicy(models.TextChoices):
+    """What a message posted to a thread does while one of its turns is live (double-texting)."""
+
+    INTERLEAVE = "interleave"  # it enters the live turn, read at its next message step
+    ENQUEUE = "enqueue"  # a new turn runs after the live one ends
+    INTERRUPT = "interrupt"  # the live turn is cancelled at its next step; a new turn follows
+    ROLLBACK = "rollback"  # the live turn is cancelled with compensation; a new turn follows
+    REJECT = "reject"  # refused (409, naming the live turn)
+
+
+class Delivered(models.TextChoices):
+    """What became of a message posted to a thread (the answer of POST /api/threads/{id}/messages)."""
+
+    LIVE_TURN = "live_turn"  # read by the turn that is live
+    NEW_TURN = "new_turn"  # a new turn was queued with it
+    QUEUED_TURN = "queued_turn"  # a new turn, held until the turns before it end
+    RECORDED = "recorded"  # kept for the next turn; nothing woke

@@ -18,7 +18,9 @@ its public methods only.
 - ``workers.recording.StepRecorder``: executes a step and records its
   checkpoint or its failure;
 - ``workers.workflow.Workflow``: sleep, waits, child runs, approvals and
-  messages, each a recorded step.
+  messages, each a recorded step;
+- ``workers.conversation.Conversation``: a turn's thread, history, state,
+  reply and close (``runs.threads``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from runs.states import RunOutcome
 from runs.streams import ephemeral
 from runs.titles import SUMMARY_MAX, one_line
 from workers.bounds import RunBounds
+from workers.conversation import Conversation, ThreadInfo
 from workers.recording import StepRecorder
 from workers.step_options import check_step_options, check_timeout
 from workers.step_thread import BETWEEN_STEPS
@@ -82,6 +85,9 @@ class RunContext:
         self._log = StepLog(recorded)
         self._recorder = StepRecorder(bounds=self._bounds, log=self._log)
         self._workflow = Workflow(bounds=self._bounds, log=self._log, recorder=self._recorder)
+        self._conversation = Conversation(
+            bounds=self._bounds, log=self._log, recorder=self._recorder
+        )
         # (outcome, summary) of ctx.report(): kept here, written by the exit that ends the run.
         self._reported: tuple[str, str] | None = None
 
@@ -325,6 +331,53 @@ class RunContext:
         replay sees the same ones.
         """
         return self._workflow.messages()
+
+    # A turn of a conversation (runs.threads).
+    @property
+    def thread(self) -> ThreadInfo | None:
+        """The thread this run is a turn of (``id``, ``turn``, ``title``, ``policy``); None for a plain run."""
+        return self._conversation.thread
+
+    def history(self, *, limit: int = 50) -> list[dict]:
+        """The thread's last ``limit`` lines (at most 200), oldest first (a recorded step).
+
+        People's messages and the turns' replies, each ``{"id", "role"
+        ("user" or "assistant"), "author", "text", "mention", "turn" (the turn
+        that read or said it; None: not read yet), "at"}``. Recorded, so a
+        replay sees the same conversation however it grew meanwhile.
+        """
+        return self._conversation.history(limit=limit)
+
+    @property
+    def state(self) -> dict:
+        """A copy of the thread's state as this turn found it (its canonical agent state).
+
+        The turn's own patches (``update_state``) are not in it: they apply
+        to the thread when the turn ends well.
+        """
+        return self._conversation.state
+
+    def update_state(self, patch: dict) -> dict:
+        """Merge ``patch`` into the thread's state at the top level, when this turn ends well (a recorded step).
+
+        A turn that fails or is cancelled leaves the state as it found it.
+        Returns the state as it will be: the state found with every patch
+        of this turn so far.
+        """
+        return self._conversation.update_state(patch)
+
+    def reply(self, text: str) -> int:
+        """Say ``text`` in the conversation, as this turn's answer (a recorded step); returns its message id.
+
+        Written once however often the step runs; shown at once (the
+        thread's stream, the dashboard) and sent with ``thread.asleep``
+        when the turn ends.
+        """
+        return self._conversation.reply(text)
+
+    def close_thread(self, summary: str = "") -> None:
+        """End the conversation when this turn ends well: no more turns (a recorded step)."""
+        self._conversation.close_thread(summary)
 
     def wait_for_message(self, *, timeout: float | None = None) -> list[dict]:
         """Return new messages; with none, park the run in ``waiting`` (no worker held) until one arrives.

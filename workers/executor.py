@@ -409,6 +409,7 @@ class RunExecutor:
             claimed.id,
             claimed.lease_token,
             parent=claimed.parent_id,
+            thread=claimed.thread_id,
             actor_id=str(self.worker.id),
             give_slot=not self.worker.defers_slot_returns,
         )

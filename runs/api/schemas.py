@@ -85,6 +85,8 @@ class RunOut(Schema):
     cancel_requested: bool
     pause_requested: bool
     parent_id: UUID | None
+    thread_id: UUID | None = Field(description="the thread this run is a turn of, if any")
+    turn: int | None = Field(description="its number among the thread's turns")
     children_pending: int
     children_cost_cents: float
     origin_id: UUID | None

@@ -42,6 +42,11 @@ def fork_run(*, run: Run, actor: Actor, from_step: int) -> Run:
     origin = locked(
         run
     )  # a consistent generation, and no retry of the origin while its steps are copied
+    if origin.thread_id is not None:
+        raise InvalidTransition(
+            f"run {origin.pk} is turn {origin.turn} of thread {origin.thread_id}: a turn is not "
+            "forked (it would run outside its conversation); post a message to the thread instead"
+        )
     steps = Step.objects.filter(run=origin, generation=origin.generation)
     last = steps.order_by("-seq").values_list("seq", flat=True).first() or 0
     if (

@@ -166,6 +166,12 @@ def post_message(*, run: Run, actor: Actor, text: str) -> Outcome:
     run = locked(run)
     if run.status in TERMINAL_STATUSES:
         raise refuse(run, "message")
+    if run.thread_id is not None:
+        # Its thread decides which turn reads a message (and wakes a held turn only in order).
+        raise InvalidTransition(
+            f"run {run.pk} is turn {run.turn} of thread {run.thread_id}: post to "
+            f"/api/threads/{run.thread_id}/messages"
+        )
     message = Message.objects.create(run=run, author_type=actor.type, author_id=actor.id, text=text)
     append_event(
         run_id=run.pk,

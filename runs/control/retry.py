@@ -38,6 +38,10 @@ def retry_run(
     run = locked(run)
     if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
         raise refuse(run, "retry")
+    if run.thread_id is not None:
+        from runs.threads.turns import retry_turn  # threads use the control layer
+
+        retry_turn(run)
     fields: dict[str, Any] = {}
     if deadline_seconds is not None:
         fields["deadline_seconds"] = checked_deadline(deadline_seconds)

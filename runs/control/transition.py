@@ -29,6 +29,10 @@ class Outcome:
 
 
 def locked(run: Run) -> Run:
+    """``run`` read again under its row lock; a turn's thread is locked first (the lock order, runs.threads.turns)."""
+    from runs.threads.turns import lock_thread_of  # threads use transitions: imported when needed
+
+    lock_thread_of(run.pk)
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
@@ -72,6 +76,10 @@ def transition(
         Tenant.objects.filter(pk=run.tenant_id).update(queued=F("queued") - 1)
     if to in TERMINAL_STATUSES:
         _family_after(run, to)
+        if run.thread_id is not None:
+            from runs.threads.turns import turn_ended
+
+            turn_ended(run.pk, actor=actor)
         queue, kind = run.queue, run.kind
         transaction.on_commit(lambda: metrics.run_finished(queue=queue, kind=kind, status=to))
     return run

@@ -51,6 +51,7 @@ class ClaimedRun:
     trace_context: dict | None = (
         None  # the submitting request's W3C trace context (workers.tracing)
     )
+    thread_id: UUID | None = None  # a turn's thread (runs.threads): its exit ends the turn there
 
 
 def _claimed(found: list[dict[str, Any]]) -> list[ClaimedRun]:

@@ -34,6 +34,7 @@ from django.db import transaction
 from runs.db import engine_cursor, storable_text
 from runs.engine import recordset
 from runs.engine.family import child_finished
+from runs.events import Actor
 from runs.metrics import process as metrics
 from runs.queries import queries, rows
 from runs.states import TERMINAL_STATUSES, RunOutcome, RunStatus
@@ -87,6 +88,7 @@ class Exit(recordset.Row):
     give_slot: bool = False  # False: the worker's next claim gives the tenant slot back
     only_if_expired: bool = False  # the reaper's rescue: only while the lease is still expired
     parent: UUID | None = field(default=None, metadata=recordset.PYTHON_ONLY)
+    thread: UUID | None = field(default=None, metadata=recordset.PYTHON_ONLY)
     error_class: str | None = field(default=None, metadata=recordset.PYTHON_ONLY)
 
     def __post_init__(self) -> None:
@@ -243,19 +245,22 @@ class Exit(recordset.Row):
         token: int,
         *,
         parent: UUID | None = None,
+        thread: UUID | None = None,
         actor_type: str | None = None,
         actor_id: str | None = None,
         give_slot: bool = True,
     ) -> Exit:
         """This exit for run ``run`` under lease ``token``, by a worker unless the exit says otherwise.
 
-        ``parent`` is the run's parent, for a child run.
+        ``parent`` is the run's parent, for a child run; ``thread`` its
+        thread, for a turn of a conversation.
         """
         return dataclasses.replace(
             self,
             run=run,
             token=token,
             parent=parent,
+            thread=thread,
             actor_type=actor_type or self.actor_type or "worker",
             actor_id=actor_id if actor_id is not None else (self.actor_id or ""),
             give_slot=give_slot,
@@ -274,10 +279,15 @@ class Exit(recordset.Row):
     def batchable(self) -> bool:
         """Whether it can be written with other runs' exits in one statement (``leave_many``).
 
-        A child's exit tells its parent in the same transaction, and parking
+        A child's exit tells its parent in the same transaction, a turn's
+        exit takes its thread's lock first and tells the thread, and parking
         for a message or children takes the row lock before it decides.
         """
-        return self.parent is None and not (self.wake_on_message or self.wake_on_children)
+        return (
+            self.parent is None
+            and self.thread is None
+            and not (self.wake_on_message or self.wake_on_children)
+        )
 
 
 class Exited(NamedTuple):
@@ -286,6 +296,7 @@ class Exited(NamedTuple):
     at: datetime  # when (the database's clock)
     parent_id: UUID | None = None
     kind: str = ""
+    thread_id: UUID | None = None
     woke_parent: str | None = None  # the queue of a parent this exit woke: wake its workers
 
     @property
@@ -309,32 +320,51 @@ def leave(exit: Exit, *, expires_seconds: float | None = None) -> Exited | None:
         raise ValueError("an exit names its run and lease (Exit.of_run)")
     expires = settings.RUNS_EXPIRES_SECONDS if expires_seconds is None else expires_seconds
     recheck = exit.wake_on_message or exit.wake_on_children
-    if not recheck and exit.parent is None:
+    if not recheck and exit.parent is None and exit.thread is None:
         exited = _execute([exit], expires=expires)[0]
-        if (
-            exited is not None
-            and exited.parent_id is not None
-            and exited.status in TERMINAL_STATUSES
-        ):
-            # Not expected (a child's exit names its parent): tell the parent now, late but not lost.
-            logger.warning(
-                "run %s left running without naming its parent %s", exit.run, exited.parent_id
-            )
-            with transaction.atomic():
-                return exited._replace(woke_parent=_tell_parent(exited, exit.run, exited.parent_id))
-        return exited
+        if exited is None or exited.status not in TERMINAL_STATUSES:
+            return exited
+        if exited.parent_id is None and exited.thread_id is None:
+            return exited
+        # Not expected (a child's exit names its parent, a turn's its thread): tell them now, late
+        # but not lost.
+        logger.warning(
+            "run %s left running without naming its parent %s or thread %s",
+            exit.run,
+            exited.parent_id,
+            exited.thread_id,
+        )
+        with transaction.atomic():
+            return _after_end(exited, exit)
     with transaction.atomic():
+        if exit.thread is not None:
+            _lock_thread(exit.run)  # before the run's row: the lock order of conversations
         if recheck:
             with engine_cursor() as cursor:
                 cursor.execute(queries.lock_run_to_recheck, {"run": exit.run})
         exited = _execute([exit], expires=expires)[0]
-        if (
-            exited is not None
-            and exited.parent_id is not None
-            and exited.status in TERMINAL_STATUSES
-        ):
-            exited = exited._replace(woke_parent=_tell_parent(exited, exit.run, exited.parent_id))
+        if exited is not None and exited.status in TERMINAL_STATUSES:
+            exited = _after_end(exited, exit)
         return exited
+
+
+def _after_end(exited: Exited, exit: Exit) -> Exited:
+    """A terminal exit tells the run's parent (a child) and its thread (a turn), in its transaction."""
+    assert exit.run is not None
+    if exited.thread_id is not None:
+        from runs.threads.turns import lock_thread_of, turn_ended  # threads use the control layer
+
+        lock_thread_of(exit.run)  # held already, unless the exit did not name its thread
+        turn_ended(exit.run, actor=Actor(type=exit.actor_type or "worker", id=exit.actor_id or ""))
+    if exited.parent_id is not None:
+        exited = exited._replace(woke_parent=_tell_parent(exited, exit.run, exited.parent_id))
+    return exited
+
+
+def _lock_thread(run_id: UUID) -> None:
+    from runs.threads.turns import lock_thread_of  # threads use the control layer
+
+    lock_thread_of(run_id)
 
 
 def leave_many(exits: Sequence[Exit]) -> list[Exited | None]:
@@ -366,6 +396,7 @@ def _execute(exits: Sequence[Exit], *, expires: float) -> list[Exited | None]:
                 at=row["at"],
                 parent_id=row["parent_id"],
                 kind=row["kind"],
+                thread_id=row["thread_id"],
             )
             for row in rows(cursor)
         }

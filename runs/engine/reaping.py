@@ -17,6 +17,7 @@ from django.db import connection, transaction
 
 from runs.engine import family
 from runs.engine.exit import Exit, leave
+from runs.events import Actor
 from runs.metrics import process as metrics
 from runs.queries import one, queries, rows
 from runs.states import RunStatus
@@ -28,6 +29,7 @@ class StaleLease:
     token: int
     queue: str
     parent_id: UUID | None = None
+    thread_id: UUID | None = None
 
 
 def find_expired_leases(*, limit: int) -> list[StaleLease]:
@@ -52,7 +54,7 @@ def rescue(
     """
     outcome = leave(
         Exit.rescue(reason=reason, error=error, actor_type=actor_type, actor_id=actor_id).of_run(
-            stale.run_id, stale.token, parent=stale.parent_id
+            stale.run_id, stale.token, parent=stale.parent_id, thread=stale.thread_id
         )
     )
     if outcome is None:
@@ -80,6 +82,7 @@ def stop_past_deadline(stale: StaleLease) -> bool:
             stale.run_id,
             stale.token,
             parent=stale.parent_id,
+            thread=stale.thread_id,
             actor_type="system",
             actor_id="reaper",
         )
@@ -91,8 +94,11 @@ def expire_waiting(*, batch: int) -> int:
     """Fail up to ``batch`` runs that waited for people past their ``expires_at``; returns how many.
 
     Their children are cancelled by the reaper's sweep of orphans
-    (``family.orphaned_children``); an expired child wakes its parent.
+    (``family.orphaned_children``); an expired child wakes its parent, an
+    expired turn hands its thread to the next turn (``runs.threads.turns``).
     """
+    from runs.threads.turns import lock_thread_of, turn_ended  # threads use the control layer
+
     with connection.cursor() as cursor:
         cursor.execute(queries.expire_waiting, {"batch": batch, "only": None})
         expired = rows(cursor)
@@ -100,15 +106,20 @@ def expire_waiting(*, batch: int) -> int:
         children = rows(cursor)
     for child in children:
         with transaction.atomic(), connection.cursor() as cursor:
+            if child["thread_id"] is not None:
+                lock_thread_of(child["id"])  # before the run's row: the lock order of conversations
             cursor.execute(queries.expire_waiting, {"batch": 1, "only": child["id"]})
             row = one(cursor)
             if row:
                 expired.append(row)
-                family.wake_after_commit(
-                    family.child_finished(
-                        child_id=child["id"], parent_id=child["parent_id"], succeeded=False
+                if child["thread_id"] is not None:
+                    turn_ended(child["id"], actor=Actor(type="system", id="reaper"))
+                if child["parent_id"] is not None:
+                    family.wake_after_commit(
+                        family.child_finished(
+                            child_id=child["id"], parent_id=child["parent_id"], succeeded=False
+                        )
                     )
-                )
     for row in expired:
         metrics.run_finished(queue=row["queue"], kind=row["kind"], status=RunStatus.FAILED)
     return len(expired)

@@ -24,6 +24,7 @@ from runs.models.tenancy import (
     Tenant,
     TenantDailyCost,
 )
+from runs.models.threads import Thread
 from runs.states import (
     LIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -32,6 +33,8 @@ from runs.states import (
     RunStatus,
     StepKind,
     StepStatus,
+    ThreadPolicy,
+    ThreadStatus,
 )
 
 __all__ = [
@@ -57,6 +60,9 @@ __all__ = [
     "StepKind",
     "StepStatus",
     "Tenant",
+    "Thread",
+    "ThreadPolicy",
+    "ThreadStatus",
     "TenantDailyCost",
     "Worker",
     "default_expires_at",

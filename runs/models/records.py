@@ -76,9 +76,30 @@ class StepAttempt(models.Model):
 
 
 class Message(models.Model):
-    """A person's message to a run; consumed by the run's `message` step with its checkpoint."""
+    """A person's message to a run; consumed by the run's `message` step with its checkpoint.
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages", db_index=False)
+    In a conversation (``thread`` set) it is also a line of the thread: a
+    person's message, delivered to a turn (``run``) or kept for the next one
+    (``run`` NULL), or a turn's reply (``author_type`` "agent", ``run`` the
+    turn, ``reply_key`` the step that said it; never read as a message).
+    """
+
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="messages", db_index=False, null=True
+    )
+    thread = models.ForeignKey(
+        "runs.Thread",
+        on_delete=models.CASCADE,
+        related_name="messages",
+        db_index=False,
+        null=True,
+        blank=True,
+    )
+    # It calls the agent: a sleeping thread wakes for it (a new turn).
+    mention = models.BooleanField(default=False)
+    # A reply's step in its turn ("generation:seq"): the reply is written once however often
+    # the step runs.
+    reply_key = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
     author_type = models.CharField(max_length=16)
     author_id = models.CharField(max_length=64, blank=True, default="")
     text = models.TextField()
@@ -95,6 +116,23 @@ class Message(models.Model):
                 fields=["run", "id"],
                 condition=Q(consumed_by_step__isnull=True),
                 name="message_unconsumed_idx",
+            ),
+            # A thread's conversation in order (GET /api/threads/{id}/messages, ctx.history).
+            models.Index(
+                fields=["thread", "id"],
+                condition=Q(thread__isnull=False),
+                name="message_thread_idx",
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "reply_key"],
+                condition=Q(reply_key__isnull=False),
+                name="message_reply_once_per_step",
+            ),
+            models.CheckConstraint(
+                condition=Q(run__isnull=False) | Q(thread__isnull=False),
+                name="message_of_a_run_or_a_thread",
             ),
         ]
 

@@ -251,6 +251,16 @@ class Run(models.Model):
         db_index=False,
     )
     origin_step = models.PositiveIntegerField(null=True, blank=True)
+    # A turn of a conversation (runs.models.threads): its thread and its number there (1, 2...).
+    thread = models.ForeignKey(
+        "runs.Thread",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="turn_runs",
+        db_index=False,
+    )
+    turn = models.PositiveIntegerField(null=True, blank=True)
     compensation = models.CharField(
         max_length=10, choices=Compensation.choices, blank=True, default=""
     )
@@ -317,6 +327,17 @@ class Run(models.Model):
                 fields=["tenant", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
                 name="run_idempotency_key_unique_per_tenant",
+            ),
+            # A thread's turns are numbered 1, 2... once each; a run is a turn or not at all.
+            models.UniqueConstraint(
+                fields=["thread", "turn"],
+                condition=Q(thread__isnull=False),
+                name="run_thread_turn_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(thread__isnull=True, turn__isnull=True)
+                | Q(thread__isnull=False, turn__gte=1),
+                name="run_turn_iff_thread",
             ),
         ]
         indexes = [

@@ -158,7 +158,7 @@ SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures,
        deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents,
        cancel_requested_at IS NOT NULL AS cancel_requested, pause_requested_at IS NOT NULL AS pause_requested,
        queue, claimed_at, parent_id, children_cost_cents, compensation, run_after, created_at, started_at,
-       priority, trace_context
+       priority, trace_context, thread_id
 FROM claimed
 
 -- name: claimed_but_not_held
@@ -169,7 +169,7 @@ SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures,
        deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents,
        cancel_requested_at IS NOT NULL AS cancel_requested, pause_requested_at IS NOT NULL AS pause_requested,
        queue, claimed_at, parent_id, children_cost_cents, compensation, run_after, created_at, started_at,
-       priority, trace_context
+       priority, trace_context, thread_id
 FROM runs_run
 WHERE status = {running} AND locked_by = %(worker)s AND NOT (id = ANY(%(held)s::uuid[]))
 

@@ -6,13 +6,13 @@
 
 -- name: expired_leases
 -- Running runs whose lease has expired (on the partial index of running runs).
-SELECT id AS run_id, lease_token AS token, queue, parent_id FROM runs_run
+SELECT id AS run_id, lease_token AS token, queue, parent_id, thread_id FROM runs_run
 WHERE status = {running} AND locked_until < statement_timestamp()
 ORDER BY locked_until LIMIT %(limit)s
 
 -- name: past_deadline
 -- Running runs (alive or not) whose running time is past their deadline.
-SELECT id AS run_id, lease_token AS token, queue, parent_id FROM runs_run
+SELECT id AS run_id, lease_token AS token, queue, parent_id, thread_id FROM runs_run
 WHERE status = {running}
   AND compensation <> 'running'  -- a rollback runs to its end (runs.engine.saga)
   AND running_seconds + EXTRACT(EPOCH FROM statement_timestamp() - claimed_at) > deadline_seconds
@@ -31,8 +31,10 @@ WITH r AS (
     WHERE id IN (
         SELECT id FROM runs_run
         WHERE status IN {parked} AND expires_at < statement_timestamp()
-          -- Child runs one at a time (expire_waiting), each with its parent's wake-up.
-          AND (CASE WHEN %(only)s::uuid IS NULL THEN parent_id IS NULL ELSE id = %(only)s::uuid END)
+          -- Child runs and turns one at a time (expire_waiting), each with its parent's
+          -- wake-up or its thread's next turn.
+          AND (CASE WHEN %(only)s::uuid IS NULL THEN parent_id IS NULL AND thread_id IS NULL
+                    ELSE id = %(only)s::uuid END)
         LIMIT %(batch)s FOR NO KEY UPDATE SKIP LOCKED
     )
     AND status IN {parked} AND expires_at < statement_timestamp()
@@ -47,9 +49,11 @@ new_events AS (
 SELECT queue, kind FROM r
 
 -- name: expired_children
--- Child runs past expires_at, each expired alone with its parent's wake-up.
-SELECT id, parent_id FROM runs_run
-WHERE status IN {parked} AND expires_at < statement_timestamp() AND parent_id IS NOT NULL
+-- Child runs and turns past expires_at, each expired alone with its
+-- parent's wake-up or its thread's next turn.
+SELECT id, parent_id, thread_id FROM runs_run
+WHERE status IN {parked} AND expires_at < statement_timestamp()
+  AND (parent_id IS NOT NULL OR thread_id IS NOT NULL)
 LIMIT %(batch)s
 
 -- name: running_suspects

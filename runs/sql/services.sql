@@ -1,7 +1,8 @@
 -- Write services of the run domain (runs.services): the submit's insert and its backpressure read.
 
 -- name: insert_queued_run
--- The run's row and its first Event (run.queued, which no webhook takes) in
+-- The run's row and its first Event (run.queued, or run.waiting for a turn
+-- held behind its thread's live turn; no webhook takes either) in
 -- one statement: one round trip in autocommit, no transaction to open and
 -- commit, and no savepoint inside a caller's transaction, since losing an
 -- idempotency race inserts nothing instead of raising. Every concrete column
@@ -16,7 +17,8 @@ WITH born AS (
         summary, title, idempotency_key, request_hash, cost_cents, cost_ceiling_cents, last_event_seq,
         current_step, steps_done, steps_total, cancel_requested_at, pause_requested_at, parent_id,
         children_pending, children_needed, children_cost_cents, origin_id, origin_step, compensation,
-        generation, callback_url, trace_context, created_at, started_at, finished_at, updated_at
+        generation, callback_url, trace_context, created_at, started_at, finished_at, updated_at,
+        thread_id, turn
     ) VALUES (
         %(id)s, %(tenant_id)s, %(kind)s, %(kind_version)s, %(queue)s, %(priority)s, %(input)s,
         %(status)s, %(attempt)s, %(failures)s, %(max_attempts)s, %(lease_token)s, %(locked_by)s,
@@ -28,13 +30,13 @@ WITH born AS (
         %(cancel_requested_at)s, %(pause_requested_at)s, %(parent_id)s, %(children_pending)s,
         %(children_needed)s, %(children_cost_cents)s, %(origin_id)s, %(origin_step)s, %(compensation)s,
         %(generation)s, %(callback_url)s, %(trace_context)s, %(created_at)s, %(started_at)s,
-        %(finished_at)s, %(updated_at)s
+        %(finished_at)s, %(updated_at)s, %(thread_id)s, %(turn)s
     )
     ON CONFLICT DO NOTHING
     RETURNING id, last_event_seq, run_after
 ),
 new_events AS (
-    SELECT id AS run_id, last_event_seq AS seq, 'run.queued' AS type, %(actor_type)s::text AS actor_type,
+    SELECT id AS run_id, last_event_seq AS seq, %(event_type)s::text AS type, %(actor_type)s::text AS actor_type,
            %(actor_id)s::text AS actor_id, %(payload)s::jsonb AS payload
     FROM born
 ),

@@ -9,6 +9,8 @@ ORDER BY seq
 
 -- name: unconsumed_messages
 -- The run's oldest messages no step consumed yet, a bounded page at a time.
+-- A turn's own replies (author 'agent', runs.threads) are lines of its
+-- conversation, never messages to it.
 SELECT id, text, author_type, author_id, created_at FROM runs_message
-WHERE run_id = %(run)s AND consumed_by_step_id IS NULL
+WHERE run_id = %(run)s AND consumed_by_step_id IS NULL AND author_type <> 'agent'
 ORDER BY id LIMIT %(limit)s
