@@ -1,6 +1,6 @@
 """The application ``manage.py serve`` runs: event streams on the event loop, every other request on WSGI.
 
-Only the event streams (``GET /api/runs/{id}/events``) need ASGI: each
+Only the event streams (``GET /api/runs/{id}/events``, ``GET /api/threads/{id}/events``) need ASGI: each
 holds its connection open for minutes while waiting on the process's hub,
 and a thread per stream would not do. Every other request is ordinary sync
 Django (a submit, a dashboard page, the admin). Under Django's ASGI handler
@@ -37,7 +37,7 @@ requests = WSGIMiddleware(
     workers=_pool["max_size"] if isinstance(_pool, dict) else 12,
 )
 
-STREAM_PATH = re.compile(r"^/api/runs/[^/]+/events/?$")
+STREAM_PATH = re.compile(r"^/api/(runs|threads)/[^/]+/events/?$")
 
 
 async def dispatch(scope, receive, send):

@@ -7,16 +7,23 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.http import HttpResponse
+from asgiref.sync import sync_to_async
+from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Query, Schema, Status
+from ninja.errors import HttpError
 from pydantic import Field, StrictBool
 
 from runs import threads
-from runs.api.auth import ApiRequest, actor_of
+from runs.api.auth import ApiRequest, actor_of, refusal_of
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import CENTS_LIMIT, StorableIn
-from runs.models import ApiKey, Thread
+from runs.api.streams import KEY_IN_QUERY, KEY_PARAMETERS
+from runs.db import release_connection
+from runs.keys import authenticate_key
+from runs.models import ApiKey, Membership, Thread
 from runs.states import ThreadPolicy, ThreadStatus
+from runs.streams.grants import Grant
+from runs.streams.threads import parse_position, thread_stream_response
 from runs.threads import selectors
 from runs.threads.turns import budget_left
 
@@ -255,3 +262,72 @@ def close(request: ApiRequest, thread_id: UUID, payload: CloseIn | None = None):
     return threads.close_thread(
         thread=thread, actor=actor_of(request.auth), summary=payload.summary
     )
+
+
+@router.get(
+    "/threads/{thread_id}/events",
+    auth=None,
+    response={200: None} | ERRORS,
+    summary="A thread's events across its turns, as Server-Sent Events (resumable)",
+    openapi_extra={
+        "responses": {
+            "200": {
+                "description": "text/event-stream",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            }
+        }
+    },
+)
+async def events(request: HttpRequest, thread_id: UUID):
+    """Every Event of every turn, in order, then new ones as they commit, until ``thread.closed``.
+
+    Each Event's ``id:`` is ``<turn>.<seq>``: send the last one as
+    ``Last-Event-ID`` (or ``?last_event_id=``) to resume after it. The
+    credentials are those of a run's stream: an API key in the
+    ``Authorization`` header (``runs:read``) or the dashboard's session.
+    """
+    grant = await sync_to_async(_open_stream, thread_sensitive=False)(request, thread_id)
+    value = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id")
+    position = parse_position(value)
+    if position is None:
+        raise HttpError(
+            422, "Last-Event-ID must be the id of an event of this stream: <turn>.<seq>"
+        )
+    return thread_stream_response(thread_id=thread_id, position=position, grant=grant)
+
+
+def _open_stream(request: HttpRequest, thread_id: UUID) -> Grant:
+    """401, then 404, then 403, as for a run's stream; the grant the stream is held to."""
+    try:
+        if any(name in request.GET for name in KEY_PARAMETERS):
+            raise HttpError(401, KEY_IN_QUERY)
+        authorization = request.headers.get("Authorization", "")
+        if authorization:
+            scheme, _, secret = authorization.partition(" ")
+            api_key = authenticate_key(secret.strip()) if scheme.lower() == "bearer" else None
+            if api_key is None:
+                raise HttpError(
+                    401, "a valid API key is required: send 'Authorization: Bearer <key>'"
+                )
+            if not Thread.objects.filter(pk=thread_id, tenant_id=api_key.tenant_id).exists():
+                raise Http404("thread not found")
+            if not api_key.has_scope(ApiKey.Scope.READ):
+                raise HttpError(403, refusal_of(api_key, ApiKey.Scope.READ))
+            return Grant(tenant_id=api_key.tenant_id, key_id=api_key.pk)
+        if request.user.is_authenticated:
+            tenant_id = (
+                Thread.objects.filter(pk=thread_id).values_list("tenant_id", flat=True).first()
+            )
+            if (
+                tenant_id is None
+                or not Membership.objects.filter(user=request.user, tenant_id=tenant_id).exists()
+            ):
+                raise Http404("thread not found")
+            return Grant(
+                tenant_id=tenant_id,
+                user_id=request.user.pk,
+                session_key=request.session.session_key,
+            )
+        raise HttpError(401, "send 'Authorization: Bearer <key>', or log in")
+    finally:
+        release_connection()

@@ -93,14 +93,15 @@ async def _events(
         hub.unsubscribe(sub)
 
 
-def format_event(event: StoredEvent) -> str:
+def format_event(event: StoredEvent, *, event_id: str | None = None) -> str:
+    """One stored Event as SSE; its ``id:`` is its seq unless ``event_id`` says otherwise (a thread's stream)."""
     data = (
         f'{{"run_id":"{event.run_id}","seq":{event.seq},"type":{json.dumps(event.type)},'
         f'"at":"{event.created_at.isoformat()}",'
         f'"actor":{{"type":{json.dumps(event.actor_type)},"id":{json.dumps(event.actor_id)}}},'
         f'"data":{_one_line(_tenant_payload(event.payload_json))}}}'
     )
-    return f"id: {event.seq}\nevent: {_field(event.type)}\ndata: {data}\n\n"
+    return f"id: {event_id or event.seq}\nevent: {_field(event.type)}\ndata: {data}\n\n"
 
 
 def format_ephemeral(update: ephemeral.Ephemeral) -> str:

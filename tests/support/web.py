@@ -19,7 +19,7 @@ from tests.support.waiting import wait_until
 class SSE:
     """One server-sent event, as a client reads it."""
 
-    id: int | None
+    id: int | str | None  # a run's stream: the Event's seq; a thread's: "<turn>.<seq>"
     event: str
     data: dict
 
@@ -85,7 +85,7 @@ def read_events(
         if line == "":
             if "data" in fields:
                 event = SSE(
-                    int(fields["id"]) if "id" in fields else None,
+                    _event_id(fields["id"]) if "id" in fields else None,
                     fields.get("event", "message"),
                     json.loads(fields["data"]),
                 )
@@ -97,6 +97,10 @@ def read_events(
         name, _, value = line.partition(":")
         fields[name] = value[1:] if value.startswith(" ") else value
     return seen
+
+
+def _event_id(value: str) -> int | str:
+    return int(value) if value.isdigit() else value
 
 
 def bearer(key: str) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -16,10 +17,10 @@ import pytest
 
 from runs.events import Actor
 from runs.models import Event, Message, Run, Step, Thread
-from runs.threads import create_thread, post_thread_message
+from runs.threads import close_thread, create_thread, post_thread_message
 from tests.support.agents import notes
 from tests.support.waiting import wait_until
-from tests.support.web import Web, bearer
+from tests.support.web import SSE, Web, bearer, read_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -333,3 +334,61 @@ def test_twenty_messages_from_four_clients_under_enqueue_never_run_two_turns_at_
     assert sorted(read) == sorted(f"c{n}-m{i}" for n in range(4) for i in range(5))
     people = Message.objects.filter(thread=talk.thread).exclude(author_type="agent")
     assert people.count() == 20 and not people.filter(consumed_by_step__isnull=True).exists()
+
+
+def test_the_stream_of_a_thread_crosses_turns_and_resumes_with_last_event_id(
+    tenant, processes, tmp_path, api_key
+):
+    talk = Conversation(tenant, tmp_path, gate=None)
+    web = Web(processes).start()
+    worker(processes)
+    url = f"{web.base}/api/threads/{talk.thread.pk}/events"
+    seen: list[SSE] = []
+    with httpx.stream("GET", url, headers=bearer(api_key), timeout=30) as response:
+        assert response.status_code == 200
+        talk.post("one")
+        read_events(response, seen=seen, until=lambda e: e.event == "thread.asleep")
+        talk.post("two")
+        read_events(
+            response,
+            seen=seen,
+            until=lambda e: e.event == "thread.asleep" and e.data["data"]["turn"] == 2,
+        )
+    ids = [e.id for e in seen]
+    assert ids[0] == "1.1" and ids[-1].startswith("2.")
+    turns = [int(i.split(".")[0]) for i in ids]
+    assert turns == sorted(turns) and set(turns) == {1, 2}
+    types = [e.event for e in seen]
+    assert types.count("thread.reply") == 2 and types.count("thread.asleep") == 2
+    replies = [e.data["data"]["text"] for e in seen if e.event == "thread.reply"]
+    assert replies == ["echo: one", "echo: two"]
+
+    # Resumed from the middle of turn 1: the rest of turn 1, then turn 2, nothing twice.
+    middle = ids.index("1.3")
+    again: list[SSE] = []
+    with httpx.stream(
+        "GET", url, headers=bearer(api_key) | {"Last-Event-ID": "1.3"}, timeout=30
+    ) as response:
+        read_events(
+            response,
+            seen=again,
+            until=lambda e: e.event == "thread.asleep" and e.data["data"]["turn"] == 2,
+        )
+    assert [e.id for e in again] == ids[middle + 1 :]
+
+    # Closing the thread ends the stream (after thread.closed), for a client following it.
+    closing: list[SSE] = []
+    with httpx.stream(
+        "GET", url, headers=bearer(api_key) | {"Last-Event-ID": ids[-1]}, timeout=30
+    ) as response:
+        close_thread(thread=talk.thread, actor=PERSON, summary="bye")
+        read_events(response, seen=closing)  # returns when the server ends the stream
+    assert [e.event for e in closing] == ["thread.closed"]
+
+    # A malformed Last-Event-ID is a 422, another tenant's thread a 404.
+    bad = httpx.get(url, headers=bearer(api_key) | {"Last-Event-ID": "seven"}, timeout=10)
+    assert bad.status_code == 422 and "turn" in bad.json()["detail"]
+    other = httpx.get(
+        f"{web.base}/api/threads/{uuid.uuid4()}/events", headers=bearer(api_key), timeout=10
+    )
+    assert other.status_code == 404
