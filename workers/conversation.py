@@ -73,7 +73,7 @@ class Conversation:
                 release_connection()
             self._thread = ThreadInfo(
                 id=self._claimed.thread_id,
-                turn=row["turn"],
+                turn=row["turn"] or 0,  # a run with a thread has a turn (run_turn_iff_thread)
                 title=row["thread__title"],
                 policy=row["thread__policy"],
             )

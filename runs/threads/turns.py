@@ -141,6 +141,8 @@ def retry_turn(run: Run) -> None:
     retried while another is live, or after later turns ran, would break
     the order of the conversation (``InvalidTransition``).
     """
+    if run.thread_id is None:
+        raise ValueError(f"run {run.pk} is not a turn")
     thread = Thread.objects.select_for_update(no_key=True).get(pk=run.thread_id)
     if thread.status == ThreadStatus.CLOSED:
         raise InvalidTransition(f"thread {thread.pk} is closed: its turns cannot be retried")
