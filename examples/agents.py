@@ -30,6 +30,8 @@ from runs.registry import agent
 from runs.states import RunOutcome
 from workers.context import RunContext
 from workers.errors import Fatal
+from workers.llm.tools import ToolError, tool
+from workers.proposals import Change, Proposal
 from workers.values import StepResult
 
 SOURCES = ["company site", "press releases", "industry news", "job postings", "public filings"]
@@ -286,3 +288,104 @@ if _installed(
     "openai-agents"
 ):  # its package is named "agents": ask for the distribution, not the name
     import examples.frameworks.openai_agents_example  # noqa: E402, F401 - registers openai_agents_demo
+
+
+# A conversation (runs.threads): each turn of a support thread is one run of this kind.
+
+SUPPORT_SYSTEM = (
+    "You are the support assistant of an agent-runs platform, talking with one customer in a "
+    "conversation that lasts several turns. Answer from the documentation (search_docs), citing "
+    "the document id in square brackets. A credit or refund goes through issue_credit, which a "
+    "colleague approves first. Be brief."
+)
+# Words that end a conversation: the turn replies, then closes the thread.
+GOODBYE = re.compile(r"\b(thanks|thank you|bye|that's all)\b", re.IGNORECASE)
+
+
+def describe_credit(ctx: RunContext, amount_cents: int, reason: str) -> Proposal:
+    """What a credit would change: the credits given in this conversation, before and after."""
+    thread = ctx.thread
+    given = ctx.state.get("credits_cents", 0)
+    return Proposal(
+        summary=f"Credit {amount_cents} cents to the customer of thread “{thread.title if thread else ''}”",
+        target=f"Thread {thread.id if thread else ''}",
+        changes=[Change("credits given (cents)", given, given + amount_cents)],
+        details={"reason": reason},
+    )
+
+
+@tool(side_effect=True, needs_approval=True, propose=describe_credit)
+def issue_credit(ctx: RunContext, amount_cents: int, reason: str) -> dict:
+    """Credit the customer's account. A person approves every credit before it is issued."""
+    if not 1 <= amount_cents <= 100_000:
+        raise ToolError("a credit is between 1 and 100000 cents")
+    key = ctx.idempotency_key or ""
+    # The credit's reference comes from the step's idempotency key: a replay gives the same one.
+    return {
+        "credited_cents": amount_cents,
+        "reference": "CR-" + hashlib.sha256(key.encode()).hexdigest()[:8].upper(),
+    }
+
+
+@agent("support_assistant", max_attempts=3, max_model_iterations=6)
+def support_assistant(ctx: RunContext, data: dict) -> dict:
+    """One turn of a support conversation: read the customer, answer (a credit waits for a person), remember.
+
+    Uses the thread's history (the LLM loop shows the model the earlier
+    turns, bounded), its state (goal, facts, open questions, credits, risk
+    flags: what it keeps between turns instead of the whole conversation),
+    an approval inside the turn (``issue_credit``), and ``close_thread``
+    when the customer says goodbye.
+    """
+    from workers.llm import corpus, run_agent_loop
+    from workers.llm.scripts import SUPPORT_USER, json_or_none, support_script
+
+    if ctx.thread is None:
+        raise Fatal("support_assistant plays the turns of a thread: POST /api/threads")
+    state = ctx.state
+    said = [m["text"] for m in ctx.messages()]
+    if not said:
+        ctx.reply("I'm here: what can I help you with?")
+        return {"answer": None}
+    text = "\n".join(said)
+    result = run_agent_loop(
+        ctx,
+        system=SUPPORT_SYSTEM,
+        user=SUPPORT_USER.format(text=text),
+        tools=[corpus.search_docs, issue_credit],
+        max_iterations=5,
+        script=support_script,
+    )
+    credits = [c for c in result.tool_calls if c.get("name") == "issue_credit"]
+    credited = 0
+    for call in credits:
+        answer = json_or_none(call.get("content"))
+        if isinstance(answer, dict) and not call.get("error"):
+            credited += int(answer.get("credited_cents") or 0)
+    cited = re.findall(r"\[([a-z0-9-]+)\]", result.answer)
+    facts = (state.get("facts") or []) + [f"{ctx.thread.turn}: {cite}" for cite in cited]
+    questions = [q for q in state.get("open_questions") or [] if q not in said]
+    if not cited and not credits and not GOODBYE.search(text):
+        questions.append(text[:200])
+    risk = set(state.get("risk_flags") or [])
+    if credited:
+        risk.add("credit issued")
+    if re.search(r"\b(angry|lawyer|cancel my account)\b", text, re.IGNORECASE):
+        risk.add("unhappy customer")
+    ctx.update_state(
+        {
+            "goal": state.get("goal") or said[0][:200],
+            "facts": facts[-20:],
+            "open_questions": questions[-10:],
+            "credits_cents": state.get("credits_cents", 0) + credited,
+            "risk_flags": sorted(risk),
+            "turns": ctx.thread.turn,
+        }
+    )
+    ctx.reply(result.answer)
+    if GOODBYE.search(text):
+        ctx.close_thread(
+            f"Closed after {ctx.thread.turn} turns: {state.get('goal') or said[0]}"[:300]
+        )
+    ctx.report(result.answer[:300])
+    return {"answer": result.answer, "credited_cents": credited}

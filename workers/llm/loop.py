@@ -37,6 +37,11 @@ SDK_TIMEOUT_MARGIN_SECONDS = 5.0
 # only, and small enough for ctx.emit (7000 bytes of JSON) with room for the
 # rest of the event.
 LIVE_TEXT_INTERVAL_SECONDS = 0.25
+# In a turn of a thread, the conversation the model is shown before ``user``: the thread's last
+# lines, at most this many and this many characters (the oldest are cut), after the thread's
+# state, which stands for what was cut (runs.threads: the canonical agent state, not a fat context).
+HISTORY_LINES = 40
+HISTORY_CHARS = 12_000
 LIVE_TEXT_CHARS = 2000
 LIVE_TEXT_JSON_BYTES = 6000
 
@@ -71,6 +76,7 @@ def run_agent_loop(
     script: Script | None = None,
     timeout: float | None = None,
     max_output_tokens: int | None = None,
+    history: bool = True,
 ) -> AgentResult:
     """Let a model work on ``user`` with ``tools`` until it answers without calling one.
 
@@ -95,6 +101,13 @@ def run_agent_loop(
     ``max_output_tokens``, default ``LLM_MAX_OUTPUT_TOKENS``). ``timeout``
     overrides the step timeout of model calls. While a model call runs, its text so far is shown on the
     run's live event streams (``model.text`` events, never stored).
+
+    In a turn of a thread (``ctx.thread``), with ``history``, the model is
+    shown the conversation before ``user``: the thread's state, then its
+    last lines (``ctx.history``, at most ``HISTORY_LINES`` and
+    ``HISTORY_CHARS``; older lines are cut, never resent) as user and
+    assistant messages, leaving out this turn's own messages (which
+    ``user`` carries). Recorded, so a replay shows the model the same.
     """
     toolbox: dict[str, Tool] = {}
     for item in tools:
@@ -117,6 +130,7 @@ def run_agent_loop(
     # Runs started before the prompt was recorded have none: theirs is the one passed in.
     conversation: list[dict] = [
         {"role": "system", "content": setup["system"]},
+        *(thread_context(ctx) if history and ctx.thread is not None else []),
         {"role": "user", "content": setup.get("user", user)},
     ]
     calls_made: list[dict] = []
@@ -187,6 +201,38 @@ def run_agent_loop(
                 {"role": "tool", "tool_call_id": call.get("id", ""), "content": outcome["content"]}
             )
     raise AssertionError("unreachable")
+
+
+def thread_context(ctx: RunContext) -> list[dict]:
+    """The messages a turn's model sees before its prompt: the thread's state and its last lines, bounded."""
+    assert ctx.thread is not None
+    turn = ctx.thread.turn
+    lines = [
+        line
+        for line in ctx.history(limit=HISTORY_LINES)
+        if not (line["role"] == "user" and line["turn"] == turn)  # this turn's: in its prompt
+    ]
+    kept: list[dict] = []
+    used = 0
+    for line in reversed(lines):
+        used += len(line["text"])
+        if used > HISTORY_CHARS and kept:
+            break
+        kept.append(line)
+    kept.reverse()
+    cut = len(lines) - len(kept)
+    state = ctx.state
+    preface = "This is a turn of an ongoing conversation."
+    if state:
+        preface += (
+            " What you keep between turns (the thread's state): "
+            + json.dumps(state, ensure_ascii=False, sort_keys=True)[: HISTORY_CHARS // 4]
+        )
+    if cut:
+        preface += f" {cut} earlier lines of the conversation are not shown."
+    return [{"role": "system", "content": preface}] + [
+        {"role": line["role"], "content": line["text"][:HISTORY_CHARS]} for line in kept
+    ]
 
 
 def _use_tool(ctx: RunContext, toolbox: dict[str, Tool], call: dict, *, note: str) -> dict:

@@ -90,3 +90,57 @@ def research_script(messages: list[dict], tools: list[dict]) -> dict:
             return {"content": f"I could not read any document about: {question}"}
         return {"content": f"{question}\n\n" + "\n".join(points)}
     return {"content": "I have nothing more to add."}
+
+
+SUPPORT_USER = "Customer: {text}"
+
+
+def support_script(messages: list[dict], tools: list[dict]) -> dict:
+    """A support assistant: a credit asked for goes to a person first; a question is looked up in the corpus.
+
+    It reads the customer's message (the last user message) and, like a
+    real model, the conversation before it: "as I said" finds what the
+    customer said earlier.
+    """
+    text = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+    text = text.removeprefix("Customer: ").strip()
+    lowered = text.lower()
+    called, results = last_turn(messages)
+    if not called:
+        if re.search(r"\b(credit|refund)\b", lowered):
+            amount = int(next(iter(re.findall(r"\d+", text)), "500"))
+            return {
+                "content": "A credit needs a colleague's approval; asking.",
+                "tool_calls": [
+                    {
+                        "name": "issue_credit",
+                        "arguments": {"amount_cents": amount, "reason": text[:200]},
+                    }
+                ],
+            }
+        if re.search(r"\b(thanks|thank you|bye|that's all)\b", lowered):
+            return {
+                "content": "Glad I could help. I'm closing this conversation; write again any time."
+            }
+        return {
+            "content": "Looking this up.",
+            "tool_calls": [{"name": "search_docs", "arguments": {"query": text, "limit": 3}}],
+        }
+    if "issue_credit" in called:
+        outcome = json_or_none(results[0].get("content")) if results else None
+        if isinstance(outcome, dict) and outcome.get("credited_cents"):
+            return {
+                "content": f"Done: a credit of {outcome['credited_cents']} cents is on your account "
+                f"(reference {outcome['reference']})."
+            }
+        said = results[0].get("content") if results else ""
+        return {"content": f"I could not issue the credit: {said}"}
+    if "search_docs" in called:
+        hits = json_or_none(results[0].get("content")) if results else None
+        if isinstance(hits, list) and hits and isinstance(hits[0], dict):
+            best = hits[0]
+            return {"content": f"{best.get('snippet') or best.get('title')} [{best['doc_id']}]"}
+        return {
+            "content": "I found nothing about that in our documentation; a colleague will follow up."
+        }
+    return {"content": "Is there anything else I can help with?"}
