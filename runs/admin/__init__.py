@@ -8,4 +8,4 @@ page lives in ``overview``, its throughput chart in ``chart``. The templates
 are under templates/admin/, the stylesheet is static/css/admin-extra.css.
 """
 
-from runs.admin import fleet, run, tenancy, webhooks  # noqa: F401  (importing registers the ModelAdmins)
+from runs.admin import fleet, run, tenancy, threads, webhooks  # noqa: F401  (importing registers the ModelAdmins)
