@@ -248,3 +248,27 @@ def test_the_service_takes_the_same_rules(tenant):
     assert posted is None
     posted = post_thread_message(thread=thread, text="  hi  ", actor=PERSON, mention=True)
     assert posted.message.text == "hi" and posted.run is not None
+
+
+def test_webhooks_tell_a_thread_asleep_and_closed_to_the_endpoints_that_want_them(api, tenant):
+    from runs.models import WebhookDelivery, WebhookEndpoint
+
+    wants = WebhookEndpoint.objects.create(
+        tenant=tenant,
+        url="https://hooks.example.com/threads",
+        event_types=["thread.asleep", "thread.closed"],
+    )
+    WebhookEndpoint.objects.create(
+        tenant=tenant, url="https://hooks.example.com/runs", event_types=["run.done"]
+    )
+    thread = new_thread(api, message="first")
+    run = Run.objects.get(thread_id=thread["id"])
+    post(api, f"/api/runs/{run.pk}/cancel", {})
+    post(api, f"/api/threads/{thread['id']}/close", {"summary": "resolved"})
+    deliveries = WebhookDelivery.objects.filter(run=run).order_by("id")
+    assert [(d.endpoint_id, d.event_type) for d in deliveries] == [
+        (wants.pk, "thread.asleep"),
+        (wants.pk, "thread.closed"),
+    ]
+    asleep = Event.objects.get(run=run, type="thread.asleep")
+    assert asleep.payload["thread"] == thread["id"] and asleep.payload["status"] == "cancelled"
