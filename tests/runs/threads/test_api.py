@@ -272,3 +272,20 @@ def test_webhooks_tell_a_thread_asleep_and_closed_to_the_endpoints_that_want_the
     ]
     asleep = Event.objects.get(run=run, type="thread.asleep")
     assert asleep.payload["thread"] == thread["id"] and asleep.payload["status"] == "cancelled"
+
+
+def test_the_last_turn_is_retried_only_while_its_thread_sleeps(api):
+    thread = new_thread(api, message="first")
+    first = Run.objects.get(thread_id=thread["id"])
+    assert post(api, f"/api/runs/{first.pk}/cancel", {}).status_code == 200
+    assert Thread.objects.get(pk=thread["id"]).status == "asleep"
+    retried = post(api, f"/api/runs/{first.pk}/retry", {})
+    assert retried.status_code == 200, retried.content
+    awake = Thread.objects.get(pk=thread["id"])
+    assert (awake.status, awake.live_turn) == ("active", 1)
+    assert Run.objects.get(pk=first.pk).status == "queued"
+    # While it is live, a second cancel and retry are the same story; a later turn blocks a retry.
+    post(api, f"/api/runs/{first.pk}/cancel", {})
+    post(api, f"/api/threads/{thread['id']}/messages", {"text": "second"})
+    detail = error(post(api, f"/api/runs/{first.pk}/retry", {}), 409)["detail"]
+    assert "live" in detail or "last turn" in detail
