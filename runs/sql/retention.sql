@@ -9,6 +9,8 @@ WITH doomed AS (
     WHERE r.finished_at IS NOT NULL
       AND r.finished_at < COALESCE(%(before)s::timestamptz, statement_timestamp() - make_interval(secs => %(age)s::float8))
       AND r.status IN {terminal}
+      -- A thread's turns are kept as long as their thread: they are its conversation (runs.threads).
+      AND r.thread_id IS NULL
       -- Leaves first (run_parent_idx): a parent waits until its children are gone.
       AND NOT EXISTS (SELECT 1 FROM runs_run c WHERE c.parent_id = r.id)
       -- A child goes only with a parent that is itself past retention (a live one may still read it).

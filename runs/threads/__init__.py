@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -28,7 +29,7 @@ from runs.events import Actor, append_event
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, InvalidTransition
 from runs.kinds import require_startable
 from runs.limits import checked_cents
-from runs.models import Message, Run, RunStatus, Tenant, Thread
+from runs.models import LIVE_STATUSES, Message, Run, RunStatus, Tenant, Thread
 from runs.states import Delivered, ThreadPolicy, ThreadStatus
 from runs.text import find_unstorable
 from runs.threads.turns import (
@@ -38,6 +39,8 @@ from runs.threads.turns import (
     turn_input,
 )
 from runs.threads.turns import _close as close_locked
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AGENT",
@@ -209,9 +212,23 @@ def _locked(thread: Thread | Any) -> Thread:
 
 
 def live_turn(thread: Thread) -> Run | None:
+    """The thread's live turn (``thread`` locked); None while it sleeps.
+
+    A thread that says a turn is live when none is (its end was not told,
+    which no path should allow) is put to sleep here, with a warning,
+    rather than handing a message to a finished run.
+    """
     if thread.live_turn is None:
         return None
-    return Run.objects.filter(thread=thread, turn=thread.live_turn).first()
+    run = Run.objects.filter(thread=thread, turn=thread.live_turn).first()
+    if run is not None and run.status in LIVE_STATUSES:
+        return run
+    logger.warning(
+        "thread %s names turn %s live, which is not: asleep now", thread.pk, thread.live_turn
+    )
+    thread.status, thread.live_turn = ThreadStatus.ASLEEP, None
+    thread.save(update_fields=["status", "live_turn"])
+    return None
 
 
 @transaction.atomic

@@ -31,14 +31,14 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs import payloads
 from runs.events import SYSTEM, Actor, append_event
-from runs.exceptions import InvalidTransition
+from runs.exceptions import InvalidRunInput, InvalidTransition, QueueFull, UnknownKind
 from runs.models import LIVE_STATUSES, Message, Run, RunStatus, Step, Thread
 from runs.queries import one, queries
 from runs.registry import get_kind
@@ -244,10 +244,16 @@ def turn_ended(run_id: Any, *, actor: Actor = SYSTEM) -> None:
         and thread.status == ThreadStatus.ACTIVE
         and budget_left(thread) != Decimal(0)
     ):
-        # A mention that arrived after the turn's last read: it wakes the thread again at once.
+        # A mention that arrived after the turn's last read: it wakes the thread again at once,
+        # unless no turn may start now (the tenant's queue is full): then it waits for the next one.
         thread.save(update_fields=fields)
-        start_turn(thread, actor=SYSTEM, held=False)
-        return
+        try:
+            with transaction.atomic():
+                start_turn(thread, actor=SYSTEM, held=False)
+            return
+        except (QueueFull, ThreadBudgetSpent, UnknownKind, InvalidRunInput) as exc:
+            logger.warning("thread %s could not wake for a late mention: %s", thread.pk, exc)
+            thread.refresh_from_db()
     if thread.status == ThreadStatus.ACTIVE:
         thread.status = ThreadStatus.ASLEEP
     thread.live_turn = None

@@ -289,3 +289,21 @@ def test_the_last_turn_is_retried_only_while_its_thread_sleeps(api):
     post(api, f"/api/threads/{thread['id']}/messages", {"text": "second"})
     detail = error(post(api, f"/api/runs/{first.pk}/retry", {}), 409)["detail"]
     assert "live" in detail or "last turn" in detail
+
+
+def test_retention_keeps_a_threads_turns_and_their_lines(api, tenant):
+    from datetime import timedelta
+
+    from runs.engine.retention import prune_finished
+    from runs.services import submit_run
+
+    thread = new_thread(api, message="keep me")
+    turn = Run.objects.get(thread_id=thread["id"])
+    post(api, f"/api/runs/{turn.pk}/cancel", {})
+    plain = submit_run(tenant=tenant, kind="echo", input={"text": "x", "times": 1})
+    Run.objects.filter(pk=plain.pk).update(status="cancelled")
+    Run.objects.update(finished_at=turn.created_at - timedelta(days=400))
+    prune_finished(older_than=timedelta(days=30), batch=100)
+    assert not Run.objects.filter(pk=plain.pk).exists()
+    assert Run.objects.filter(pk=turn.pk).exists()
+    assert Message.objects.filter(thread_id=thread["id"], text="keep me").exists()
