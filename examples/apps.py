@@ -6,3 +6,9 @@ class ExamplesConfig(AppConfig):
 
     name = "examples"
     verbose_name = "Examples (RUNS_EXAMPLES=1)"
+
+    def ready(self) -> None:
+        from examples.demo import add_demo_thread
+        from runs.seed import demo_seeded
+
+        demo_seeded.connect(add_demo_thread, dispatch_uid="examples.demo_thread")

@@ -63,7 +63,7 @@ def test_the_guides_kind_and_curl_hold_a_conversation(processes, tmp_path):
     )
     posted = json.loads(answer.stdout)
     assert posted["delivered"] in {"queued_turn", "new_turn"}, answer.stdout + answer.stderr
-    thread = Thread.objects.get()
+    thread = Thread.objects.get(kind="concierge")
     assert (thread.kind, thread.title, thread.policy) == ("concierge", "Order 1042", "enqueue")
     wait_until(
         lambda: (

@@ -10,8 +10,6 @@ from runs.models import Message, Run, Step, Thread
 from runs.threads import create_thread, post_thread_message
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
 CUSTOMER = Actor(type="user", id="42")
 
 
@@ -29,6 +27,7 @@ def settled(thread: Thread, status: str = "asleep") -> Thread:
     )
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_support_conversation_remembers_asks_a_person_for_a_credit_and_closes(tenant, processes):
     processes.worker("--poll", "0.2")
     thread, posted, _ = create_thread(
@@ -52,9 +51,15 @@ def test_a_support_conversation_remembers_asks_a_person_for_a_credit_and_closes(
     second = wait_until(
         lambda: (run := turn(thread, 2)).status == "waiting_human" and run,
         timeout=30,
-        what=lambda: "turn 2 to wait for the credit's approval; it is "
-        + f"{turn(thread, 2).status} {turn(thread, 2).error} "
-        + str(list(Step.objects.filter(run=turn(thread, 2)).values_list("name", "status", "output"))),
+        what=lambda: (
+            "turn 2 to wait for the credit's approval; it is "
+            + f"{turn(thread, 2).status} {turn(thread, 2).error} "
+            + str(
+                list(
+                    Step.objects.filter(run=turn(thread, 2)).values_list("name", "status", "output")
+                )
+            )
+        ),
     )
     assert Thread.objects.get(pk=thread.pk).status == "active"
     approve_run(run=second, actor=Actor(type="user", id="1"), comment="ok")
@@ -72,3 +77,13 @@ def test_a_support_conversation_remembers_asks_a_person_for_a_credit_and_closes(
     thread = settled(thread, "closed")
     assert thread.summary.startswith("Closed after 3 turns")
     assert Message.objects.filter(thread=thread, author_type="agent").count() == 3
+
+
+def test_the_demo_seed_starts_one_support_conversation(db):
+    from runs.seed import seed_demo
+
+    seed_demo()
+    seed_demo()  # a second `make run` finds it
+    (thread,) = Thread.objects.all()
+    assert (thread.kind, thread.status) == ("support_assistant", "active")
+    assert Run.objects.filter(thread=thread, turn=1, status="queued").exists()
