@@ -1,10 +1,12 @@
 """The run page's POST actions: thin calls into ``runs.control`` (and ``runs.webhooks`` for a redelivery).
 
 Each action finds the run in the user's tenant (404), checks the role (403),
-then calls the service. The answer is a redirect to the run page with a
-one-line message, so every button works without JavaScript; an invalid form
-re-renders the page with the error next to the field (422). A state that no
-longer allows the action (``InvalidTransition``) is reported, never forced.
+then calls the service. The answer is a redirect to the run page (or to the
+page of this site the form names in ``next``: a thread's page decides its
+turns' approvals) with a one-line message, so every button works without
+JavaScript; an invalid form re-renders the run page with the error next to
+the field (422). A state that no longer allows the action
+(``InvalidTransition``) is reported, never forced.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from runs import control, selectors
@@ -48,6 +51,16 @@ def _apply(
         messages.error(request, f"Nothing changed: {exc}. The page shows the run as it is now.")
     else:
         messages.success(request, later if outcome.later and later else done)
+    return _back(request, run)
+
+
+def _back(request: HttpRequest, run: Run) -> HttpResponse:
+    """The run page, or the page of this site the form names in ``next`` (never another site)."""
+    wanted = request.POST.get("next", "")
+    if wanted.startswith("/") and url_has_allowed_host_and_scheme(
+        wanted, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return redirect(wanted)
     return redirect("runs:detail", run_id=run.id)
 
 

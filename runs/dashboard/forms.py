@@ -24,7 +24,9 @@ from runs.dashboard.presenters import money, status_label
 from runs.dashboard.selectors import id_range
 from runs.limits import MAX_DEADLINE_SECONDS
 from runs.models import MONEY, Run, RunStatus
+from runs.states import ThreadPolicy, ThreadStatus
 from runs.text import MAX_DEPTH, find_unstorable
+from runs.threads import MESSAGE_MAX_CHARS
 
 # Strings longer than this get a text area instead of a one-line input.
 LONG_TEXT = 200
@@ -307,3 +309,69 @@ class RunFilterForm(forms.Form):
         if len(digits) < 8 and not any(c.isdigit() for c in digits):
             return None
         return id_range(q)
+
+
+# Conversations (runs.dashboard.threads)
+
+
+class ThreadForm(forms.Form):
+    """The New thread form: ``runs.threads.create_thread`` checks it all again and is the authority."""
+
+    kind = forms.ChoiceField(
+        label="Agent", help_text="The kind that plays every turn of the conversation."
+    )
+    title = forms.CharField(
+        max_length=200, required=False, help_text="Optional; the list shows the agent's name."
+    )
+    policy = forms.ChoiceField(
+        label="A message sent while a turn is live",
+        initial=ThreadPolicy.INTERLEAVE.value,
+        help_text="What the agent does when you write again before it has answered.",
+    )
+    message = forms.CharField(
+        max_length=MESSAGE_MAX_CHARS,
+        required=False,
+        label="First message",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="It mentions the agent: turn 1 starts at once. Leave it empty to open the thread asleep.",
+    )
+    cost_ceiling_cents = forms.DecimalField(
+        min_value=0,
+        max_digits=MONEY["max_digits"],
+        decimal_places=MONEY["decimal_places"],
+        required=False,
+        label="Cost ceiling (¢)",
+        help_text="Optional: what all its turns together may spend.",
+    )
+
+    def __init__(self, *args: Any, kinds: list[tuple[str, str]], policies: list, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        cast(forms.ChoiceField, self.fields["kind"]).choices = kinds
+        cast(forms.ChoiceField, self.fields["policy"]).choices = policies
+
+
+class ThreadMessageForm(forms.Form):
+    text = forms.CharField(
+        max_length=MESSAGE_MAX_CHARS,
+        label="Message",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        error_messages={"required": "Write something first: an empty message is not sent."},
+    )
+    mention = forms.BooleanField(required=False, initial=True, label="Mention the agent")
+
+
+class CloseThreadForm(forms.Form):
+    summary = forms.CharField(
+        max_length=300,
+        required=False,
+        label="Closing note",
+        help_text="Optional; kept with the thread.",
+    )
+
+
+class ThreadFilterForm(forms.Form):
+    status = forms.ChoiceField(
+        required=False,
+        choices=[("", "Any status")] + [(status.value, status.label) for status in ThreadStatus],
+    )
+    cursor = forms.CharField(required=False, widget=forms.HiddenInput)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs.dashboard import actions, views
+from runs.dashboard import actions, threads, views
 
 app_name = "runs"
 urlpatterns = [
@@ -24,4 +24,14 @@ urlpatterns = [
         actions.redeliver,
         name="redeliver",
     ),
+    path("threads/", threads.thread_list, name="threads"),
+    path("threads/new/", threads.thread_new, name="thread_new"),
+    path("threads/<uuid:thread_id>/", threads.thread_detail, name="thread"),
+    path(
+        "threads/<uuid:thread_id>/conversation/",
+        threads.thread_conversation,
+        name="thread_conversation",
+    ),
+    path("threads/<uuid:thread_id>/messages/", threads.thread_message, name="thread_message"),
+    path("threads/<uuid:thread_id>/close/", threads.thread_close, name="thread_close"),
 ]

@@ -45,7 +45,7 @@ from runs.dashboard.forms import (
     RunFilterForm,
 )
 from runs.exceptions import IdempotencyConflict, InvalidRunInput, QueueFull, UnknownKind
-from runs.models import Run, RunStatus
+from runs.models import Run, RunStatus, Thread
 from runs.registry import all_kinds
 from runs.streams.sse import streams_served
 from runs.text import find_unstorable
@@ -167,6 +167,13 @@ def render_run_page(
         context["submitted_by"] = first[0].who
     if request.user.is_staff:
         context["admin_url"] = reverse("admin:runs_run_change", args=[run.id])
+    if run.thread_id is not None:
+        # A turn of a conversation: the page names its thread (one query, for turns only).
+        context["thread"] = (
+            Thread.objects.filter(pk=run.thread_id, tenant=access.tenant)
+            .only("id", "title", "kind")
+            .first()
+        )
     if not run.is_terminal and streams_served(request):
         # Only a page an ASGI server answered follows an event stream (runs.streams.sse).
         context["stream_url"] = _stream_url(run)
@@ -365,7 +372,7 @@ def submit_form(request: HttpRequest) -> HttpResponse:
     form = KindInputForm(
         kind.input_json_schema(), request.POST if request.method == "POST" else None
     )
-    key = _form_key(request)
+    key = form_key(request)
     if request.method == "POST" and form.is_valid():
         try:
             submitted = services.submit(
@@ -397,7 +404,7 @@ def submit_form(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/submit.html", context, status=422 if form.errors else 200)
 
 
-def _form_key(request: HttpRequest) -> str:
+def form_key(request: HttpRequest) -> str:
     """One key per rendered form: a double click or a resent POST finds the run it created.
 
     A key the server did not write (too long, or with characters PostgreSQL
