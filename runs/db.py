@@ -98,6 +98,16 @@ def is_transient(exc: BaseException) -> bool:
     return sqlstate is None or sqlstate.startswith(_TRANSIENT_SQLSTATES)
 
 
+def refused(exc: BaseException) -> bool:
+    """The server answered the statement with an error (a deadlock, a refused value): it did not commit.
+
+    False for a connection lost or ended under it, which may have committed
+    before the answer was lost.
+    """
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return sqlstate is not None and not sqlstate.startswith(("08", "57P"))
+
+
 def with_retries(
     fn, *, attempts: int = 5, for_seconds: float | None = None, what: str = "statement"
 ):

@@ -21,8 +21,9 @@ from typing import Any
 
 import structlog
 from django.conf import settings
+from django.db import DatabaseError
 
-from runs.db import notify_queues, release_connection, with_retries
+from runs.db import notify_queues, refused, release_connection, with_retries
 from runs.engine import claim as claims
 from runs.engine.fleet import register_worker, worker_stopped
 from runs.registry import all_kinds
@@ -214,9 +215,14 @@ class Worker:
         tries = 0
         with self._lock:
             returned, self._returns = self._returns, []
+        # Slots go back until a try may have given them back: one the server
+        # refused (a deadlock) certainly did not, one whose connection was
+        # lost may have. Left counted, they are a leak the reaper's
+        # reconciliation ends, never a slot counted twice.
+        unsent = True
 
         def claim_once() -> list[claims.ClaimedRun]:
-            nonlocal tries
+            nonlocal tries, unsent
             tries += 1
             adopted: list[claims.ClaimedRun] = []
             if tries > 1 or self._claim_errors:
@@ -225,22 +231,26 @@ class Worker:
                 with self._lock:
                     held = [h.run_id for h in self._held.values()]
                 adopted = claims.claimed_but_not_held(worker_id=self.id, held=held)
-            # Slots go back on the first try only: a retry cannot know whether
-            # the first gave them back. Left counted, they are a leak the
-            # reaper's reconciliation ends, never a slot counted twice.
-            return adopted + claims.claim(
-                worker_id=self.id,
-                queues=self.options.queues,
-                kinds=self.kinds,
-                n=n - len(adopted),
-                lease=self.lease,
-                resumes=self.resumes,
-                returned=returned if tries == 1 else (),
-            )
+            try:
+                return adopted + claims.claim(
+                    worker_id=self.id,
+                    queues=self.options.queues,
+                    kinds=self.kinds,
+                    n=n - len(adopted),
+                    lease=self.lease,
+                    resumes=self.resumes,
+                    returned=returned if unsent else (),
+                )
+            except DatabaseError as exc:
+                unsent = unsent and refused(exc)
+                raise
 
         try:
             runs = with_retries(claim_once, attempts=3, what="claim")
         except Exception:
+            if unsent and returned:
+                with self._lock:
+                    self._returns[:0] = returned  # given back with the next claim
             self._claim_errors += 1
             logger.exception("claim failed; retrying after the poll interval")
             if self.options.burst and self._claim_errors >= 5:

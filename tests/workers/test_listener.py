@@ -29,7 +29,8 @@ def test_an_idle_worker_is_woken_by_notify_and_survives_losing_its_listener(tena
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%'"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
         )
     wait_until(_listening, timeout=20, what="the LISTEN connection to come back")
     second = submit_run(tenant=tenant, kind="echo", input={"text": "b"})
