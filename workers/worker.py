@@ -211,6 +211,11 @@ class Worker:
         with self._lock:
             self._returns.append((tenant_id, left_at))
 
+    def give_slots_back(self) -> None:
+        """Give back now the tenant slots of runs that left running since the last claim; claims nothing."""
+        if self._returns:
+            self._claim(0)
+
     def _claim(self, n: int) -> int:
         tries = 0
         with self._lock:
@@ -290,8 +295,7 @@ class Worker:
         self._pool.shutdown(wait=True)
         self.committer.stop()
         self.defers_slot_returns = False
-        if self._returns:
-            self._claim(0)  # gives the last slots back; claims nothing
+        self.give_slots_back()
         if self._listener is not None:
             self._listener.stop()
         try:
