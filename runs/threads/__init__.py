@@ -35,10 +35,10 @@ from runs.text import find_unstorable
 from runs.threads.turns import (
     AGENT,
     ThreadBudgetSpent,
+    close_locked,
     start_turn,
     turn_input,
 )
-from runs.threads.turns import _close as close_locked
 
 logger = logging.getLogger(__name__)
 

@@ -228,7 +228,7 @@ def turn_ended(run_id: Any, *, actor: Actor = SYSTEM) -> None:
     thread.updated_at = timezone.now()
     fields = ["cost_cents", "state", "updated_at", "status", "live_turn", "summary", "closed_at"]
     if closing is not None:
-        _close(thread, summary=closing, run=run, actor=actor, fields=fields)
+        close_locked(thread, summary=closing, run=run, actor=actor, fields=fields)
         return
     if not was_live:
         thread.save(update_fields=fields)
@@ -303,8 +303,10 @@ def _release(thread: Thread, run: Run, *, after: Run, actor: Actor) -> None:
     )
 
 
-def _close(thread: Thread, *, summary: str, run: Run, actor: Actor, fields: list[str]) -> None:
-    """Close the thread (its turn said so, or a person did); the turns held after it are cancelled."""
+def close_locked(
+    thread: Thread, *, summary: str, run: Run, actor: Actor, fields: list[str]
+) -> None:
+    """Close the thread, its row locked (its turn said so, or a person did); the turns held after it are cancelled."""
     from runs.control.lifecycle import cancel_run  # control imports this module
 
     thread.status = ThreadStatus.CLOSED
