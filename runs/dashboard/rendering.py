@@ -360,7 +360,8 @@ def answer_view(result: Any, steps: Iterable[Any] = ()) -> AnswerView | None:
     to the steps of ``steps`` that read the documents; ``{"brief", "topic",
     "questions", "sources", "review"}`` (``research_brief``) shows the brief;
     ``{"summary", "sections": [{"question", "answer", "run_id"}], "sources"}``
-    (``research_many``) one section per question.
+    (``research_many``) one section per question; sections that are not
+    objects (a list of strings) are data, shown as JSON.
     """
     if not isinstance(result, dict):
         return None
@@ -398,7 +399,9 @@ def answer_view(result: Any, steps: Iterable[Any] = ()) -> AnswerView | None:
             lists=lists,
             notes=notes,
         )
-    if isinstance(result.get("sections"), list):
+    if isinstance(result.get("sections"), list) and any(
+        isinstance(s, dict) for s in result["sections"]
+    ):
         sources = _sources(result.get("sources"))
         by_id = {s.doc_id: s for s in sources}
         sections = [

@@ -70,7 +70,8 @@ r AS (
             WHEN cur.new_status IN {terminal} AND runs_run.compensation = 'requested' THEN ''
             ELSE runs_run.compensation END),
         result = CASE WHEN cur.new_status = {done} THEN cur.result::jsonb ELSE runs_run.result END,
-        error = COALESCE(cur.error, runs_run.error),
+        -- A run that ends done carries no error (an earlier attempt's is in its Events), as no error_kind.
+        error = CASE WHEN cur.new_status = {done} THEN '' ELSE COALESCE(cur.error, runs_run.error) END,
         error_kind = CASE
             WHEN cur.new_status = {failed} AND cur.target = {queued} THEN 'retryable'
             WHEN cur.new_status = {failed} THEN COALESCE(cur.error_kind, 'fatal')

@@ -199,7 +199,9 @@ def test_the_tutorial_runs_as_written(terminals, tmp_path):
     wait_until(
         lambda: Run.objects.get(pk=run_id).status == "waiting_human",
         timeout=30,
-        what="the run to wait for approval",
+        what=lambda: "the run to wait for approval (it is {0.status}: {0.error})".format(
+            Run.objects.get(pk=run_id)
+        ),
     )
     waiting = json.loads(client.run(page["status"]))
     assert (waiting["status"], waiting["current_step"]) == ("waiting_human", "approve_outline")

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from runs.models import Run, Step, Tenant, Worker
+from runs.models import Event, Run, Step, Tenant, Worker
 from runs.services import submit_run
 from tests.conftest import fresh
 from tests.support.agents import executions
@@ -85,11 +85,15 @@ def test_sigkill_in_step_7_of_9_resumes_elsewhere_without_repeating_steps_1_to_6
     assert "rescued=1" in reaped.stdout, reaped.stdout + reaped.stderr
     run = fresh(run)
     assert (run.status, run.failures) == ("queued", 1)
+    assert "stopped heartbeating" in run.error
 
     second = processes.worker("--burst")
     assert second.wait(60) == 0, processes.output(second)
     run = fresh(run)
     assert (run.status, run.attempt, run.steps_done) == ("done", 2, 9)
+    # Done carries no error: the rescue is in its Events, not shown as why it stopped.
+    assert (run.error, run.error_kind) == ("", "")
+    assert Event.objects.filter(run=run, type="run.queued", actor_id="reaper").exists()
     per_step = Counter(seq for _, seq, _, _ in executions(log))
     assert per_step == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 2, 8: 1, 9: 1}
     pids = {seq: {pid for _, s, _, pid in executions(log) if s == seq} for seq in (1, 8)}

@@ -460,7 +460,16 @@ def test_a_report_of_child_answers_links_citations_to_its_sources_list():
 
 
 @pytest.mark.parametrize(
-    "result", [None, {"lead_id": 1, "applied": True}, [1, 2], "text", {"answer": 3}]
+    "result",
+    [
+        None,
+        {"lead_id": 1, "applied": True},
+        [1, 2],
+        "text",
+        {"answer": 3},
+        # The tutorial's write_post: sections that are strings are data, not a report.
+        {"published": True, "sections": ["What durable runs is: 120 words, published"]},
+    ],
 )
 def test_a_result_without_prose_has_no_answer_view(result):
     assert answer_view(result) is None
