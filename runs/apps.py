@@ -10,6 +10,7 @@ class RunsConfig(AppConfig):
         # installed apps' agents.py and AGENT_MODULES here, and their tasks.py when
         # TASKS names this project's backend (each @task on it becomes a kind, runs.tasks).
         import runs.checks  # noqa: F401  (registers the system checks)
+        import runs.threads.turns  # noqa: F401  (registers what a turn's end does to its thread)
         from runs.driver import raise_cache_limits
         from runs.registry import autodiscover
         from runs.tasks import autodiscover_tasks

@@ -25,7 +25,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 import structlog
@@ -33,7 +33,6 @@ import structlog
 if TYPE_CHECKING:
     from runs.engine.claim import ClaimedRun
     from runs.engine.steps import StepRecord
-    from workers.recording import StepRecorder
 
 STEP_STATUS = "agentruns.step.status"
 
@@ -103,8 +102,15 @@ def _observed_run[S: str | None](
         return status
 
 
+class FailureSource(Protocol):
+    """What a step's span reads of the recorder running it (``workers.recording.StepRecorder``)."""
+
+    @property
+    def last_failure(self) -> Any: ...  # a workers.recording.StepFailure, or None
+
+
 @contextmanager
-def observed_step(ctx: StepRecorder, record: StepRecord) -> Iterator[None]:
+def observed_step(ctx: FailureSource, record: StepRecord) -> Iterator[None]:
     """While step ``record`` executes: ``step`` and ``seq`` on every line, and the span ``step <name>``."""
     tokens = structlog.contextvars.bind_contextvars(step=record.name, seq=record.seq)
     try:

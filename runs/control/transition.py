@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 
 from runs.db import notify_control
 from runs.engine import family
+from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
 from runs.metrics import process as metrics
@@ -30,8 +31,6 @@ class Outcome:
 
 def locked(run: Run) -> Run:
     """``run`` read again under its row lock; a turn's thread is locked first (the lock order, runs.threads.turns)."""
-    from runs.threads.turns import lock_thread_of  # threads use transitions: imported when needed
-
     lock_thread_of(run.pk)
     return Run.objects.select_for_update().get(pk=run.pk)
 
@@ -77,9 +76,7 @@ def transition(
     if to in TERMINAL_STATUSES:
         _family_after(run, to)
         if run.thread_id is not None:
-            from runs.threads.turns import turn_ended
-
-            turn_ended(run.pk, actor=actor)
+            tell_turn_ended(run.pk, actor=actor)
         queue, kind = run.queue, run.kind
         transaction.on_commit(lambda: metrics.run_finished(queue=queue, kind=kind, status=to))
     return run

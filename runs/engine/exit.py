@@ -34,6 +34,7 @@ from django.db import transaction
 from runs.db import engine_cursor, storable_text
 from runs.engine import recordset
 from runs.engine.family import child_finished
+from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor
 from runs.metrics import process as metrics
 from runs.queries import queries, rows
@@ -338,7 +339,7 @@ def leave(exit: Exit, *, expires_seconds: float | None = None) -> Exited | None:
             return _after_end(exited, exit)
     with transaction.atomic():
         if exit.thread is not None:
-            _lock_thread(exit.run)  # before the run's row: the lock order of conversations
+            lock_thread_of(exit.run)  # before the run's row: the lock order of conversations
         if recheck:
             with engine_cursor() as cursor:
                 cursor.execute(queries.lock_run_to_recheck, {"run": exit.run})
@@ -352,19 +353,13 @@ def _after_end(exited: Exited, exit: Exit) -> Exited:
     """A terminal exit tells the run's parent (a child) and its thread (a turn), in its transaction."""
     assert exit.run is not None
     if exited.thread_id is not None:
-        from runs.threads.turns import lock_thread_of, turn_ended  # threads use the control layer
-
         lock_thread_of(exit.run)  # held already, unless the exit did not name its thread
-        turn_ended(exit.run, actor=Actor(type=exit.actor_type or "worker", id=exit.actor_id or ""))
+        tell_turn_ended(
+            exit.run, actor=Actor(type=exit.actor_type or "worker", id=exit.actor_id or "")
+        )
     if exited.parent_id is not None:
         exited = exited._replace(woke_parent=_tell_parent(exited, exit.run, exited.parent_id))
     return exited
-
-
-def _lock_thread(run_id: UUID) -> None:
-    from runs.threads.turns import lock_thread_of  # threads use the control layer
-
-    lock_thread_of(run_id)
 
 
 def leave_many(exits: Sequence[Exit]) -> list[Exited | None]:

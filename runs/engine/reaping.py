@@ -17,6 +17,7 @@ from django.db import connection, transaction
 
 from runs.engine import family
 from runs.engine.exit import Exit, leave
+from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor
 from runs.metrics import process as metrics
 from runs.queries import one, queries, rows
@@ -97,8 +98,6 @@ def expire_waiting(*, batch: int) -> int:
     (``family.orphaned_children``); an expired child wakes its parent, an
     expired turn hands its thread to the next turn (``runs.threads.turns``).
     """
-    from runs.threads.turns import lock_thread_of, turn_ended  # threads use the control layer
-
     with connection.cursor() as cursor:
         cursor.execute(queries.expire_waiting, {"batch": batch, "only": None})
         expired = rows(cursor)
@@ -113,7 +112,7 @@ def expire_waiting(*, batch: int) -> int:
             if row:
                 expired.append(row)
                 if child["thread_id"] is not None:
-                    turn_ended(child["id"], actor=Actor(type="system", id="reaper"))
+                    tell_turn_ended(child["id"], actor=Actor(type="system", id="reaper"))
                 if child["parent_id"] is not None:
                     family.wake_after_commit(
                         family.child_finished(

@@ -29,18 +29,17 @@ from __future__ import annotations
 import logging
 from decimal import Decimal
 from typing import Any
-from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs import payloads
+from runs.engine.turns import on_turn_ended
 from runs.events import SYSTEM, Actor, append_event
 from runs.exceptions import InvalidRunInput, InvalidTransition, QueueFull, UnknownKind
 from runs.models import LIVE_STATUSES, Message, Run, RunStatus, Step, Thread
-from runs.queries import one, queries
 from runs.registry import get_kind
 from runs.states import ErrorKind, StepKind, StepStatus, ThreadStatus
 
@@ -52,14 +51,6 @@ AGENT = "agent"
 
 class ThreadBudgetSpent(InvalidTransition):
     """The thread's cost ceiling is spent: no new turn may start."""
-
-
-def lock_thread_of(run_id: Any) -> UUID | None:
-    """Lock the thread of run ``run_id`` if it is a turn (before the run: the lock order); its id, or None."""
-    with connection.cursor() as cursor:
-        cursor.execute(queries.lock_thread_of_run, {"run": run_id})
-        row = one(cursor)
-    return row["id"] if row else None
 
 
 def budget_left(thread: Thread) -> Decimal | None:
@@ -190,6 +181,7 @@ def last_reply(run: Run) -> str | None:
     return text
 
 
+@on_turn_ended
 def turn_ended(run_id: Any, *, actor: Actor = SYSTEM) -> None:
     """What a turn that just became terminal leaves to its thread; see the module's docstring.
 
