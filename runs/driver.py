@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger(__name__)
@@ -103,18 +104,38 @@ def engine_cursor() -> Iterator[CursorWrapper]:
     Otherwise it is what ``connection.cursor()`` gives: Django's errors,
     execute wrappers and query log.
     """
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    with connection.wrap_database_errors:
-        raw = psycopg.Cursor(connection.connection)
+    # This thread's connection, looked up once (the ``connection`` proxy looks it up at every attribute).
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    with db.wrap_database_errors:
+        raw = psycopg.Cursor(db.connection, row_factory=dict_rows)
     # django-stubs type the argument of make_cursor and make_debug_cursor as a CursorWrapper;
     # Django's own cursor() hands them the DB-API cursor (create_cursor's), as here.
     cursor: CursorWrapper
-    if connection.queries_logged:
-        cursor = connection.make_debug_cursor(raw)  # type: ignore[arg-type]
+    if db.queries_logged:
+        cursor = db.make_debug_cursor(raw)  # type: ignore[arg-type]
     else:
-        cursor = connection.make_cursor(raw)  # type: ignore[arg-type]
+        cursor = db.make_cursor(raw)  # type: ignore[arg-type]
     try:
         yield cursor
     finally:
         cursor.close()
+
+
+def dict_rows(cursor: psycopg.Cursor) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    """The engine cursor's row factory: each row a dict keyed by column name (``runs.queries.one``, ``rows``).
+
+    psycopg's ``dict_row`` less its lookup of the connection's encoding at
+    every result: the names are decoded as UTF-8, the client encoding Django
+    sets on every connection.
+    """
+    result = cursor.pgresult
+    names = (
+        [] if result is None else [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+    )
+
+    def make(values: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(names, values, strict=True))
+
+    return make

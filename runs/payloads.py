@@ -35,12 +35,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any, TypeGuard
 from uuid import UUID
 
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from runs.db import dumps, loads
 from runs.exceptions import PayloadTooLarge
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from runs.models import Artifact
 
 REFERENCE = "$artifact"
+_QUOTED_REFERENCE = f'"{REFERENCE}"'  # as it appears in JSON text
 CONTENT_TYPE = "application/json"
 _REFERENCE_KEYS = frozenset({REFERENCE, "bytes", "sha256", "summary", "url"})
 
@@ -66,11 +70,28 @@ def _artifact_model() -> type[Artifact]:
 
 
 def inline_limit() -> int:
-    return settings.RUNS_PAYLOAD_INLINE_BYTES
+    return _limits()[0]
 
 
 def max_bytes() -> int:
-    return settings.RUNS_PAYLOAD_MAX_BYTES
+    return _limits()[1]
+
+
+@cache
+def _limits() -> tuple[int, int, int]:
+    """The two settings, and the length of text that is within both whatever its characters.
+
+    Read once (a checkpoint asks for them twice per step); read again after a
+    test's ``override_settings`` changes either (``_forget_limits``).
+    """
+    inline, cap = settings.RUNS_PAYLOAD_INLINE_BYTES, settings.RUNS_PAYLOAD_MAX_BYTES
+    return inline, cap, min(inline, cap) // 4  # UTF-8 spends at most 4 bytes on a character
+
+
+@receiver(setting_changed)
+def _forget_limits(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("RUNS_PAYLOAD_INLINE_BYTES", "RUNS_PAYLOAD_MAX_BYTES"):
+        _limits.cache_clear()
 
 
 def is_reference(value: Any) -> TypeGuard[dict[str, Any]]:
@@ -86,7 +107,13 @@ def is_reference(value: Any) -> TypeGuard[dict[str, Any]]:
 
 def _looks_like_reference(text: str) -> bool:
     # Cheap first: only a text holding the key can be a dict with it at the top.
-    return f'"{REFERENCE}"' in text and text.startswith("{") and is_reference(json.loads(text))
+    return _QUOTED_REFERENCE in text and text.startswith("{") and is_reference(json.loads(text))
+
+
+def _inline_as_is(text: str) -> bool:
+    """The common case, decided without encoding or naming anything: small whatever its characters
+    (UTF-8 spends at most 4 bytes on one), within both limits, and no reference's look-alike."""
+    return len(text) <= _limits()[2] and _QUOTED_REFERENCE not in text
 
 
 def _nbytes(text: str) -> int:
@@ -164,6 +191,8 @@ def stored_json(text: str, *, run_id: UUID, name: str, what: str) -> str:
 
 def stored_step_input_json(text: str, *, run_id: UUID, seq: int) -> str:
     """A step input's JSON as stored: past the cap a note, since only the audit trail reads it."""
+    if _inline_as_is(text):
+        return text
     try:
         return stored_json(text, run_id=run_id, name=f"step {seq} input", what="the step's input")
     except PayloadTooLarge as exc:
@@ -242,6 +271,8 @@ def resolve_json(text: str | bytes | None, *, run_id: UUID) -> Any:
 
 def stored_step_output_json(text: str, *, step: Any) -> str:
     """A step output's JSON as stored (``step`` is its ``StepRecord``); past the cap ``PayloadTooLarge``."""
+    if _inline_as_is(text):
+        return text
     return stored_json(
         text,
         run_id=step.run_id,

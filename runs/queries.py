@@ -126,8 +126,8 @@ queries = Queries()
 def one(cursor) -> dict[str, Any] | None:
     """The statement's first row as a dict keyed by column name, or None when it returned none."""
     row = cursor.fetchone()
-    if row is None:
-        return None
+    if row is None or isinstance(row, dict):  # the engine's cursor makes dicts (runs.driver)
+        return row
     return dict(zip([column.name for column in cursor.description], row, strict=True))
 
 
@@ -141,5 +141,8 @@ def single(cursor) -> dict[str, Any]:
 
 def rows(cursor) -> list[dict[str, Any]]:
     """Every row the statement returned, each a dict keyed by column name."""
+    found = cursor.fetchall()
+    if not found or isinstance(found[0], dict):  # the engine's cursor makes dicts (runs.driver)
+        return found
     names = [column.name for column in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in found]

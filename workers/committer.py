@@ -196,7 +196,9 @@ class Committer:
                 else []
             )
             left = leave_many([exit for _, exit in exits]) if exits else []
-        values = dict(zip((id(r) for r, _ in checkpoints), done, strict=True)) | dict(
-            zip((id(r) for r, _ in exits), left, strict=True)
-        )
+        values: dict[int, Any] = {}
+        for (request, _), checkpointed in zip(checkpoints, done, strict=True):
+            values[id(request)] = checkpointed
+        for (request, _), exited in zip(exits, left, strict=True):
+            values[id(request)] = exited
         return [values[id(r)] for r in batch]

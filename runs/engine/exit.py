@@ -93,8 +93,10 @@ class Exit(recordset.Row):
     error_class: str | None = field(default=None, metadata=recordset.PYTHON_ONLY)
 
     def __post_init__(self) -> None:
-        target = RunStatus(self.target)
-        object.__setattr__(self, "target", target)
+        target = self.target
+        if not isinstance(target, RunStatus):  # the constructors below give the enum already
+            target = RunStatus(target)
+            object.__setattr__(self, "target", target)
         if target not in _TARGETS:
             raise ValueError(f"a run cannot leave running for {target}")
         if (self.result is not None) != (target == RunStatus.DONE):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import re
 import types
 import typing
@@ -133,20 +134,29 @@ def _carries(hint: object, python_type: type) -> bool:
 
 
 def _default(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
+    # Most frequent first: every row has a run id and a time.
+    if isinstance(value, UUID):
+        return str(value)
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, UUID | Decimal):
+    if isinstance(value, Decimal):
         return str(value)
+    if isinstance(value, Enum):  # a str enum is encoded as a str before it gets here
+        return value.value
     raise TypeError(f"{type(value).__name__} is not a parameter type of json_to_recordset rows")
+
+
+# One encoder for every call (json.dumps with arguments makes a new one each time).
+_ENCODER = json.JSONEncoder(default=_default, separators=(",", ":"), allow_nan=False)
 
 
 def rows(items: Iterable[Row]) -> str:
     """The parameter of the statement the items' class was checked against: one JSON object of its columns per item."""
-    return json.dumps(
-        [{name: getattr(item, name) for name in item.COLUMNS} for item in items],
-        default=_default,
-        separators=(",", ":"),
-        allow_nan=False,
-    )
+    found = list(items)
+    if not found:
+        return "[]"
+    names = found[0].COLUMNS
+    if len(names) == 1:
+        return _ENCODER.encode([{names[0]: getattr(item, names[0])} for item in found])
+    values = operator.attrgetter(*names)  # the columns of an item, as a tuple, in one call
+    return _ENCODER.encode([dict(zip(names, values(item), strict=True)) for item in found])

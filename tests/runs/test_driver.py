@@ -95,6 +95,19 @@ def test_the_engine_cursors_statements_are_in_djangos_query_log():
     assert logged["sql"].startswith("SELECT 41 + ")
 
 
+@pytest.mark.django_db
+def test_the_engine_cursor_gives_rows_by_column_name():
+    with engine_cursor() as cursor:
+        cursor.execute("SELECT 1 AS a, 'x' AS \"café\" UNION ALL SELECT 2, 'y'")
+        assert cursor.fetchall() == [{"a": 1, "café": "x"}, {"a": 2, "café": "y"}]
+        cursor.execute("SELECT 1 AS a WHERE false")
+        assert one(cursor) is None
+        # A statement that returns no rows, then one that does, on the same cursor.
+        cursor.execute("SET LOCAL statement_timeout = '5s'")
+        cursor.execute("SELECT %(n)s::int AS n", {"n": 7})
+        assert one(cursor) == {"n": 7}
+
+
 # A private name of psycopg's (a module or attribute whose name starts with
 # one underscore), or Django's private way of wrapping a cursor.
 _PRIVATE_TEXT = re.compile(r"psycopg(?:_pool)?\._[a-z]|_prepare_cursor")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+from uuid import uuid4
 
 import pytest
 from django.test import Client
@@ -241,3 +242,13 @@ def test_a_reference_never_reads_another_tenants_artifact(tenant, api, processes
     assert payloads.resolve(output_a, run_id=run_a.pk)["blob"]
     assert api_b.get(output_a["url"]).status_code == 404
     assert api_b.get(f"/api/runs/{run_b.pk}/artifacts/{output_a['$artifact']}").status_code == 404
+
+
+def test_a_changed_payload_limit_holds_at_once_though_the_limits_are_read_once(settings):
+    """The limits are read once per process (a checkpoint asks for them twice a step), again when changed."""
+    text = json.dumps({"text": "x" * 600})
+    run_id = uuid4()
+    assert payloads.stored_step_input_json(text, run_id=run_id, seq=1) == text
+    settings.RUNS_PAYLOAD_MAX_BYTES = 500
+    stored = json.loads(payloads.stored_step_input_json(text, run_id=run_id, seq=1))
+    assert "x" * 600 not in json.dumps(stored) and "500" in json.dumps(stored), stored

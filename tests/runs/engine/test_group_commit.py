@@ -170,7 +170,7 @@ def test_engine_statements_are_planned_once_per_connection_without_jit(tenant):
         )
     with engine_cursor() as cursor:
         cursor.execute("SHOW jit")
-        assert cursor.fetchone()[0] == "off"
+        assert cursor.fetchone() == {"jit": "off"}  # rows by column name
         cursor.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE statement LIKE %s",
@@ -178,4 +178,4 @@ def test_engine_statements_are_planned_once_per_connection_without_jit(tenant):
         )
         plans = cursor.fetchall()
     # Prepared after RUNS_DB_PREPARE_THRESHOLD executions, then never planned again.
-    assert plans and all(custom == 0 and generic >= 1 for generic, custom in plans), plans
+    assert plans and all(p["custom_plans"] == 0 and p["generic_plans"] >= 1 for p in plans), plans
