@@ -177,6 +177,8 @@ def stored_json(text: str, *, run_id: UUID, name: str, what: str) -> str:
     first execution saved). Past the cap raises ``PayloadTooLarge`` naming
     ``what``, and nothing is written.
     """
+    if _inline_as_is(text):  # the common case, decided without counting bytes
+        return text
     check_size(_nbytes(text), what=what)
     if not _needs_artifact(text):
         return text
@@ -191,8 +193,6 @@ def stored_json(text: str, *, run_id: UUID, name: str, what: str) -> str:
 
 def stored_step_input_json(text: str, *, run_id: UUID, seq: int) -> str:
     """A step input's JSON as stored: past the cap a note, since only the audit trail reads it."""
-    if _inline_as_is(text):
-        return text
     try:
         return stored_json(text, run_id=run_id, name=f"step {seq} input", what="the step's input")
     except PayloadTooLarge as exc:
@@ -271,8 +271,6 @@ def resolve_json(text: str | bytes | None, *, run_id: UUID) -> Any:
 
 def stored_step_output_json(text: str, *, step: Any) -> str:
     """A step output's JSON as stored (``step`` is its ``StepRecord``); past the cap ``PayloadTooLarge``."""
-    if _inline_as_is(text):
-        return text
     return stored_json(
         text,
         run_id=step.run_id,
