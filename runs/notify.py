@@ -1,10 +1,13 @@
-"""After a submit commits: wake idle workers (NOTIFY) and count the run in its tenant's queued counter.
+"""After a submit commits: count the run in its tenant's queued counter and wake idle workers (NOTIFY).
 
 Never a per-row trigger, and never inside the submit's transaction (a long
 caller transaction would hold the tenant row, so every submit and claim of
-the tenant would wait). Both are debounced per process: the first of a
-burst goes out at once; what follows within the interval is folded into
-one NOTIFY per queue and one counter UPDATE for all tenants.
+the tenant would wait). Both go in one statement of their own
+(``count_and_notify``): one round trip, and the NOTIFY is delivered only once
+the counter is raised, so the claims it starts do not hold the tenant row
+against the submit that woke them. Both are debounced per process: the first
+of a burst goes out at once; what follows within the interval is folded into
+one statement for all tenants and queues.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from runs.db import notify_queues, release_connection
+from runs.db import NOTIFY_CHANNEL, notify_queues, release_connection
 from runs.queries import queries
 
 logger = logging.getLogger(__name__)
@@ -76,23 +79,28 @@ class AfterSubmit:
 
 
 def _flush(queues: set[str], counts: Counter[UUID]) -> None:
-    # Wake workers first: counting is bookkeeping and may wait on the tenant row.
+    tenants = sorted(counts)
     try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.count_and_notify,
+                {
+                    "tenants": tenants,
+                    "counts": [counts[t] for t in tenants],
+                    "channel": NOTIFY_CHANNEL,
+                    "queues": sorted(queues),
+                },
+            )
+        return
+    except Exception:
+        logger.exception("could not count queued runs (the reaper reconciles the counters)")
+    try:
+        # Counting failed, so nothing was sent: the workers are woken all the same.
         if queues:
             notify_queues(queues)
     except Exception:
         # The poll interval still picks the runs up; a submit never fails on this.
         logger.exception("NOTIFY failed for %s", sorted(queues))
-    try:
-        if counts:
-            tenants = sorted(counts)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    queries.count_queued,
-                    {"tenants": tenants, "counts": [counts[t] for t in tenants]},
-                )
-    except Exception:
-        logger.exception("could not count queued runs (the reaper reconciles the counters)")
 
 
 _after_submit = AfterSubmit(settings.RUNS_NOTIFY_DEBOUNCE_SECONDS)
