@@ -9,8 +9,21 @@ def ensure_tenant(
     name: str | None = None,
     max_running: int | None = None,
     max_queued: int | None = None,
+    weight: int | None = None,
 ) -> tuple[Tenant, bool]:
-    """Create the tenant, or update the given fields of an existing one."""
+    """Create the tenant, or update the given fields of an existing one.
+
+    A value out of range is a ValueError before anything is written.
+    """
+    for field, value, least in (
+        ("max_running", max_running, 0),
+        ("max_queued", max_queued, 0),
+        ("weight", weight, 1),
+    ):
+        if value is not None and value < least:
+            raise ValueError(
+                f"a tenant's {field} is a whole number of at least {least}, not {value}"
+            )
     defaults = {"name": name or slug}
     tenant, created = Tenant.objects.get_or_create(slug=slug, defaults=defaults)
     changed = []
@@ -23,6 +36,9 @@ def ensure_tenant(
     if max_queued is not None and tenant.max_queued != max_queued:
         tenant.max_queued = max_queued
         changed.append("max_queued")
+    if weight is not None and tenant.weight != weight:
+        tenant.weight = weight
+        changed.append("weight")
     if changed:
         tenant.save(update_fields=changed)
     return tenant, created

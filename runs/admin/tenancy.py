@@ -21,6 +21,7 @@ TENANT_EDITABLE = (
     "slug",
     "max_running",
     "max_queued",
+    "weight",
     "default_cost_ceiling_cents",
     "daily_cost_cap_cents",
     "allowed_kinds",
@@ -87,6 +88,7 @@ class TenantAdmin(admin.ModelAdmin):
                 "fields": (
                     "max_running",
                     "max_queued",
+                    "weight",
                     "default_cost_ceiling_cents",
                     "daily_cost_cap_cents",
                 )

@@ -28,6 +28,10 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     max_running = models.PositiveIntegerField(default=3)
     max_queued = models.PositiveIntegerField(default=1000)
+    # Its share of the workers' free slots against other tenants with runnable work (fair share,
+    # runs/sql/claim.sql): the claim starts first the runs of the tenant with the fewest running
+    # per unit of weight. A tenant of weight 3 beside one of weight 1 gets three slots to its one.
+    weight = models.PositiveIntegerField(default=1)
     default_cost_ceiling_cents = models.DecimalField(**MONEY, null=True, blank=True)
     daily_cost_cap_cents = models.DecimalField(**MONEY, null=True, blank=True)
     paused = models.BooleanField(default=False)
@@ -64,6 +68,7 @@ class Tenant(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(running__gte=0), name="tenant_running_non_negative"),
+            models.CheckConstraint(condition=Q(weight__gte=1), name="tenant_weight_positive"),
         ]
 
     def __str__(self) -> str:

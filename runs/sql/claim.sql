@@ -9,6 +9,7 @@
 -- per kind present) finds which kinds have queued runs; only those this
 -- worker claims (registered, not paused) are read, each in index order, so
 -- 100,000 queued runs of a paused or unregistered kind cost one descent too.
+-- Free slots are shared between tenants by weight (fair share, at picked).
 -- The tenant counter is bumped by a guarded update on the row locked in id
 -- order (so that concurrent multi-tenant claims cannot deadlock), re-checked
 -- on its latest version under READ COMMITTED: concurrent claims never
@@ -27,7 +28,8 @@ returns_per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM returns GROUP BY tenant_id
 ),
 tenants AS (
-    SELECT t.id, t.max_running - t.running + COALESCE(ret.n, 0) AS free
+    SELECT t.id, t.max_running - t.running + COALESCE(ret.n, 0) AS free,
+           GREATEST(t.running - COALESCE(ret.n, 0), 0) AS running, t.weight
     FROM runs_tenant t LEFT JOIN returns_per_tenant ret ON ret.tenant_id = t.id
     WHERE NOT t.paused AND t.running - COALESCE(ret.n, 0) < t.max_running
       -- A tenant with nothing queued in these queues costs one index probe
@@ -47,10 +49,13 @@ kinds AS (
     SELECT unnest(%(kinds)s::text[]) AS name EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused
 ),
 candidates AS (
-    SELECT c.*
+    -- Each tenant's best runs, ranked inside the tenant; share is the
+    -- tenant's running per unit of weight once this run would be running.
+    SELECT c.*, (t.running + c.rank)::float8 / t.weight AS share
     FROM tenants t
     CROSS JOIN LATERAL (
-        SELECT x.* FROM queues q
+        SELECT x.*, row_number() OVER (ORDER BY x.priority, x.fresh, x.run_after, x.created_at, x.id) AS rank
+        FROM queues q
         CROSS JOIN LATERAL (
             WITH RECURSIVE present(kind) AS (
                 (SELECT r.kind FROM runs_run r
@@ -90,9 +95,16 @@ candidates AS (
         LIMIT LEAST(t.free, %(n)s)
     ) c
 ),
+-- Fair share: the free slots go first to the runs that leave their tenant
+-- with the fewest running per unit of weight, so a tenant with thousands
+-- queued and a high max_running takes a slot only after a tenant with fewer
+-- running (per weight) has taken one. Each tenant's picks are a prefix of
+-- its own order (share grows with rank), so priority and age still decide
+-- inside a tenant; between equal shares, priority and age decide too.
 picked AS (
-    SELECT c.*, row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.priority, c.fresh, c.run_after, c.created_at, c.id) AS rank
-    FROM (SELECT * FROM candidates ORDER BY priority, fresh, run_after, created_at, id LIMIT %(n)s) c
+    SELECT c.id, c.tenant_id, c.priority, c.fresh, c.run_after, c.created_at,
+           row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.rank) AS rank
+    FROM (SELECT * FROM candidates ORDER BY share, priority, fresh, run_after, created_at, id LIMIT %(n)s) c
 ),
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id

@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from runs.tenants import ensure_tenant
 
@@ -11,15 +11,24 @@ class Command(BaseCommand):
         parser.add_argument("--name")
         parser.add_argument("--max-running", type=int)
         parser.add_argument("--max-queued", type=int)
+        parser.add_argument(
+            "--weight",
+            type=int,
+            help="its share of free worker slots against other busy tenants (default 1)",
+        )
 
     def handle(self, *args, **options):
-        tenant, created = ensure_tenant(
-            slug=options["slug"],
-            name=options["name"],
-            max_running=options["max_running"],
-            max_queued=options["max_queued"],
-        )
+        try:
+            tenant, created = ensure_tenant(
+                slug=options["slug"],
+                name=options["name"],
+                max_running=options["max_running"],
+                max_queued=options["max_queued"],
+                weight=options["weight"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         verb = "created" if created else "exists"
         self.stdout.write(
-            f"tenant {tenant.slug} {verb} (id {tenant.id}, max_running {tenant.max_running}, max_queued {tenant.max_queued})"
+            f"tenant {tenant.slug} {verb} (id {tenant.id}, max_running {tenant.max_running}, max_queued {tenant.max_queued}, weight {tenant.weight})"
         )

@@ -274,13 +274,14 @@ def test_editing_a_tenants_limits_never_overwrites_its_live_counters(admin_clien
             "slug": tenant.slug,
             "max_running": 9,
             "max_queued": 1000,
+            "weight": 2,
             "default_cost_ceiling_cents": "",
             "daily_cost_cap_cents": "",
         },
     )
 
     tenant.refresh_from_db()
-    assert (tenant.max_running, tenant.running, tenant.queued) == (9, 4, 9)
+    assert (tenant.max_running, tenant.weight, tenant.running, tenant.queued) == (9, 2, 4, 9)
 
 
 def test_tenants_pause_and_resume(admin_client, tenant):

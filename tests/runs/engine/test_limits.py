@@ -21,9 +21,10 @@ from runs.engine import claim as claims
 from runs.engine.exit import Exit, leave
 from runs.exceptions import InvalidRunInput, QueueFull
 from runs.models import Queue, Run, Tenant, Worker
-from runs.registry import all_kinds, get_kind
-from runs.services import request_hash, submit_run
+from runs.registry import all_kinds
+from runs.services import submit_run
 from tests.support.agents import executions
+from tests.support.backlog import backlog_rows
 from tests.support.factories import TenantFactory
 from tests.support.waiting import wait_until
 from workers.reaper import Reaper
@@ -113,31 +114,6 @@ def test_four_workers_never_run_more_than_max_running_of_a_tenant_while_another_
     # a claim lowered them); the reaper makes them true again.
     Reaper().reconcile_tenants()
     assert counters(a) == counters(b) == (0, 0)
-
-
-def backlog_rows(tenant: Tenant, n: int, *, priority: int) -> list[Run]:
-    """Queued runs as submit_run writes them (without their run.queued events), for a big backlog."""
-    kind = get_kind("steps")
-    data = kind.validate_input({"steps": 1})
-    now = timezone.now()
-    return [
-        Run(
-            tenant=tenant,
-            kind="steps",
-            queue=kind.queue,
-            priority=priority,
-            input=data,
-            max_attempts=3,
-            deadline_seconds=3600,
-            request_hash=request_hash(
-                kind="steps", input=data, queue=kind.queue, priority=priority
-            ),
-            created_at=now,
-            updated_at=now,
-            expires_at=now + timedelta(days=7),
-        )
-        for _ in range(n)
-    ]
 
 
 @pytest.mark.django_db

@@ -24,6 +24,15 @@ def test_createtenant_is_idempotent_and_createapikey_prints_the_secret_last(proc
     assert "exists" in again.stdout
     tenant = Tenant.objects.get(slug="acme")
     assert (tenant.name, tenant.max_running, tenant.max_queued) == ("Acme", 7, 50)
+    weighted = processes.run("createtenant", "acme", "--weight", "3")
+    assert weighted.returncode == 0, weighted.stderr
+    assert "max_running 7, max_queued 50, weight 3" in weighted.stdout
+    for option, value in (("--weight", "0"), ("--max-running", "-1")):
+        refused = processes.run("createtenant", "other", option, value)
+        assert refused.returncode != 0
+        assert "at least" in refused.stderr
+    assert not Tenant.objects.filter(slug="other").exists()  # refused before anything was written
+    tenant.refresh_from_db()
 
     out = processes.run("createapikey", "acme", "--scopes", "runs:read")
     assert out.returncode == 0, out.stderr
