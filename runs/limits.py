@@ -7,6 +7,7 @@ NaN must be a 422 naming the field, never a database error.
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from runs.exceptions import InvalidRunInput
@@ -18,6 +19,7 @@ MAX_CENTS = Decimal(CENTS_LIMIT) - Decimal(1).scaleb(-MONEY["decimal_places"])
 # PositiveIntegerField is a 32-bit integer in PostgreSQL.
 MAX_INT = 2**31 - 1
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600
+MAX_EXPIRES_IN_SECONDS = 365 * 24 * 3600
 
 
 def checked_cents(value: Decimal | float | int, *, field: str) -> Decimal:
@@ -49,3 +51,18 @@ def checked_int(value: int, *, field: str, minimum: int = 0, maximum: int = MAX_
 
 def checked_deadline(value: int) -> int:
     return checked_int(value, field="deadline_seconds", minimum=1, maximum=MAX_DEADLINE_SECONDS)
+
+
+def checked_expires_in(value: int | float | timedelta) -> timedelta:
+    """``expires_in`` of a submit: seconds (or a timedelta) above 0, at most a year."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRunInput("expires_in must be a number of seconds")
+    else:
+        seconds = float(value)
+    if not 0 < seconds <= MAX_EXPIRES_IN_SECONDS:  # NaN fails both
+        raise InvalidRunInput(
+            f"expires_in must be more than 0 and at most {MAX_EXPIRES_IN_SECONDS} seconds"
+        )
+    return timedelta(seconds=seconds)

@@ -25,7 +25,7 @@ from runs.exceptions import (
     QueueFull,
 )
 from runs.kinds import unknown_kind
-from runs.limits import checked_cents, checked_deadline, checked_int
+from runs.limits import checked_cents, checked_deadline, checked_expires_in, checked_int
 from runs.models import Run, RunStatus, Tenant, Thread
 from runs.notify import count_and_notify_after_commit, uncounted_submits
 from runs.queries import one, queries
@@ -63,6 +63,7 @@ class SubmitOptions(TypedDict, total=False):
     callback_url: str
     actor: Actor
     run_after: datetime | None
+    expires_in: float | int | timedelta | None
 
 
 def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[SubmitOptions]) -> Run:
@@ -75,7 +76,9 @@ def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[Submi
     ``queue``, ``priority`` (0-9, lower first), ``idempotency_key``,
     ``max_attempts``, ``cost_ceiling_cents``, ``deadline_seconds``,
     ``callback_url``, ``actor`` (recorded on the run's first event),
-    ``run_after`` (an aware datetime: the run waits in the queue until then).
+    ``run_after`` (an aware datetime: the run waits in the queue until then),
+    ``expires_in`` (seconds or a timedelta: a run not started that long after
+    the submit is never claimed and fails ``expired``).
     """
     return submit(tenant=tenant, kind=kind, input=input, **options).run
 
@@ -94,6 +97,7 @@ def submit(
     callback_url: str = "",
     actor: Actor = SYSTEM,
     run_after: datetime | None = None,
+    expires_in: float | int | timedelta | None = None,
     parent: Run | None = None,
     tenant_is_fresh: bool = False,
     thread: Thread | None = None,
@@ -158,6 +162,7 @@ def submit(
         not isinstance(run_after, datetime) or timezone.is_naive(run_after)
     ):
         raise InvalidRunInput("run_after must be an aware datetime")
+    time_to_live = checked_expires_in(expires_in) if expires_in is not None else None
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
     if callback_url:
@@ -176,6 +181,11 @@ def submit(
     check_queue_room(tenant, fresh=tenant_is_fresh)
 
     now = timezone.now()
+    start_by = now + time_to_live if time_to_live is not None else None
+    if start_by is not None and run_after is not None and run_after >= start_by:
+        raise InvalidRunInput(
+            "expires_in ends before run_after: the run would expire before it may start"
+        )
     run = Run(
         tenant=tenant,
         kind=kind,
@@ -196,6 +206,7 @@ def submit(
         created_at=now,
         updated_at=now,
         expires_at=now + timedelta(seconds=settings.RUNS_EXPIRES_SECONDS),
+        start_by=start_by,
         last_event_seq=1,
         thread=thread,
         turn=turn,

@@ -78,6 +78,7 @@ class Reaper:
                 if reaping.stop_past_deadline(stale):
                     report.deadline += 1
             report.expired = reaping.expire_waiting(batch=self.batch)
+            report.expired += reaping.expire_unstarted(batch=self.batch)
             # Children of runs that failed or were cancelled, when the cascade
             # of their parent's exit did not happen (its worker died, the
             # reaper failed it): cancelled now.

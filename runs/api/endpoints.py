@@ -70,6 +70,7 @@ def submit_run(
         max_attempts=payload.max_attempts,
         cost_ceiling_cents=payload.cost_ceiling_cents,
         deadline_seconds=payload.deadline_seconds,
+        expires_in=payload.expires_in,
         callback_url=payload.callback_url or "",
         actor=actor_of(request.auth),
         tenant_is_fresh=True,  # read with the key or the session's membership, just now

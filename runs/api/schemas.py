@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from runs.errors import tenant_error
-from runs.limits import CENTS_LIMIT, MAX_DEADLINE_SECONDS
+from runs.limits import CENTS_LIMIT, MAX_DEADLINE_SECONDS, MAX_EXPIRES_IN_SECONDS
 from runs.text import find_unstorable
 
 
@@ -46,6 +46,13 @@ class RunIn(StorableIn):
         default=None, ge=0, lt=CENTS_LIMIT, allow_inf_nan=False
     )
     deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_DEADLINE_SECONDS, strict=True)
+    expires_in: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_EXPIRES_IN_SECONDS,
+        strict=True,
+        description="seconds: a run not started by then is never started and fails expired",
+    )
     callback_url: str | None = Field(default=None, max_length=2000)
 
 
@@ -96,6 +103,9 @@ class RunOut(Schema):
         description="true when a rollback undid every finished step it had to"
     )
     run_after: datetime
+    start_by: datetime | None = Field(
+        description="when a run that has not started expires (expires_in), or null"
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -74,6 +74,8 @@ def retry_run(
             summary="",
             pause_requested_at=None,
             expires_at=expires_from_now(),
+            # A person retried it: the time to live it was submitted with (expires_in) is spent.
+            start_by=None,
             **fields,
         )
     )

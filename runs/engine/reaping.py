@@ -124,6 +124,20 @@ def expire_waiting(*, batch: int) -> int:
     return len(expired)
 
 
+def expire_unstarted(*, batch: int) -> int:
+    """Fail up to ``batch`` queued runs that never started before their ``start_by`` (``expires_in``).
+
+    Only runs submitted with ``expires_in`` have one; a run that started once
+    (and was queued again by a retry) is not bound by it.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(queries.expire_unstarted, {"batch": batch})
+        expired = rows(cursor)
+    for row in expired:
+        metrics.run_finished(queue=row["queue"], kind=row["kind"], status=RunStatus.FAILED)
+    return len(expired)
+
+
 def reconcile_tenants(*, queued: bool) -> int:
     """Set tenants' counters to the truth, each under its row's lock; returns how many were fixed.
 

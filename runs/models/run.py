@@ -207,6 +207,9 @@ class Run(models.Model):
     deadline_seconds = models.PositiveIntegerField(default=3600)
     running_seconds = models.FloatField(default=0)
     expires_at = models.DateTimeField(default=default_expires_at)
+    # The time to live of a run that has not started (``expires_in`` on submit): not claimed
+    # after it, and failed ``expired`` by the reaper. Null: it waits as long as it takes.
+    start_by = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     error_kind = models.CharField(max_length=20, choices=ErrorKind.choices, blank=True, default="")
@@ -356,6 +359,12 @@ class Run(models.Model):
                 F("id"),
                 condition=Q(status=RunStatus.QUEUED),
                 name="run_claim_order_idx",
+            ),
+            # The reaper's pass over runs that never started within their time to live.
+            models.Index(
+                fields=["start_by"],
+                condition=Q(status=RunStatus.QUEUED, start_by__isnull=False),
+                name="run_start_by_idx",
             ),
             # The reaper scans running runs only; locked_until stays out so a
             # heartbeat remains a HOT update.

@@ -77,6 +77,9 @@ candidates AS (
               AND r.queue = q.name
               AND r.kind = k.kind
               AND r.run_after <= statement_timestamp()
+              -- Past its time to live (expires_in) a run that never started is
+              -- the reaper's to fail expired, never a worker's to start.
+              AND (r.start_by IS NULL OR r.started_at IS NOT NULL OR r.start_by > statement_timestamp())
               -- Only versions this worker's code can resume (a rolling deploy):
               -- a run recorded by a newer version waits for a worker that has it.
               AND (r.kind_version IS NULL OR (r.kind, r.kind_version) IN (

@@ -48,6 +48,45 @@ new_events AS (
 {outbox_and_webhooks}
 SELECT queue, kind FROM r
 
+-- name: expire_unstarted
+-- Queued runs that never started and are past their time to live (start_by,
+-- from expires_in on submit) fail as expired, a batch per statement with
+-- their Events and webhooks; the claim already leaves them alone. A run
+-- another transaction holds is skipped (left to the next pass). Their
+-- tenants' queued counters go down with them, the rows locked in id order
+-- as every statement writing several tenants locks them.
+WITH r AS (
+    UPDATE runs_run SET status = {failed}, error_kind = 'expired',
+        error = 'the run did not start before its time to live ran out (expires_in)',
+        finished_at = statement_timestamp(), updated_at = statement_timestamp(),
+        last_event_seq = runs_run.last_event_seq + 1
+    WHERE id IN (
+        SELECT id FROM runs_run
+        WHERE status = {queued} AND start_by < statement_timestamp() AND started_at IS NULL
+        ORDER BY start_by
+        LIMIT %(batch)s FOR NO KEY UPDATE SKIP LOCKED
+    )
+    AND status = {queued} AND start_by < statement_timestamp() AND started_at IS NULL
+    RETURNING id, tenant_id, last_event_seq, queue, kind
+),
+per_tenant AS (SELECT tenant_id, count(*) AS n FROM r GROUP BY tenant_id),
+locked_tenants AS (
+    SELECT t.id FROM runs_tenant t WHERE t.id IN (SELECT tenant_id FROM per_tenant)
+    ORDER BY t.id FOR NO KEY UPDATE
+),
+uncounted AS (
+    UPDATE runs_tenant t SET queued = GREATEST(t.queued - p.n, 0)
+    FROM per_tenant p JOIN locked_tenants l ON l.id = p.tenant_id
+    WHERE t.id = l.id
+),
+new_events AS (
+    SELECT r.id AS run_id, r.last_event_seq AS seq, 'run.failed' AS type, 'system' AS actor_type,
+           'reaper' AS actor_id, jsonb_build_object('from', {queued}, 'reason', 'expired', 'error_kind', 'expired') AS payload
+    FROM r
+),
+{outbox_and_webhooks}
+SELECT queue, kind FROM r
+
 -- name: expired_children
 -- Child runs and turns past expires_at, each expired alone with its
 -- parent's wake-up or its thread's next turn.
