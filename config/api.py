@@ -17,6 +17,7 @@ import runs.api.streams  # noqa: F401  (registers the event stream endpoints on 
 import runs.api.threads  # noqa: F401  (registers the conversation endpoints on the runs router)
 from runs.api.endpoints import router as runs_router
 from runs.db import is_transient
+from runs.engine.keys import ConcurrencyKeyTaken
 from runs.exceptions import (
     IdempotencyConflict,
     InvalidRunInput,
@@ -113,6 +114,8 @@ def on_idempotency_conflict(request, exc):
 def on_invalid_transition(request, exc):
     if isinstance(exc, TurnLive):  # a thread's reject policy: the live turn is named
         return _error(request, 409, str(exc), run_id=str(exc.run_id), turn=exc.turn)
+    if isinstance(exc, ConcurrencyKeyTaken):  # a key's reject policy: the live run is named
+        return _error(request, 409, str(exc), run_id=str(exc.run_id))
     return _error(request, 409, str(exc))
 
 

@@ -260,6 +260,12 @@ def waiting_for(run: Run) -> dict | None:
             "error": step.error,
             "actions": ["done", "retry", "fail"],
         }
+    if (
+        run.status == RunStatus.WAITING
+        and run.concurrency_key is not None
+        and run.started_at is None
+    ):
+        return {"type": "concurrency_key", "key": run.concurrency_key}
     if run.status == RunStatus.WAITING:
         # A gather's successes still needed and a timer, only when there are.
         extra: dict[str, str | int] = {"until": run.wake_at.isoformat()} if run.wake_at else {}

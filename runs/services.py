@@ -17,11 +17,13 @@ from django.utils import timezone
 
 from runs import payloads
 from runs.db import dumps
+from runs.engine import keys
 from runs.events import SYSTEM, Actor
 from runs.exceptions import (
     IdempotencyConflict,
     InvalidAgentInput,
     InvalidRunInput,
+    InvalidTransition,
     QueueFull,
 )
 from runs.kinds import unknown_kind
@@ -64,6 +66,8 @@ class SubmitOptions(TypedDict, total=False):
     actor: Actor
     run_after: datetime | None
     expires_in: float | int | timedelta | None
+    concurrency_key: str | None
+    on_conflict: str
 
 
 def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[SubmitOptions]) -> Run:
@@ -78,7 +82,9 @@ def submit_run(*, tenant: Tenant, kind: str, input: Any, **options: Unpack[Submi
     ``callback_url``, ``actor`` (recorded on the run's first event),
     ``run_after`` (an aware datetime: the run waits in the queue until then),
     ``expires_in`` (seconds or a timedelta: a run not started that long after
-    the submit is never claimed and fails ``expired``).
+    the submit is never claimed and fails ``expired``), ``concurrency_key``
+    with ``on_conflict`` (at most one active run per key of the tenant;
+    ``runs.engine.keys`` says what each policy does).
     """
     return submit(tenant=tenant, kind=kind, input=input, **options).run
 
@@ -98,6 +104,8 @@ def submit(
     actor: Actor = SYSTEM,
     run_after: datetime | None = None,
     expires_in: float | int | timedelta | None = None,
+    concurrency_key: str | None = None,
+    on_conflict: str = "enqueue",
     parent: Run | None = None,
     tenant_is_fresh: bool = False,
     thread: Thread | None = None,
@@ -119,6 +127,7 @@ def submit(
         kind=kind,
         queue=queue,
         idempotency_key=idempotency_key,
+        concurrency_key=concurrency_key,
         callback_url=callback_url,
         input=input,
     )
@@ -163,6 +172,15 @@ def submit(
     ):
         raise InvalidRunInput("run_after must be an aware datetime")
     time_to_live = checked_expires_in(expires_in) if expires_in is not None else None
+    if concurrency_key is not None:
+        if not isinstance(concurrency_key, str) or not 1 <= len(concurrency_key) <= 255:
+            raise InvalidRunInput("concurrency_key must be 1 to 255 characters")
+        if thread is not None or held_after is not None:
+            raise InvalidRunInput(
+                "a turn of a thread takes no concurrency_key: its thread is its key"
+            )
+    if on_conflict not in keys.ON_CONFLICT:
+        raise InvalidRunInput(f"on_conflict must be one of {', '.join(keys.ON_CONFLICT)}")
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise InvalidRunInput("idempotency_key must be 1 to 255 characters")
     if callback_url:
@@ -221,11 +239,20 @@ def submit(
         | ({"thread": str(thread.pk), "turn": turn} if thread is not None else {})
         | ({"reason": "turn", "after_turn": held_after} if held_after is not None else {})
     )
-    if not (
-        _insert_queued(run, actor=actor, payload=payload)
-        if offload is None
-        else _insert_queued_with_input(run, offload, actor=actor, payload=payload)
-    ):
+    if concurrency_key is None:
+        inserted = _insert(run, offload, actor=actor, payload=payload)
+    else:
+        run.concurrency_key = concurrency_key
+        with transaction.atomic():
+            behind = _take_key(tenant, concurrency_key, on_conflict=on_conflict, actor=actor)
+            if behind is not None:
+                run.status = RunStatus.WAITING  # held: its key's runs before it end first
+                payload |= {"reason": "concurrency_key", "key": concurrency_key}
+                payload |= {"behind": str(behind)} if behind != _NOBODY else {}
+            inserted = _insert(run, offload, actor=actor, payload=payload)
+            if inserted and behind == _NOBODY:
+                keys.release_after_commit(tenant.pk, concurrency_key)
+    if not inserted:
         # The idempotency key was taken meanwhile (a concurrent submit of the same request).
         existing = (
             _existing(tenant, idempotency_key, digest) if idempotency_key is not None else None
@@ -236,6 +263,52 @@ def submit(
     if run.status == RunStatus.QUEUED:
         count_and_notify_after_commit(tenant_id=tenant.pk, queue=queue)
     return Submitted(run=run, created=True)
+
+
+# A held run behind no active one (its key's earlier runs are all held too): the release queues it.
+_NOBODY = "nobody"
+
+
+def _take_key(tenant: Tenant, key: str, *, on_conflict: str, actor: Actor) -> Any:
+    """Under the key's lock (until the submit commits): None when the new run may be queued now,
+    else what it is held behind (the active run's id, or ``_NOBODY``); ``reject`` raises instead."""
+    keys.lock(tenant.pk, key)
+    live = keys.live_runs(tenant.pk, key)
+    if not live:
+        return None
+    if on_conflict == "reject":
+        holder = next((r for r in live if not r.held), live[0])
+        raise keys.ConcurrencyKeyTaken(
+            f"concurrency key {key!r} is held by run {holder.id} ({holder.status}); "
+            "on_conflict=reject starts no other run while it is live",
+            run_id=holder.id,
+        )
+    if on_conflict in ("cancel_running", "cancel_running_with_rollback"):
+        from runs.control import cancel_run  # control submits through this module
+
+        for earlier in reversed(live):  # the held ones first, so that none is released meanwhile
+            try:
+                with transaction.atomic():
+                    cancel_run(
+                        run=Run(pk=earlier.id),
+                        actor=actor,
+                        compensate=on_conflict == "cancel_running_with_rollback",
+                    )
+            except InvalidTransition:
+                pass  # it ended meanwhile
+        live = keys.live_runs(tenant.pk, key)
+        if not live:
+            return None
+    active = next((r for r in live if not r.held), None)
+    return active.id if active is not None else _NOBODY
+
+
+def _insert(
+    run: Run, offload: payloads.Offload | None, *, actor: Actor, payload: dict[str, Any]
+) -> bool:
+    if offload is None:
+        return _insert_queued(run, actor=actor, payload=payload)
+    return _insert_queued_with_input(run, offload, actor=actor, payload=payload)
 
 
 # Each field with its column (a concrete field is one that has a column).

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from runs.control import cancel_runs
 from runs.db import notify_queues, release_connection
-from runs.engine import family, reaping, retention, timers
+from runs.engine import family, keys, reaping, retention, timers
 from runs.engine.reaping import StaleLease
 from runs.metrics.publish import retire_silent
 
@@ -35,11 +35,13 @@ class ReapReport:
     expired: int = 0
     tenants_fixed: int = 0
     orphans: int = 0
+    released: int = 0  # held runs of concurrency keys queued by the reaper's pass
 
     def __str__(self) -> str:
         return (
             f"rescued={self.rescued} failed={self.failed} deadline={self.deadline} "
-            f"expired={self.expired} tenants_fixed={self.tenants_fixed} orphans={self.orphans}"
+            f"expired={self.expired} tenants_fixed={self.tenants_fixed} orphans={self.orphans} "
+            f"released={self.released}"
         )
 
 
@@ -79,6 +81,8 @@ class Reaper:
                     report.deadline += 1
             report.expired = reaping.expire_waiting(batch=self.batch)
             report.expired += reaping.expire_unstarted(batch=self.batch)
+            # Concurrency keys whose holder ended without its release (runs.engine.keys).
+            report.released = keys.release_stuck(batch=self.batch)
             # Children of runs that failed or were cancelled, when the cascade
             # of their parent's exit did not happen (its worker died, the
             # reaper failed it): cancelled now.
@@ -99,6 +103,7 @@ class Reaper:
             or report.expired
             or report.tenants_fixed
             or report.orphans
+            or report.released
         ):
             logger.info("reaped: %s", report)
         return report

@@ -71,6 +71,8 @@ def submit_run(
         cost_ceiling_cents=payload.cost_ceiling_cents,
         deadline_seconds=payload.deadline_seconds,
         expires_in=payload.expires_in,
+        concurrency_key=payload.concurrency_key,
+        on_conflict=payload.on_conflict,
         callback_url=payload.callback_url or "",
         actor=actor_of(request.auth),
         tenant_is_fresh=True,  # read with the key or the session's membership, just now

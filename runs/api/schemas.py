@@ -53,6 +53,20 @@ class RunIn(StorableIn):
         strict=True,
         description="seconds: a run not started by then is never started and fails expired",
     )
+    concurrency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="at most one active run per key of the tenant (one live run per lead)",
+    )
+    on_conflict: Literal["enqueue", "reject", "cancel_running", "cancel_running_with_rollback"] = (
+        Field(
+            default="enqueue",
+            description="when a run of the key is live: wait for it (enqueue), 409 naming it "
+            "(reject), or cancel it at its next step boundary, with or without rolling back "
+            "its finished steps, and start after it",
+        )
+    )
     callback_url: str | None = Field(default=None, max_length=2000)
 
 
@@ -103,6 +117,7 @@ class RunOut(Schema):
         description="true when a rollback undid every finished step it had to"
     )
     run_after: datetime
+    concurrency_key: str | None = Field(description="its concurrency key, if it was given one")
     start_by: datetime | None = Field(
         description="when a run that has not started expires (expires_in), or null"
     )

@@ -179,7 +179,8 @@ def post_message(*, run: Run, actor: Actor, text: str) -> Outcome:
         actor=actor,
         payload={"message": message.pk, "text": text[:500]},
     )
-    if run.status == RunStatus.WAITING and run.children_pending == 0:
+    held_by_key = run.concurrency_key is not None and run.started_at is None
+    if run.status == RunStatus.WAITING and run.children_pending == 0 and not held_by_key:
         transition(
             run,
             to=RunStatus.QUEUED,

@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from runs.control.transition import Outcome, expires_from_now, locked, refuse, transition
+from runs.engine import keys
 from runs.events import Actor
 from runs.exceptions import InvalidRunInput, InvalidTransition
 from runs.limits import checked_cents, checked_deadline
@@ -33,11 +34,20 @@ def retry_run(
     ``from_step=N`` discards steps N and later (kept in the previous
     generation for the audit trail), hands their messages back, keeps the
     money spent, and re-runs them. A run that failed on a bound needs a new
-    bound: a larger ``deadline_seconds`` or ``cost_ceiling_cents``.
+    bound: a larger ``deadline_seconds`` or ``cost_ceiling_cents``. A run of
+    a concurrency key is retried only while no other run of its key is live.
     """
+    tenant_id, key = Run.objects.values_list("tenant_id", "concurrency_key").get(pk=run.pk)
+    if key is not None:
+        keys.lock(tenant_id, key)  # before the run's row, as a submit of the key takes them
     run = locked(run)
     if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
         raise refuse(run, "retry")
+    if key is not None and (live := keys.live_runs(tenant_id, key)):
+        raise InvalidTransition(
+            f"run {live[0].id} of the same concurrency key {key!r} is {live[0].status}: "
+            "retry this one once it has ended"
+        )
     if run.thread_id is not None:
         from runs.threads.turns import retry_turn  # threads use the control layer
 

@@ -12,7 +12,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from runs.db import notify_control
-from runs.engine import family
+from runs.engine import family, keys
 from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor, append_event
 from runs.exceptions import InvalidTransition
@@ -77,6 +77,8 @@ def transition(
         _family_after(run, to)
         if run.thread_id is not None:
             tell_turn_ended(run.pk, actor=actor)
+        if run.concurrency_key is not None:
+            keys.release_after_commit(run.tenant_id, run.concurrency_key)
         queue, kind = run.queue, run.kind
         transaction.on_commit(lambda: metrics.run_finished(queue=queue, kind=kind, status=to))
     return run

@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import transaction
 
 from runs.db import engine_cursor, storable_text
-from runs.engine import recordset
+from runs.engine import keys, recordset
 from runs.engine.family import child_finished
 from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor
@@ -301,6 +301,10 @@ class Exited(NamedTuple):
     kind: str = ""
     thread_id: UUID | None = None
     woke_parent: str | None = None  # the queue of a parent this exit woke: wake its workers
+    tenant_id: UUID | None = None
+    concurrency_key: str | None = (
+        None  # a run of a key that ends lets the next one go (runs.engine.keys)
+    )
 
     @property
     def leaves_orphans(self) -> bool:
@@ -394,23 +398,28 @@ def _execute(exits: Sequence[Exit], *, expires: float) -> list[Exited | None]:
                 parent_id=row["parent_id"],
                 kind=row["kind"],
                 thread_id=row["thread_id"],
+                tenant_id=row["tenant_id"],
+                concurrency_key=row["concurrency_key"],
             )
             for row in rows(cursor)
         }
     answers = [found.get(exit.run) for exit in exits]
     for exit, exited in zip(exits, answers, strict=True):
-        _count(exited, exit)
+        _after_commit(exited, exit)
     return answers
 
 
-def _count(exited: Exited | None, exit: Exit) -> None:
-    """The exit in this process's metrics (runs.metrics), once it is committed."""
+def _after_commit(exited: Exited | None, exit: Exit) -> None:
+    """Once the exit commits: it counts in this process's metrics (runs.metrics), and a run of a
+    concurrency key that ended lets the key's next run go (runs.engine.keys)."""
     if exited is None:
         return
     if exited.status in TERMINAL_STATUSES:
         transaction.on_commit(
             lambda: metrics.run_finished(queue=exited.queue, kind=exited.kind, status=exited.status)
         )
+        if exited.concurrency_key is not None:
+            keys.release_after_commit(exited.tenant_id, exited.concurrency_key)
     elif exit.add_failure and exited.status == RunStatus.QUEUED:
         error_class = exit.error_class or exit.reason
         transaction.on_commit(lambda: metrics.retried(kind=exited.kind, error_class=error_class))

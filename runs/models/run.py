@@ -264,6 +264,10 @@ class Run(models.Model):
         db_index=False,
     )
     turn = models.PositiveIntegerField(null=True, blank=True)
+    # At most one live run per key of its tenant may be active (runs.engine.keys): a run submitted
+    # while another of its key is live waits, held (status waiting, never started), its turn.
+    # NULL, not "", when absent: the key's unique constraint and index apply to keys only.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     compensation = models.CharField(
         max_length=10, choices=Compensation.choices, blank=True, default=""
     )
@@ -331,6 +335,15 @@ class Run(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="run_idempotency_key_unique_per_tenant",
             ),
+            # A concurrency key's runs: at most one is active (live and not held behind another),
+            # under any interleaving (runs.engine.keys decides, under the key's lock; this holds it).
+            models.UniqueConstraint(
+                fields=["tenant", "concurrency_key"],
+                condition=Q(concurrency_key__isnull=False)
+                & ~Q(status__in=sorted(TERMINAL_STATUSES))
+                & ~Q(status=RunStatus.WAITING, started_at__isnull=True),
+                name="run_one_active_per_key",
+            ),
             # A thread's turns are numbered 1, 2... once each; a run is a turn or not at all.
             models.UniqueConstraint(
                 fields=["thread", "turn"],
@@ -359,6 +372,16 @@ class Run(models.Model):
                 F("id"),
                 condition=Q(status=RunStatus.QUEUED),
                 name="run_claim_order_idx",
+            ),
+            # A concurrency key's live runs, oldest first: who holds it, who is next.
+            models.Index(
+                F("tenant"),
+                F("concurrency_key"),
+                F("created_at"),
+                F("id"),
+                condition=Q(concurrency_key__isnull=False)
+                & ~Q(status__in=sorted(TERMINAL_STATUSES)),
+                name="run_key_live_idx",
             ),
             # The reaper's pass over runs that never started within their time to live.
             models.Index(

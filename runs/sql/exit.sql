@@ -95,7 +95,7 @@ r AS (
     RETURNING runs_run.id, runs_run.tenant_id, runs_run.status, runs_run.last_event_seq,
               runs_run.error_kind, runs_run.queue, runs_run.steps_done, runs_run.steps_total,
               runs_run.cost_cents, runs_run.parent_id, runs_run.compensation, runs_run.outcome, runs_run.summary,
-              runs_run.kind, runs_run.thread_id, cur.reason AS a_reason, cur.error AS a_error, cur.result AS a_result,
+              runs_run.kind, runs_run.thread_id, runs_run.concurrency_key, cur.reason AS a_reason, cur.error AS a_error, cur.result AS a_result,
               cur.wake_at AS a_wake_at, cur.actor_type AS a_actor_type, cur.actor_id AS a_actor_id,
               cur.give_slot AS a_give_slot
 ),
@@ -136,7 +136,8 @@ new_events AS (
     FROM r
 ),
 {outbox_and_webhooks}
-SELECT id, status, queue, statement_timestamp() AS at, parent_id, kind, thread_id FROM r
+SELECT id, status, queue, statement_timestamp() AS at, parent_id, kind, thread_id, tenant_id,
+       concurrency_key FROM r
 
 -- name: lock_run_to_recheck
 -- An exit that parks a run to wait for a message or for children re-checks

@@ -163,6 +163,7 @@ def test_the_admin_edits_a_tenants_kinds(admin_client, tenant):
                 "slug": tenant.slug,
                 "max_running": 3,
                 "max_queued": 1000,
+                "weight": 1,
                 "default_cost_ceiling_cents": "",
                 "daily_cost_cap_cents": "",
                 "allowed_kinds": kinds,
