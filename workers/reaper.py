@@ -16,7 +16,7 @@ from django.conf import settings
 
 from runs.control import cancel_runs
 from runs.db import notify_queues, release_connection
-from runs.engine import family, keys, reaping, retention, timers
+from runs.engine import family, keys, limits, reaping, retention, timers
 from runs.engine.reaping import StaleLease
 from runs.metrics.publish import retire_silent
 
@@ -36,12 +36,13 @@ class ReapReport:
     tenants_fixed: int = 0
     orphans: int = 0
     released: int = 0  # held runs of concurrency keys queued by the reaper's pass
+    limits_fixed: int = 0  # kinds' and queues' running counters set to the truth
 
     def __str__(self) -> str:
         return (
             f"rescued={self.rescued} failed={self.failed} deadline={self.deadline} "
             f"expired={self.expired} tenants_fixed={self.tenants_fixed} orphans={self.orphans} "
-            f"released={self.released}"
+            f"released={self.released} limits_fixed={self.limits_fixed}"
         )
 
 
@@ -88,6 +89,7 @@ class Reaper:
             # reaper failed it): cancelled now.
             report.orphans = cancel_runs(family.orphaned_children(batch=self.batch))
             report.tenants_fixed = reaping.reconcile_tenants(queued=check_queued)
+            report.limits_fixed = limits.reconcile()  # the kinds' and queues' global counters
             # Metric rows of processes long gone, folded into one (their counts are kept).
             retire_silent()
             if check_queued:
@@ -104,6 +106,7 @@ class Reaper:
             or report.tenants_fixed
             or report.orphans
             or report.released
+            or report.limits_fixed
         ):
             logger.info("reaped: %s", report)
         return report

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from runs import operations
 from runs.admin.common import operator, timestamp_column, worker_lease
+from runs.engine import limits
 from runs.models import KindState, Queue, Worker
 from runs.registry import all_kinds
 from runs.services import QUEUE_NAME
@@ -97,9 +98,11 @@ class WorkerAdmin(admin.ModelAdmin):
 
 
 class PausableAdmin(admin.ModelAdmin):
-    """Queue and kind rows: adding one (paused or not) and the pause / resume actions go through the service."""
+    """Queue and kind rows: adding one (paused or not), its global max_running, and the pause /
+    resume actions go through the services (runs.operations, runs.engine.limits)."""
 
-    list_display = ("name", "paused", "paused_since")
+    scope = ""  # "queue" or "kind": what runs.engine.limits calls it
+    list_display = ("name", "paused", "paused_since", "max_running", "running")
     list_filter = ("paused",)
     ordering = ("name",)
     actions = ("pause", "resume")
@@ -110,11 +113,16 @@ class PausableAdmin(admin.ModelAdmin):
         raise NotImplementedError
 
     def get_readonly_fields(self, request, obj=None):
-        return ("name", "paused", "paused_since") if obj is not None else ("paused_since",)
+        if obj is not None:
+            return ("name", "paused", "paused_since", "running")
+        return ("paused_since", "running")
 
     def save_model(self, request, obj, form, change) -> None:
         if not change:
             self.set_paused(name=obj.name, paused=obj.paused, actor=operator(request))
+        if not change or "max_running" in form.changed_data:
+            # The counter is set to the runs running now, under the row's lock.
+            limits.set_max_running(self.scope, obj.name, obj.max_running)
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # resume instead: the row keeps when it was last paused
@@ -139,7 +147,7 @@ class PausableAdmin(admin.ModelAdmin):
 class QueueForm(forms.ModelForm):
     class Meta:
         model = Queue
-        fields = ("name", "paused")
+        fields = ("name", "paused", "max_running")
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"]
@@ -153,6 +161,7 @@ class QueueForm(forms.ModelForm):
 @admin.register(Queue)
 class QueueAdmin(PausableAdmin):
     form = QueueForm
+    scope = "queue"
 
     def set_paused(self, *, name: str, paused: bool, actor) -> None:
         operations.set_queue_paused(name=name, paused=paused, actor=actor)
@@ -168,12 +177,13 @@ class KindStateForm(forms.ModelForm):
 
     class Meta:
         model = KindState
-        fields = ("name", "paused")
+        fields = ("name", "paused", "max_running")
 
 
 @admin.register(KindState)
 class KindStateAdmin(PausableAdmin):
     form = KindStateForm
+    scope = "kind"
 
     def set_paused(self, *, name: str, paused: bool, actor) -> None:
         operations.set_kind_paused(name=name, paused=paused, actor=actor)

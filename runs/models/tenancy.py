@@ -100,6 +100,11 @@ class Pausable(models.Model):
 
     paused = models.BooleanField(default=False)
     paused_at = models.DateTimeField(null=True, blank=True)
+    # Its global limit across every worker and tenant (runs.engine.limits); null: none.
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    # Live count of its running runs while a limit is set (0 otherwise): changed only by the
+    # claim's guarded update and the exit from running; the reaper sets it to the truth.
+    running = models.IntegerField(default=0, editable=False)
 
     class Meta:
         abstract = True

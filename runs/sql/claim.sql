@@ -41,12 +41,16 @@ tenants AS (
           (SELECT c.cost_cents FROM runs_tenantdailycost c
            WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
 ),
+-- A paused queue or kind, and one at its global max_running, offers nothing
+-- (the counters are checked again under their row locks below).
 queues AS (
     SELECT name FROM unnest(%(queues)s::text[]) AS q(name)
-    WHERE NOT EXISTS (SELECT 1 FROM runs_queue x WHERE x.name = q.name AND x.paused)
+    WHERE NOT EXISTS (SELECT 1 FROM runs_queue x WHERE x.name = q.name
+                      AND (x.paused OR x.running >= x.max_running))
 ),
 kinds AS (
-    SELECT unnest(%(kinds)s::text[]) AS name EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused
+    SELECT unnest(%(kinds)s::text[]) AS name
+    EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused OR k.running >= k.max_running
 ),
 candidates AS (
     -- Each tenant's best runs, ranked inside the tenant; share is the
@@ -70,7 +74,8 @@ candidates AS (
             SELECT kind FROM present WHERE kind IN (SELECT name FROM kinds)
         ) k
         CROSS JOIN LATERAL (
-            SELECT r.id, r.tenant_id, r.priority, (r.started_at IS NULL) AS fresh, r.run_after, r.created_at
+            SELECT r.id, r.tenant_id, r.kind, r.queue, r.priority, (r.started_at IS NULL) AS fresh,
+                   r.run_after, r.created_at
             FROM runs_run r
             WHERE r.tenant_id = t.id
               AND r.status = {queued}
@@ -105,9 +110,10 @@ candidates AS (
 -- its own order (share grows with rank), so priority and age still decide
 -- inside a tenant; between equal shares, priority and age decide too.
 picked AS (
-    SELECT c.id, c.tenant_id, c.priority, c.fresh, c.run_after, c.created_at,
+    SELECT c.id, c.tenant_id, c.kind, c.queue, c.pos,
            row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.rank) AS rank
-    FROM (SELECT * FROM candidates ORDER BY share, priority, fresh, run_after, created_at, id LIMIT %(n)s) c
+    FROM (SELECT *, row_number() OVER (ORDER BY share, priority, fresh, run_after, created_at, id) AS pos
+          FROM candidates ORDER BY share, priority, fresh, run_after, created_at, id LIMIT %(n)s) c
 ),
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
@@ -136,12 +142,56 @@ decided AS (
     LEFT JOIN per_tenant p ON p.tenant_id = l.id
     LEFT JOIN given_back g ON g.tenant_id = l.id
 ),
+-- The picks their tenant has room for, ranked per kind and per queue in the
+-- claim's order, for the global limits.
+allowed AS (
+    SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.pos) AS kind_rank,
+           row_number() OVER (PARTITION BY p.queue ORDER BY p.pos) AS queue_rank
+    FROM picked p JOIN decided d ON d.tenant_id = p.tenant_id
+    WHERE p.rank <= d.n
+),
+-- Global max_running of a kind and of a queue (runs.engine.limits): a guarded
+-- counter on the kind's or queue's row, as the tenant's, written only while
+-- a limit is set. The rows are locked by name after the tenants (each CTE
+-- reads the one before it, so it is evaluated after it): kinds, then queues,
+-- as the exit statement locks them.
+locked_kinds AS (
+    SELECT k.name, k.max_running - k.running AS room FROM runs_kindstate k
+    WHERE k.max_running IS NOT NULL AND k.name IN (SELECT kind FROM allowed)
+    ORDER BY k.name FOR NO KEY UPDATE
+),
+locked_queues AS (
+    SELECT q.name, q.max_running - q.running AS room FROM runs_queue q
+    WHERE q.max_running IS NOT NULL AND q.name IN (SELECT queue FROM allowed)
+      AND (SELECT count(*) FROM locked_kinds) >= 0
+    ORDER BY q.name FOR NO KEY UPDATE
+),
+final AS (
+    SELECT a.* FROM allowed a
+    LEFT JOIN locked_kinds k ON k.name = a.kind
+    LEFT JOIN locked_queues q ON q.name = a.queue
+    WHERE (k.name IS NULL OR a.kind_rank <= k.room) AND (q.name IS NULL OR a.queue_rank <= q.room)
+),
+final_per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id
+),
 bumped AS (
     -- queued may dip below 0 for a moment: a run can be claimed before the
     -- increment of its submit (sent after commit) lands; they cancel out.
-    UPDATE runs_tenant t SET running = GREATEST(t.running + d.n - d.returned, 0), queued = t.queued - d.n
-    FROM decided d
-    WHERE t.id = d.tenant_id AND (d.n > 0 OR d.returned > 0)
+    UPDATE runs_tenant t SET running = GREATEST(t.running + COALESCE(f.n, 0) - d.returned, 0),
+        queued = t.queued - COALESCE(f.n, 0)
+    FROM decided d LEFT JOIN final_per_tenant f ON f.tenant_id = d.tenant_id
+    WHERE t.id = d.tenant_id AND (COALESCE(f.n, 0) > 0 OR d.returned > 0)
+),
+kinds_bumped AS (
+    UPDATE runs_kindstate k SET running = k.running + f.n
+    FROM (SELECT kind, count(*) AS n FROM final GROUP BY kind) f JOIN locked_kinds l ON l.name = f.kind
+    WHERE k.name = l.name
+),
+queues_bumped AS (
+    UPDATE runs_queue q SET running = q.running + f.n
+    FROM (SELECT queue, count(*) AS n FROM final GROUP BY queue) f JOIN locked_queues l ON l.name = f.queue
+    WHERE q.name = l.name
 ),
 claimed AS (
     UPDATE runs_run r SET
@@ -156,11 +206,10 @@ claimed AS (
         started_at = COALESCE(r.started_at, statement_timestamp()),
         updated_at = statement_timestamp(),
         last_event_seq = r.last_event_seq + 1
-    FROM picked p
+    FROM final p
     JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS v(kind, version) ON true
-    JOIN decided d ON d.tenant_id = p.tenant_id
     -- The status as a parameter: the picked runs are found by primary key in any plan (BATCH_GUARD says why).
-    WHERE r.id = p.id AND r.status = %(queued)s::text AND v.kind = r.kind AND p.rank <= d.n
+    WHERE r.id = p.id AND r.status = %(queued)s::text AND v.kind = r.kind
     RETURNING r.*
 ),
 new_events AS (

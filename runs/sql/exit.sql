@@ -119,6 +119,33 @@ t AS (
     FROM n JOIN tenants l ON l.id = n.tenant_id
     WHERE runs_tenant.id = l.id
 ),
+-- A kind's and a queue's global max_running (runs.engine.limits): their counters
+-- go down at once, and only while a limit is set (a row with max_running).
+-- Locked by name after the tenants, kinds then queues, as the claim locks them.
+kinds_left AS (SELECT r.kind AS name, count(*) AS n FROM r GROUP BY r.kind),
+kinds_locked AS (
+    SELECT k.name FROM runs_kindstate k
+    WHERE k.max_running IS NOT NULL AND k.name IN (SELECT name FROM kinds_left)
+      AND (SELECT count(*) FROM tenants) >= 0
+    ORDER BY k.name FOR NO KEY UPDATE
+),
+kinds_given AS (
+    UPDATE runs_kindstate k SET running = GREATEST(k.running - x.n, 0)
+    FROM kinds_left x JOIN kinds_locked l ON l.name = x.name
+    WHERE k.name = l.name
+),
+queues_left AS (SELECT r.queue AS name, count(*) AS n FROM r GROUP BY r.queue),
+queues_locked AS (
+    SELECT q.name FROM runs_queue q
+    WHERE q.max_running IS NOT NULL AND q.name IN (SELECT name FROM queues_left)
+      AND (SELECT count(*) FROM kinds_locked) >= 0
+    ORDER BY q.name FOR NO KEY UPDATE
+),
+queues_given AS (
+    UPDATE runs_queue q SET running = GREATEST(q.running - x.n, 0)
+    FROM queues_left x JOIN queues_locked l ON l.name = x.name
+    WHERE q.name = l.name
+),
 -- What a stream's client and a webhook's receiver need to show the end
 -- (or the wait) without asking again: the result, or the error and why.
 new_events AS (
