@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
+from runs.engine.claim import limits_changed
 from runs.models import KindState, Queue
 from runs.queries import one, queries, rows
 
@@ -61,6 +62,7 @@ def set_max_running(scope: str, name: str, max_running: int | None) -> Limit:
         row.max_running = max_running
         row.running = running
         row.save(update_fields=["max_running", "running"])
+        transaction.on_commit(limits_changed)
     return Limit(scope=scope, name=name, max_running=max_running, running=running)
 
 

@@ -21,7 +21,73 @@
 -- run left running after the reaper last set the counter to the truth
 -- (running_reconciled_at, read under the row lock): the reaper's count
 -- already left out a run that had finished before it.
-WITH returns AS (
+--
+-- This statement is the claim while no kind or queue has a global
+-- max_running (runs.engine.limits); claim_limited is the claim while one has.
+WITH {claim_picks},
+-- The picks their tenant has room for, best first.
+final AS (
+    SELECT p.* FROM picked p JOIN decided d ON d.tenant_id = p.tenant_id WHERE p.rank <= d.n
+),
+{claim_runs}
+{outbox}
+{claimed_columns}
+FROM claimed
+
+-- name: claim_limited
+-- The claim (above) while a kind or a queue has a global max_running: the
+-- picks are claimed as far as their kind's and queue's counters leave room
+-- too, and those counters are bumped with the tenants'.
+WITH {claim_picks},
+-- The picks their tenant has room for, ranked per kind and per queue in the
+-- claim's order, for the global limits.
+allowed AS (
+    SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.pos) AS kind_rank,
+           row_number() OVER (PARTITION BY p.queue ORDER BY p.pos) AS queue_rank
+    FROM picked p JOIN decided d ON d.tenant_id = p.tenant_id
+    WHERE p.rank <= d.n
+),
+-- Global max_running of a kind and of a queue (runs.engine.limits): a guarded
+-- counter on the kind's or queue's row, as the tenant's, written only while
+-- a limit is set. The rows are locked by name after the tenants (each CTE
+-- reads the one before it, so it is evaluated after it): kinds, then queues,
+-- as the exit statement locks them.
+locked_kinds AS (
+    SELECT k.name, k.max_running - k.running AS room FROM runs_kindstate k
+    WHERE k.max_running IS NOT NULL AND k.name IN (SELECT kind FROM allowed)
+    ORDER BY k.name FOR NO KEY UPDATE
+),
+locked_queues AS (
+    SELECT q.name, q.max_running - q.running AS room FROM runs_queue q
+    WHERE q.max_running IS NOT NULL AND q.name IN (SELECT queue FROM allowed)
+      AND (SELECT count(*) FROM locked_kinds) >= 0
+    ORDER BY q.name FOR NO KEY UPDATE
+),
+final AS (
+    SELECT a.* FROM allowed a
+    LEFT JOIN locked_kinds k ON k.name = a.kind
+    LEFT JOIN locked_queues q ON q.name = a.queue
+    WHERE (k.name IS NULL OR a.kind_rank <= k.room) AND (q.name IS NULL OR a.queue_rank <= q.room)
+),
+kinds_bumped AS (
+    UPDATE runs_kindstate k SET running = k.running + f.n
+    FROM (SELECT kind, count(*) AS n FROM final GROUP BY kind) f JOIN locked_kinds l ON l.name = f.kind
+    WHERE k.name = l.name
+),
+queues_bumped AS (
+    UPDATE runs_queue q SET running = q.running + f.n
+    FROM (SELECT queue, count(*) AS n FROM final GROUP BY queue) f JOIN locked_queues l ON l.name = f.queue
+    WHERE q.name = l.name
+),
+{claim_runs}
+{outbox}
+{claimed_columns}
+FROM claimed
+
+-- fragment: claim_picks
+-- What claim and claim_limited share: the candidates, the fair share between
+-- tenants, and each tenant's room under its row lock ("decided").
+returns AS (
     SELECT * FROM unnest(%(ret_tenants)s::uuid[], %(ret_times)s::timestamptz[]) AS x(tenant_id, left_at)
 ),
 returns_per_tenant AS (
@@ -41,16 +107,19 @@ tenants AS (
           (SELECT c.cost_cents FROM runs_tenantdailycost c
            WHERE c.tenant_id = t.id AND c.day = (statement_timestamp() AT TIME ZONE 'UTC')::date), 0))
 ),
--- A paused queue or kind, and one at its global max_running, offers nothing
--- (the counters are checked again under their row locks below).
+-- A paused queue or kind offers nothing, nor does one with a global
+-- max_running: in claim_limited while it is at its limit (the counter is
+-- checked again under its row lock there), in claim always, so that a worker
+-- that has not yet seen a new limit never claims past it.
 queues AS (
     SELECT name FROM unnest(%(queues)s::text[]) AS q(name)
-    WHERE NOT EXISTS (SELECT 1 FROM runs_queue x WHERE x.name = q.name
-                      AND (x.paused OR x.running >= x.max_running))
+    WHERE NOT EXISTS (SELECT 1 FROM runs_queue x WHERE x.name = q.name AND (x.paused
+          OR x.max_running IS NOT NULL AND (NOT %(limited)s OR x.running >= x.max_running)))
 ),
 kinds AS (
     SELECT unnest(%(kinds)s::text[]) AS name
-    EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused OR k.running >= k.max_running
+    EXCEPT SELECT k.name FROM runs_kindstate k WHERE k.paused
+           OR k.max_running IS NOT NULL AND (NOT %(limited)s OR k.running >= k.max_running)
 ),
 candidates AS (
     -- Each tenant's best runs, ranked inside the tenant; share is the
@@ -141,37 +210,11 @@ decided AS (
     FROM locked_tenants l
     LEFT JOIN per_tenant p ON p.tenant_id = l.id
     LEFT JOIN given_back g ON g.tenant_id = l.id
-),
--- The picks their tenant has room for, ranked per kind and per queue in the
--- claim's order, for the global limits.
-allowed AS (
-    SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.pos) AS kind_rank,
-           row_number() OVER (PARTITION BY p.queue ORDER BY p.pos) AS queue_rank
-    FROM picked p JOIN decided d ON d.tenant_id = p.tenant_id
-    WHERE p.rank <= d.n
-),
--- Global max_running of a kind and of a queue (runs.engine.limits): a guarded
--- counter on the kind's or queue's row, as the tenant's, written only while
--- a limit is set. The rows are locked by name after the tenants (each CTE
--- reads the one before it, so it is evaluated after it): kinds, then queues,
--- as the exit statement locks them.
-locked_kinds AS (
-    SELECT k.name, k.max_running - k.running AS room FROM runs_kindstate k
-    WHERE k.max_running IS NOT NULL AND k.name IN (SELECT kind FROM allowed)
-    ORDER BY k.name FOR NO KEY UPDATE
-),
-locked_queues AS (
-    SELECT q.name, q.max_running - q.running AS room FROM runs_queue q
-    WHERE q.max_running IS NOT NULL AND q.name IN (SELECT queue FROM allowed)
-      AND (SELECT count(*) FROM locked_kinds) >= 0
-    ORDER BY q.name FOR NO KEY UPDATE
-),
-final AS (
-    SELECT a.* FROM allowed a
-    LEFT JOIN locked_kinds k ON k.name = a.kind
-    LEFT JOIN locked_queues q ON q.name = a.queue
-    WHERE (k.name IS NULL OR a.kind_rank <= k.room) AND (q.name IS NULL OR a.queue_rank <= q.room)
-),
+)
+
+-- fragment: claim_runs
+-- The claim's writes once "final" says which runs: the tenants' counters, the
+-- runs, their Events.
 final_per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id
 ),
@@ -182,16 +225,6 @@ bumped AS (
         queued = t.queued - COALESCE(f.n, 0)
     FROM decided d LEFT JOIN final_per_tenant f ON f.tenant_id = d.tenant_id
     WHERE t.id = d.tenant_id AND (COALESCE(f.n, 0) > 0 OR d.returned > 0)
-),
-kinds_bumped AS (
-    UPDATE runs_kindstate k SET running = k.running + f.n
-    FROM (SELECT kind, count(*) AS n FROM final GROUP BY kind) f JOIN locked_kinds l ON l.name = f.kind
-    WHERE k.name = l.name
-),
-queues_bumped AS (
-    UPDATE runs_queue q SET running = q.running + f.n
-    FROM (SELECT queue, count(*) AS n FROM final GROUP BY queue) f JOIN locked_queues l ON l.name = f.queue
-    WHERE q.name = l.name
 ),
 claimed AS (
     UPDATE runs_run r SET
@@ -217,23 +250,20 @@ new_events AS (
            %(worker)s::text AS actor_id, jsonb_build_object('from', {queued}, 'attempt', attempt) AS payload
     FROM claimed
 ),
-{outbox}
+
+-- fragment: claimed_columns
+-- A claimed run's columns: runs.engine.claim.ClaimedRun's fields.
 SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation,
        deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents,
        cancel_requested_at IS NOT NULL AS cancel_requested, pause_requested_at IS NOT NULL AS pause_requested,
        queue, claimed_at, parent_id, children_cost_cents, compensation, run_after, created_at, started_at,
        priority, trace_context, thread_id
-FROM claimed
 
 -- name: claimed_but_not_held
 -- The runs this worker holds in the database but not in memory: a claim
 -- whose commit succeeded but whose answer was lost. The same columns as the
 -- claim's answer.
-SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures, max_attempts, generation,
-       deadline_seconds, running_seconds, steps_done, steps_total, cost_cents, cost_ceiling_cents,
-       cancel_requested_at IS NOT NULL AS cancel_requested, pause_requested_at IS NOT NULL AS pause_requested,
-       queue, claimed_at, parent_id, children_cost_cents, compensation, run_after, created_at, started_at,
-       priority, trace_context, thread_id
+{claimed_columns}
 FROM runs_run
 WHERE status = {running} AND locked_by = %(worker)s AND NOT (id = ANY(%(held)s::uuid[]))
 

@@ -31,3 +31,8 @@ SELECT count(*) AS n FROM runs_run WHERE status = {running} AND kind = %(name)s
 
 -- name: count_running_of_queue
 SELECT count(*) AS n FROM runs_run WHERE status = {running} AND queue = %(name)s
+
+-- name: limits_in_force
+-- Whether the claim must be claim_limited (runs.engine.claim), read every few seconds.
+SELECT EXISTS (SELECT 1 FROM runs_kindstate WHERE max_running IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM runs_queue WHERE max_running IS NOT NULL) AS in_force
