@@ -18,11 +18,13 @@ in at load time is named, never assembled:
 
 - status literals, ``{queued}``, ``{running}``, ``{step_done}``, ``{terminal}``
   ... from ``RunStatus`` and ``StepStatus`` (``runs.db.sql``);
-- fragments, ``-- fragment: <name>`` blocks of ``runs/sql/fragments.sql``:
-  the outbox's CTEs that turn a statement's ``new_events`` into Events
-  (``{outbox}``), and also into webhook deliveries for the types webhooks
-  are sent for (``{outbox_and_webhooks}``). A statement says which one it
-  needs; nothing is decided by reading its text.
+- fragments, ``-- fragment: <name>`` blocks, which may use each other: in
+  ``runs/sql/fragments.sql`` the outbox's CTEs that turn a statement's
+  ``new_events`` into Events (``{outbox}``), and also into webhook
+  deliveries for the types webhooks are sent for (``{outbox_and_webhooks}``);
+  beside their statements, what the two variants of the claim and of the
+  exit share (``runs/sql/claim.sql``, ``runs/sql/exit.sql``). A statement
+  says which one it needs; nothing is decided by reading its text.
 
 ``%(param)s`` placeholders stay for the driver. Rows are read by column
 name (``one``, ``rows``), never by position: a statement's ``SELECT`` list
@@ -91,8 +93,18 @@ class Queries:
                 else:
                     statements[name] = (path.name, _body(text))
         filled: dict[str, str] = {}
-        for name, text in fragments.items():  # a fragment may use the fragments declared before it
-            filled[name] = self._fill(f"fragment {name}", text, filled)
+        waiting = dict(fragments)
+        while waiting:  # a fragment may use other fragments, wherever they are declared
+            ready = {
+                name: text
+                for name, text in waiting.items()
+                if not any(f"{{{other}}}" in text for other in waiting if other != name)
+            }
+            if not ready:
+                raise StatementError(f"fragments that use each other: {', '.join(sorted(waiting))}")
+            for name, text in ready.items():
+                filled[name] = self._fill(f"fragment {name}", text, filled)
+                del waiting[name]
         self._fragments = filled
         self._statements = {
             name: self._fill(f"{file}: {name}", text, filled)

@@ -5,8 +5,6 @@ The statements, with why each clause is there, are in ``runs/sql/claim.sql``.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from runs.db import engine_cursor, loads
+from runs.engine.limits_seen import limits_seen
 from runs.queries import queries, rows
 from runs.states import RunStatus
 
@@ -103,51 +102,10 @@ def claim(
         "queued": RunStatus.QUEUED,
     }
     with engine_cursor() as cursor:
-        limited = _limits.in_force(cursor)
+        limited = limits_seen.in_force(cursor)
         params["limited"] = limited
         cursor.execute(queries.claim_limited if limited else queries.claim, params)
         return _claimed(rows(cursor))
-
-
-class _LimitsSeen:
-    """Whether any kind or queue has a global max_running, read again every ``CHECK_SECONDS``.
-
-    The claim while none has (``claim``) is the lighter statement; it never
-    claims a run of a limited kind or queue, so a worker that has not yet seen
-    a limit set a moment ago holds back, and within ``CHECK_SECONDS`` it claims
-    with ``claim_limited``, which enforces it.
-    """
-
-    CHECK_SECONDS = 2.0
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._checked_at = float("-inf")
-        self._in_force = False
-
-    def in_force(self, cursor) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._checked_at < self.CHECK_SECONDS:
-                return self._in_force
-        cursor.execute(queries.limits_in_force)
-        found = bool(rows(cursor)[0]["in_force"])
-        with self._lock:
-            self._in_force, self._checked_at = found, now
-        return found
-
-    def forget(self) -> None:
-        """Read it again at the next claim (a test or a command that just set a limit)."""
-        with self._lock:
-            self._checked_at = float("-inf")
-
-
-_limits = _LimitsSeen()
-
-
-def limits_changed() -> None:
-    """A global limit was set or lifted in this process: its next claim reads which claim to use."""
-    _limits.forget()
 
 
 def claimed_but_not_held(*, worker_id: UUID, held: Iterable[UUID]) -> list[ClaimedRun]:

@@ -34,6 +34,7 @@ from django.db import transaction
 from runs.db import engine_cursor, storable_text
 from runs.engine import keys, recordset
 from runs.engine.family import child_finished
+from runs.engine.limits_seen import limits_seen
 from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor
 from runs.metrics import process as metrics
@@ -389,7 +390,8 @@ def _execute(exits: Sequence[Exit], *, expires: float) -> list[Exited | None]:
         "running": RunStatus.RUNNING.value,
     }
     with engine_cursor() as cursor:
-        cursor.execute(queries.leave_running, params)
+        limited = limits_seen.in_force(cursor)
+        cursor.execute(queries.leave_running_limited if limited else queries.leave_running, params)
         found = {
             row["id"]: Exited(
                 status=RunStatus(row["status"]),

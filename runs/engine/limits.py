@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from runs.engine.claim import limits_changed
+from runs.engine.limits_seen import limits_seen
 from runs.models import KindState, Queue
 from runs.queries import one, queries, rows
 
@@ -62,7 +62,7 @@ def set_max_running(scope: str, name: str, max_running: int | None) -> Limit:
         row.max_running = max_running
         row.running = running
         row.save(update_fields=["max_running", "running"])
-        transaction.on_commit(limits_changed)
+        transaction.on_commit(limits_seen.forget)
     return Limit(scope=scope, name=name, max_running=max_running, running=running)
 
 

@@ -7,7 +7,54 @@
 -- runs.engine.exit.Exit (runs.engine.recordset). What the exit asks for is
 -- p.target; the status it reaches is decided here, under the row lock, so
 -- that a cancel or pause that landed meanwhile wins.
-WITH p AS (
+--
+-- This statement is the exit while no kind or queue has a global
+-- max_running (runs.engine.limits); leave_running_limited is the exit while
+-- one has, and also gives back the kinds' and queues' slots.
+WITH {exit_rows},
+{exit_events},
+{outbox_and_webhooks}
+SELECT id, status, queue, statement_timestamp() AS at, parent_id, kind, thread_id, tenant_id,
+       concurrency_key FROM r
+
+-- name: leave_running_limited
+WITH {exit_rows},
+-- A kind's and a queue's global max_running (runs.engine.limits): their counters
+-- go down at once, and only while a limit is set (a row with max_running).
+-- Locked by name after the tenants, kinds then queues, as the claim locks them.
+kinds_left AS (SELECT r.kind AS name, count(*) AS n FROM r GROUP BY r.kind),
+kinds_locked AS (
+    SELECT k.name FROM runs_kindstate k
+    WHERE k.max_running IS NOT NULL AND k.name IN (SELECT name FROM kinds_left)
+      AND (SELECT count(*) FROM tenants) >= 0
+    ORDER BY k.name FOR NO KEY UPDATE
+),
+kinds_given AS (
+    UPDATE runs_kindstate k SET running = GREATEST(k.running - x.n, 0)
+    FROM kinds_left x JOIN kinds_locked l ON l.name = x.name
+    WHERE k.name = l.name
+),
+queues_left AS (SELECT r.queue AS name, count(*) AS n FROM r GROUP BY r.queue),
+queues_locked AS (
+    SELECT q.name FROM runs_queue q
+    WHERE q.max_running IS NOT NULL AND q.name IN (SELECT name FROM queues_left)
+      AND (SELECT count(*) FROM kinds_locked) >= 0
+    ORDER BY q.name FOR NO KEY UPDATE
+),
+queues_given AS (
+    UPDATE runs_queue q SET running = GREATEST(q.running - x.n, 0)
+    FROM queues_left x JOIN queues_locked l ON l.name = x.name
+    WHERE q.name = l.name
+),
+{exit_events},
+{outbox_and_webhooks}
+SELECT id, status, queue, statement_timestamp() AS at, parent_id, kind, thread_id, tenant_id,
+       concurrency_key FROM r
+
+-- fragment: exit_rows
+-- What leave_running and leave_running_limited share: the exits, the runs'
+-- rows, and their tenants' counters.
+p AS (
     SELECT * FROM json_to_recordset(%(rows)s::json)
         AS p(run uuid, token bigint, target text, reason text, result text, error text, error_kind text,
              add_failure bool, delay float8, wake_at timestamptz, wake_on_message bool, wake_on_children bool,
@@ -118,34 +165,9 @@ t AS (
     UPDATE runs_tenant SET running = GREATEST(runs_tenant.running - n.given, 0), queued = runs_tenant.queued + n.requeued
     FROM n JOIN tenants l ON l.id = n.tenant_id
     WHERE runs_tenant.id = l.id
-),
--- A kind's and a queue's global max_running (runs.engine.limits): their counters
--- go down at once, and only while a limit is set (a row with max_running).
--- Locked by name after the tenants, kinds then queues, as the claim locks them.
-kinds_left AS (SELECT r.kind AS name, count(*) AS n FROM r GROUP BY r.kind),
-kinds_locked AS (
-    SELECT k.name FROM runs_kindstate k
-    WHERE k.max_running IS NOT NULL AND k.name IN (SELECT name FROM kinds_left)
-      AND (SELECT count(*) FROM tenants) >= 0
-    ORDER BY k.name FOR NO KEY UPDATE
-),
-kinds_given AS (
-    UPDATE runs_kindstate k SET running = GREATEST(k.running - x.n, 0)
-    FROM kinds_left x JOIN kinds_locked l ON l.name = x.name
-    WHERE k.name = l.name
-),
-queues_left AS (SELECT r.queue AS name, count(*) AS n FROM r GROUP BY r.queue),
-queues_locked AS (
-    SELECT q.name FROM runs_queue q
-    WHERE q.max_running IS NOT NULL AND q.name IN (SELECT name FROM queues_left)
-      AND (SELECT count(*) FROM kinds_locked) >= 0
-    ORDER BY q.name FOR NO KEY UPDATE
-),
-queues_given AS (
-    UPDATE runs_queue q SET running = GREATEST(q.running - x.n, 0)
-    FROM queues_left x JOIN queues_locked l ON l.name = x.name
-    WHERE q.name = l.name
-),
+)
+
+-- fragment: exit_events
 -- What a stream's client and a webhook's receiver need to show the end
 -- (or the wait) without asking again: the result, or the error and why.
 new_events AS (
@@ -161,10 +183,7 @@ new_events AS (
            || CASE WHEN r.outcome <> '' THEN jsonb_build_object('outcome', r.outcome, 'summary', r.summary)
                    ELSE '{{}}' END AS payload
     FROM r
-),
-{outbox_and_webhooks}
-SELECT id, status, queue, statement_timestamp() AS at, parent_id, kind, thread_id, tenant_id,
-       concurrency_key FROM r
+)
 
 -- name: lock_run_to_recheck
 -- An exit that parks a run to wait for a message or for children re-checks
