@@ -13,6 +13,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 import runs.api.artifacts  # noqa: F401  (registers the artifact endpoints on the runs router)
 import runs.api.control  # noqa: F401  (registers the control endpoints on the runs router)
+import runs.api.schedules  # noqa: F401  (registers the schedule endpoints on the runs router)
 import runs.api.streams  # noqa: F401  (registers the event stream endpoints on the runs router)
 import runs.api.threads  # noqa: F401  (registers the conversation endpoints on the runs router)
 from runs.api.endpoints import router as runs_router

@@ -72,6 +72,7 @@ def list_runs(
     without_payloads: bool = False,
     parent: UUID | None = None,
     search: str | None = None,
+    schedule: UUID | None = None,
 ) -> Page:
     """Newest first, keyset-paginated on (created_at, id): page N costs what page 1 costs.
 
@@ -87,6 +88,8 @@ def list_runs(
     runs = Run.objects.for_tenant(tenant).newest_first()
     if parent:
         runs = runs.filter(parent_id=parent)
+    if schedule:
+        runs = runs.filter(schedule_id=schedule)
     if status:
         runs = runs.filter(status=status)
     if kind:

@@ -111,6 +111,7 @@ def submit(
     thread: Thread | None = None,
     turn: int | None = None,
     held_after: int | None = None,
+    schedule: Any = None,
 ) -> Submitted:
     """``submit_run`` that also tells whether the run was created or found by its idempotency key.
 
@@ -118,7 +119,8 @@ def submit(
     ``thread`` and ``turn`` make it that turn of a conversation
     (``runs.threads.turns.start_turn``, under the thread's lock); with
     ``held_after`` it is held (``waiting``) until turn ``held_after`` and
-    those before it have ended.
+    those before it have ended. ``schedule`` is the Schedule whose fire
+    submits it (``runs.schedules``).
     ``tenant_is_fresh`` says that ``tenant`` was read in this request (the
     API's key lookup reads it): backpressure then takes its queued counter
     from it instead of reading the row again.
@@ -228,6 +230,7 @@ def submit(
         last_event_seq=1,
         thread=thread,
         turn=turn,
+        schedule=schedule,
     )
     if held_after is not None:
         run.status = RunStatus.WAITING

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from runs import schedules
 from runs.control import cancel_runs
 from runs.db import notify_queues, release_connection
 from runs.engine import family, keys, limits, reaping, retention, timers
@@ -37,12 +38,15 @@ class ReapReport:
     orphans: int = 0
     released: int = 0  # held runs of concurrency keys queued by the reaper's pass
     limits_fixed: int = 0  # kinds' and queues' running counters set to the truth
+    scheduled: int = 0  # runs submitted by schedules
+    missed: int = 0  # schedules' fire times that made no run
 
     def __str__(self) -> str:
         return (
             f"rescued={self.rescued} failed={self.failed} deadline={self.deadline} "
             f"expired={self.expired} tenants_fixed={self.tenants_fixed} orphans={self.orphans} "
-            f"released={self.released} limits_fixed={self.limits_fixed}"
+            f"released={self.released} limits_fixed={self.limits_fixed} "
+            f"scheduled={self.scheduled} missed={self.missed}"
         )
 
 
@@ -82,6 +86,9 @@ class Reaper:
                     report.deadline += 1
             report.expired = reaping.expire_waiting(batch=self.batch)
             report.expired += reaping.expire_unstarted(batch=self.batch)
+            # Schedules whose fire time has come (runs.schedules), once per fire time.
+            fired = schedules.fire_due(batch=self.batch)
+            report.scheduled, report.missed = fired.fired, fired.missed
             # Concurrency keys whose holder ended without its release (runs.engine.keys).
             report.released = keys.release_stuck(batch=self.batch)
             # Children of runs that failed or were cancelled, when the cascade
@@ -107,6 +114,8 @@ class Reaper:
             or report.orphans
             or report.released
             or report.limits_fixed
+            or report.scheduled
+            or report.missed
         ):
             logger.info("reaped: %s", report)
         return report

@@ -8,4 +8,11 @@ page lives in ``overview``, its throughput chart in ``chart``. The templates
 are under templates/admin/, the stylesheet is static/css/admin-extra.css.
 """
 
-from runs.admin import fleet, run, tenancy, threads, webhooks  # noqa: F401  (importing registers the ModelAdmins)
+from runs.admin import (  # noqa: F401  (importing registers the ModelAdmins)
+    fleet,
+    run,
+    schedules,
+    tenancy,
+    threads,
+    webhooks,
+)

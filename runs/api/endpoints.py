@@ -86,6 +86,7 @@ class RunFilters(StorableIn):
     kind: str | None = None
     queue: str | None = None
     parent: UUID | None = Field(default=None, description="only the children of this run")
+    schedule: UUID | None = Field(default=None, description="only the runs this schedule made")
     q: str | None = Field(
         default=None,
         description="only runs whose title or input text contains each word (case-insensitive; "
@@ -109,6 +110,7 @@ def list_runs(request: ApiRequest, filters: Query[RunFilters]):
         queue=filters.queue,
         parent=filters.parent,
         search=filters.q,
+        schedule=filters.schedule,
     )
     return {"items": page.items, "next_cursor": page.next_cursor}
 

@@ -118,6 +118,7 @@ class RunOut(Schema):
     )
     run_after: datetime
     concurrency_key: str | None = Field(description="its concurrency key, if it was given one")
+    schedule_id: UUID | None = Field(description="the schedule whose fire submitted it, if any")
     start_by: datetime | None = Field(
         description="when a run that has not started expires (expires_in), or null"
     )

@@ -104,6 +104,20 @@ WEBHOOK_ATTEMPTS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+SCHEDULE_FIRES = Counter(
+    "agentruns_schedule_fires",
+    "Fire times of schedules: fired (a run was submitted), or missed by why: catch_up (downtime "
+    "the schedule's catch_up policy skipped), overlap (its previous run was live), backpressure "
+    "(its tenant's queue was full) or error (its kind or input no longer submits).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+SCHEDULE_LATE = Histogram(
+    "agentruns_schedule_fire_late_seconds",
+    "How long after its fire time a schedule's run was submitted.",
+    buckets=WAIT_BUCKETS,
+    registry=REGISTRY,
+)
 
 
 def run_finished(*, queue: str, kind: str, status: str) -> None:
@@ -132,6 +146,14 @@ def lease_rescued(*, queue: str, status: str) -> None:
 
 def webhook_attempt(*, result: str) -> None:
     WEBHOOK_ATTEMPTS.labels(result=result).inc()
+
+
+def schedule_fired(*, outcome: str, n: int = 1) -> None:
+    SCHEDULE_FIRES.labels(outcome=outcome).inc(n)
+
+
+def schedule_late(seconds: float) -> None:
+    SCHEDULE_LATE.observe(max(0.0, seconds))
 
 
 def series() -> list[list]:

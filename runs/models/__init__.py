@@ -14,6 +14,7 @@ from runs.models.notifications import (
 )
 from runs.models.records import Artifact, Event, Message, Step, StepAttempt
 from runs.models.run import Run, RunQuerySet, default_expires_at
+from runs.models.schedules import CatchUp, Overlap, Schedule
 from runs.models.tenancy import (
     MONEY,
     ApiKey,
@@ -52,6 +53,9 @@ __all__ = [
     "MetricSnapshot",
     "Pausable",
     "Queue",
+    "CatchUp",
+    "Overlap",
+    "Schedule",
     "Run",
     "RunQuerySet",
     "RunStatus",

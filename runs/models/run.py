@@ -268,6 +268,15 @@ class Run(models.Model):
     # while another of its key is live waits, held (status waiting, never started), its turn.
     # NULL, not "", when absent: the key's unique constraint and index apply to keys only.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # The schedule whose fire submitted it (runs.schedules), if any.
+    schedule = models.ForeignKey(
+        "runs.Schedule",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        related_name="runs",
+    )
     compensation = models.CharField(
         max_length=10, choices=Compensation.choices, blank=True, default=""
     )
@@ -372,6 +381,13 @@ class Run(models.Model):
                 F("id"),
                 condition=Q(status=RunStatus.QUEUED),
                 name="run_claim_order_idx",
+            ),
+            # A schedule's runs, newest first (GET /api/runs?schedule=).
+            models.Index(
+                F("schedule"),
+                F("created_at").desc(),
+                condition=Q(schedule__isnull=False),
+                name="run_schedule_idx",
             ),
             # A concurrency key's live runs, oldest first: who holds it, who is next.
             models.Index(

@@ -18,7 +18,7 @@ WITH born AS (
         current_step, steps_done, steps_total, cancel_requested_at, pause_requested_at, parent_id,
         children_pending, children_needed, children_cost_cents, origin_id, origin_step, compensation,
         generation, callback_url, trace_context, created_at, started_at, finished_at, updated_at,
-        thread_id, turn, start_by, concurrency_key
+        thread_id, turn, start_by, concurrency_key, schedule_id
     ) VALUES (
         %(id)s, %(tenant_id)s, %(kind)s, %(kind_version)s, %(queue)s, %(priority)s, %(input)s,
         %(status)s, %(attempt)s, %(failures)s, %(max_attempts)s, %(lease_token)s, %(locked_by)s,
@@ -30,7 +30,7 @@ WITH born AS (
         %(cancel_requested_at)s, %(pause_requested_at)s, %(parent_id)s, %(children_pending)s,
         %(children_needed)s, %(children_cost_cents)s, %(origin_id)s, %(origin_step)s, %(compensation)s,
         %(generation)s, %(callback_url)s, %(trace_context)s, %(created_at)s, %(started_at)s,
-        %(finished_at)s, %(updated_at)s, %(thread_id)s, %(turn)s, %(start_by)s, %(concurrency_key)s
+        %(finished_at)s, %(updated_at)s, %(thread_id)s, %(turn)s, %(start_by)s, %(concurrency_key)s, %(schedule_id)s
     )
     ON CONFLICT DO NOTHING
     RETURNING id, last_event_seq, run_after
