@@ -162,6 +162,16 @@ class Sleep(Suspend):
         self.until = until
 
 
+class AwaitCapacity(Suspend):
+    """A rate limit shared by every worker has no room now (runs.engine.ratelimits): the run goes
+    back to `queued` until ``until`` (the database's clock), spending nothing, holding no worker."""
+
+    def __init__(self, message: str = "", *, key: str, until):
+        super().__init__(message or f"rate limit {key!r} has no room until {until.isoformat()}")
+        self.key = key
+        self.until = until
+
+
 class ReplayEnded(Suspend):
     """Replaying a run to roll it back reached a step that never finished (workers.saga)."""
 

@@ -28,6 +28,7 @@ from workers.classify import classify, interruption
 from workers.context import RunContext
 from workers.errors import (
     AwaitApproval,
+    AwaitCapacity,
     AwaitChildren,
     AwaitMessage,
     LeaseLost,
@@ -167,6 +168,9 @@ class RunExecutor:
             return self._leave(Exit.await_children(wake_at=exc.wake_at))
         except Sleep as exc:
             return self._leave(Exit.sleep(until=exc.until))
+        except AwaitCapacity as exc:
+            # Queued until the limit has room; the call's step was not recorded, so it runs then.
+            return self._leave(Exit.await_capacity(until=exc.until))
         except RunSignal:
             raise
         except DatabaseError as exc:

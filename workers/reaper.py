@@ -17,7 +17,7 @@ from django.conf import settings
 from runs import schedules
 from runs.control import cancel_runs
 from runs.db import notify_queues, release_connection
-from runs.engine import family, keys, limits, reaping, retention, timers
+from runs.engine import family, keys, limits, ratelimits, reaping, retention, timers
 from runs.engine.reaping import StaleLease
 from runs.metrics.publish import retire_silent
 
@@ -89,6 +89,7 @@ class Reaper:
             # Schedules whose fire time has come (runs.schedules), once per fire time.
             fired = schedules.fire_due(batch=self.batch)
             report.scheduled, report.missed = fired.fired, fired.missed
+            ratelimits.prune()  # reservations older than any rate limit's window
             # Concurrency keys whose holder ended without its release (runs.engine.keys).
             report.released = keys.release_stuck(batch=self.batch)
             # Children of runs that failed or were cancelled, when the cascade

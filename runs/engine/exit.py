@@ -55,7 +55,7 @@ class Exit(recordset.Row):
     """How a run leaves running: one row of the exit statement, built by a named constructor.
 
     ``Exit.done(result=...)``, ``Exit.fail(...)``, ``Exit.retry(...)``,
-    ``Exit.release(...)``, ``Exit.sleep(...)``, ``Exit.await_human(...)``,
+    ``Exit.release(...)``, ``Exit.sleep(...)``, ``Exit.await_capacity(...)``, ``Exit.await_human(...)``,
     ``Exit.await_message(...)``, ``Exit.await_children(...)``,
     ``Exit.rolled_back(...)``, ``Exit.rescue(...)``; then ``of_run()`` says
     whose exit it is, and ``reporting()`` adds what the agent reported. A
@@ -170,6 +170,11 @@ class Exit(recordset.Row):
     def sleep(cls, *, until: datetime) -> Exit:
         """A durable sleep: queued, claimable at ``until``."""
         return cls(target=RunStatus.QUEUED, reason="sleep", wake_at=until)
+
+    @classmethod
+    def await_capacity(cls, *, until: datetime) -> Exit:
+        """A shared rate limit has no room: queued, claimable at ``until``, spending nothing."""
+        return cls(target=RunStatus.QUEUED, reason="rate_limited", wake_at=until)
 
     @classmethod
     def await_human(cls, *, reason: str, error: str = "", error_kind: str = "") -> Exit:

@@ -22,6 +22,8 @@ from runs.models.tenancy import (
     Membership,
     Pausable,
     Queue,
+    RateLimit,
+    RateReservation,
     Tenant,
     TenantDailyCost,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "MetricSnapshot",
     "Pausable",
     "Queue",
+    "RateLimit",
+    "RateReservation",
     "CatchUp",
     "Overlap",
     "Schedule",

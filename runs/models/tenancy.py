@@ -172,3 +172,51 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class RateLimit(models.Model):
+    """What the runs of every worker may spend together on something shared (runs.engine.ratelimits).
+
+    ``key`` names it: a model call is limited by ``llm:<provider>:<model>``
+    if that limit exists, else by ``llm:<provider>``. Null limits do not
+    apply; ``per_tenant_share`` (0 < share <= 1) caps what one tenant may take
+    of each. A provider's 429 with Retry-After pauses the key for everyone
+    until ``paused_until``.
+    """
+
+    key = models.CharField(max_length=200, primary_key=True)
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    per_tenant_share = models.FloatField(null=True, blank=True)
+    paused_until = models.DateTimeField(null=True, blank=True, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(per_tenant_share__isnull=True)
+                | Q(per_tenant_share__gt=0, per_tenant_share__lte=1),
+                name="ratelimit_share_in_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class RateReservation(models.Model):
+    """One call's capacity under a RateLimit: reserved before it is sent, settled with its usage."""
+
+    id = models.BigAutoField(primary_key=True)
+    limit = models.ForeignKey(RateLimit, on_delete=models.CASCADE, db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, null=True, db_index=False)
+    run_id = models.UUIDField(null=True)
+    at = models.DateTimeField()  # the database's clock
+    tokens = models.PositiveIntegerField(default=0)  # reserved, then what the call reported
+    settled = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [models.Index(fields=["limit", "at"], name="ratereservation_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.limit_id} at {self.at:%H:%M:%S}: {self.tokens} tokens"

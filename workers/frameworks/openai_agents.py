@@ -62,7 +62,7 @@ from runs.actors import sentence_start
 from workers.errors import Fatal, StopRun
 from workers.frameworks.bridge import Bridge
 from workers.frameworks.openai_agents_records import load_response, parsed, recordable, step_output
-from workers.llm import pricing
+from workers.llm import capacity, pricing
 from workers.proposals import UNKNOWN, Change, Proposal
 from workers.values import StepResult
 
@@ -218,9 +218,17 @@ class DurableRunner:
 
             def think(request: dict) -> StepResult:
                 limited = self._affordable(settings, model.name, input, tools)
-                response = bridge.wait(
-                    lambda: _inside_step(_Usage(), lambda: call(limited)), timeout
-                )
+                with capacity.model_call(
+                    self.ctx,
+                    provider="openai",
+                    model=model.name,
+                    prompt=to_jsonable_python([input, request["tools"]], fallback=str),
+                    max_tokens=limited.max_tokens,
+                ) as reported:
+                    response = bridge.wait(
+                        lambda: _inside_step(_Usage(), lambda: call(limited)), timeout
+                    )
+                    reported.tokens = response.usage.input_tokens + response.usage.output_tokens
                 usage = response.usage
                 cost = pricing.cost_cents(model.name, usage.input_tokens, usage.output_tokens)
                 return StepResult(

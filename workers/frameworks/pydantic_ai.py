@@ -78,6 +78,7 @@ from workers.frameworks.pydantic_ai_steps import (
     tool_options,
     with_usage,
 )
+from workers.llm import capacity
 from workers.values import Decision
 
 if TYPE_CHECKING:
@@ -297,6 +298,12 @@ class _Session:
         )  # a replayed unit's spans and metrics stay out of telemetry
         return value
 
+    def _unit(self, body: Callable[[], Awaitable[object]], timeout: Any, context: Any) -> Any:
+        try:
+            return self.bridge.wait(lambda: _as_unit(body), timeout, context=context)
+        except ModelAPIError as exc:
+            raise engine_error(exc) from exc
+
     async def approval(self, call: ToolCallPart, metadata: Any) -> Decision:
         proposal = approval_proposal(call, metadata)
         return await self.bridge.call(
@@ -321,11 +328,16 @@ class _Session:
         def execute(**_described: Any) -> Any:
             nonlocal executed
             executed = True
-            try:
-                payload = self.bridge.wait(lambda: _as_unit(body), timeout, context=context)
-            except ModelAPIError as exc:
-                raise engine_error(exc) from exc
-            return with_usage(payload, model) if kind == "llm" else payload
+            if kind != "llm":
+                return self._unit(body, timeout, context)
+            provider, _, name = model.rpartition(":")  # "openai:gpt-4o", or a bare model name
+            with capacity.model_call(
+                self.ctx, provider=provider, model=name, prompt=describe, max_tokens=None
+            ) as reported:
+                payload = self._unit(body, timeout, context)
+                result = with_usage(payload, model)
+                reported.tokens = result.tokens_in + result.tokens_out
+            return result
 
         keyed = options.side_effect if options.idempotency_key is None else options.idempotency_key
         value = self.ctx.step(

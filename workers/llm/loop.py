@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from runs.actors import sentence_start
 from workers.errors import StopRun
-from workers.llm import artifacts, conf, pricing
+from workers.llm import artifacts, capacity, conf, pricing
 from workers.llm.providers import ChatModel, Script, choose_model, model_for
 from workers.llm.tools import Tool, ToolError, tool
 from workers.proposals import UNKNOWN, Change, Proposal
@@ -156,19 +156,27 @@ def run_agent_loop(
             request: dict, snapshot: list[dict] = snapshot, iteration: int = iteration
         ) -> StepResult:
             limit = _output_limit(ctx, chat, snapshot, specs, cap)
-            live = LiveText(ctx, iteration=iteration)
-            # A ChatModel written before on_text existed still works, without live text.
-            extra = {"on_text": live} if _accepts_on_text(chat) else {}
-            try:
-                done = chat.complete(
-                    snapshot,
-                    tools=specs,
-                    max_tokens=limit,
-                    timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS,
-                    **extra,
-                )
-            finally:
-                live.close()
+            with capacity.model_call(
+                ctx,
+                provider=chat.provider,
+                model=chat.model,
+                prompt=[snapshot, specs],
+                max_tokens=limit,
+            ) as usage:
+                live = LiveText(ctx, iteration=iteration)
+                # A ChatModel written before on_text existed still works, without live text.
+                extra = {"on_text": live} if _accepts_on_text(chat) else {}
+                try:
+                    done = chat.complete(
+                        snapshot,
+                        tools=specs,
+                        max_tokens=limit,
+                        timeout=step_timeout + SDK_TIMEOUT_MARGIN_SECONDS,
+                        **extra,
+                    )
+                finally:
+                    live.close()
+                usage.tokens = done.tokens_in + done.tokens_out
             return StepResult(done.message, done.tokens_in, done.tokens_out, done.cost_cents)
 
         request = {
