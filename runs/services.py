@@ -248,6 +248,8 @@ def submit(
         run.concurrency_key = concurrency_key
         with transaction.atomic():
             behind = _take_key(tenant, concurrency_key, on_conflict=on_conflict, actor=actor)
+            # A key's runs run in the order they took its lock: their submission order.
+            run.created_at = run.updated_at = timezone.now()
             if behind is not None:
                 run.status = RunStatus.WAITING  # held: its key's runs before it end first
                 payload |= {"reason": "concurrency_key", "key": concurrency_key}

@@ -9,7 +9,7 @@ from django.utils import timezone
 from runs import operations
 from runs.admin.common import operator, timestamp_column, worker_lease
 from runs.engine import limits
-from runs.models import KindState, Queue, Worker
+from runs.models import KindState, Queue, RateLimit, Worker
 from runs.registry import all_kinds
 from runs.services import QUEUE_NAME
 
@@ -187,3 +187,22 @@ class KindStateAdmin(PausableAdmin):
 
     def set_paused(self, *, name: str, paused: bool, actor) -> None:
         operations.set_kind_paused(name=name, paused=paused, actor=actor)
+
+
+@admin.register(RateLimit)
+class RateLimitAdmin(admin.ModelAdmin):
+    """Rate limits shared by every worker (runs.engine.ratelimits); manage.py setratelimit does the same."""
+
+    list_display = (
+        "key",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "per_tenant_share",
+        "paused_until",
+    )
+    ordering = ("key",)
+    fields = ("key", "requests_per_minute", "tokens_per_minute", "per_tenant_share", "paused_until")
+    readonly_fields = ("paused_until",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("key", "paused_until") if obj is not None else ("paused_until",)

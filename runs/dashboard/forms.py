@@ -283,6 +283,8 @@ class RunFilterForm(forms.Form):
     kind = forms.ChoiceField(required=False)
     q = forms.CharField(required=False, max_length=200, label="Search")
     cursor = forms.CharField(required=False, widget=forms.HiddenInput)
+    # The runs one schedule made (its link on the Schedules page).
+    schedule = forms.UUIDField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, kinds: list[str], **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs.dashboard import actions, threads, views
+from runs.dashboard import actions, schedules, threads, views
 
 app_name = "runs"
 urlpatterns = [
@@ -24,6 +24,8 @@ urlpatterns = [
         actions.redeliver,
         name="redeliver",
     ),
+    path("schedules/", schedules.schedule_list, name="schedules"),
+    path("schedules/<uuid:schedule_id>/toggle/", schedules.schedule_toggle, name="schedule_toggle"),
     path("threads/", threads.thread_list, name="threads"),
     path("threads/new/", threads.thread_new, name="thread_new"),
     path("threads/<uuid:thread_id>/", threads.thread_detail, name="thread"),

@@ -100,6 +100,7 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
                 kind=wanted["kind"] or None,
                 id_search=filters.id_search,
                 search=(wanted["q"] or None) if filters.id_search is None else None,
+                schedule=wanted["schedule"],
                 without_payloads=True,
             )
         except InvalidRunInput as exc:  # a mangled cursor
@@ -133,7 +134,7 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
 def _page_url(filters: RunFilterForm, cursor: str | None) -> str | None:
     if cursor is None:
         return None
-    kept = {name: filters.data.get(name, "") for name in ("status", "kind", "q")}
+    kept = {name: filters.data.get(name, "") for name in ("status", "kind", "q", "schedule")}
     return "?" + urlencode({**{k: v for k, v in kept.items() if v}, "cursor": cursor})
 
 

@@ -154,3 +154,26 @@ def test_setratelimit_sets_changes_clears_and_refuses(processes):
     assert RateLimit.objects.get(key="llm:openai").requests_per_minute == 60
     cleared = processes.run("setratelimit", "llm:openai", "--clear")
     assert cleared.returncode == 0 and "no rate limits" in cleared.stdout
+
+
+@pytest.mark.django_db
+def test_an_operator_sets_a_rate_limit_in_the_admin(admin_client):
+    added = admin_client.post(
+        "/admin/runs/ratelimit/add/",
+        {"key": "llm:openai", "requests_per_minute": "30", "tokens_per_minute": "20000"},
+        follow=True,
+    )
+    assert added.status_code == 200
+    limit = RateLimit.objects.get(key="llm:openai")
+    assert (limit.requests_per_minute, limit.tokens_per_minute) == (30, 20_000)
+    refused = admin_client.post(
+        "/admin/runs/ratelimit/llm:openai/change/",
+        {"requests_per_minute": "30", "per_tenant_share": "2"},
+    )
+    assert (
+        refused.status_code == 200
+        and b"ratelimit_share_in_range" in refused.content
+        or (b"errorlist" in refused.content)
+    )
+    assert RateLimit.objects.get(key="llm:openai").per_tenant_share is None
+    assert "llm:openai" in admin_client.get("/admin/runs/ratelimit/").content.decode()
