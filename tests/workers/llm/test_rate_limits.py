@@ -170,10 +170,6 @@ def test_an_operator_sets_a_rate_limit_in_the_admin(admin_client):
         "/admin/runs/ratelimit/llm:openai/change/",
         {"requests_per_minute": "30", "per_tenant_share": "2"},
     )
-    assert (
-        refused.status_code == 200
-        and b"ratelimit_share_in_range" in refused.content
-        or (b"errorlist" in refused.content)
-    )
+    assert refused.status_code == 200 and b"errorlist" in refused.content  # shown, not saved
     assert RateLimit.objects.get(key="llm:openai").per_tenant_share is None
     assert "llm:openai" in admin_client.get("/admin/runs/ratelimit/").content.decode()
