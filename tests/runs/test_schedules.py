@@ -72,21 +72,20 @@ def test_every_2_s_with_two_reapers_one_run_per_fire_time_none_missed_over_a_min
     "catch_up, runs, missed",
     [("one", 1, 5), ("none", 0, 6), ("all", 6, 0)],
 )
-def test_a_stopped_scheduler_catches_up_per_policy(tenant, catch_up, runs, missed):
-    # Every 10 minutes since 65 minutes ago, nothing fired: the latest time is 5 minutes late.
+def test_a_stopped_scheduler_catches_up_per_policy(tenant, processes, catch_up, runs, missed):
+    # Every 10 minutes since 65 minutes ago, and no reaper ran: the latest time is 5 minutes late.
     schedule = make(tenant, every=600, created_ago=3900, catch_up=catch_up, overlap="allow")
-    before = SCHEDULE_FIRES.labels(outcome="catch_up")._value.get()
 
-    report = schedules.fire_due()
+    reaped = processes.run("reap", "--once")  # the scheduler starts again
 
+    assert reaped.returncode == 0, reaped.stderr
+    assert f"scheduled={runs} missed={missed}" in reaped.stdout + reaped.stderr
     schedule.refresh_from_db()
-    assert (report.fired, report.missed) == (runs, missed)
     assert (schedule.fires, schedule.missed) == (runs, missed)
     assert Run.objects.filter(schedule=schedule).count() == runs
     if catch_up == "one":
         assert fire_times(schedule) == [schedule.created_at + timedelta(seconds=3600)]
     assert schedule.next_fire_at == schedule.created_at + timedelta(seconds=4200)
-    assert SCHEDULE_FIRES.labels(outcome="catch_up")._value.get() - before == missed
     assert schedules.fire_due().fired == 0  # nothing more is due
 
 
@@ -97,6 +96,7 @@ def test_a_stopped_scheduler_catches_up_per_policy(tenant, catch_up, runs, misse
 )
 def test_overlap_is_a_concurrency_key_policy_on_the_schedules_runs(tenant, overlap, second):
     schedule = make(tenant, every=60, created_ago=61, overlap=overlap)
+    skipped_before = SCHEDULE_FIRES.labels(outcome="overlap")._value.get()
     assert schedules.fire_due().fired == 1
     first = Run.objects.get(schedule=schedule)
     assert first.status == "queued"  # no worker: it stays live
@@ -108,6 +108,7 @@ def test_overlap_is_a_concurrency_key_policy_on_the_schedules_runs(tenant, overl
     if second is None:
         assert not later.exists()
         assert schedule.missed == 1 and "skipped" in schedule.last_error
+        assert SCHEDULE_FIRES.labels(outcome="overlap")._value.get() - skipped_before == 1
     else:
         assert later.get().status == second
     if overlap == "cancel_running":
