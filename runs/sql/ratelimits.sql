@@ -17,21 +17,21 @@ FOR NO KEY UPDATE
 -- call sent late after its reservation is never outside the window that
 -- holds it.
 SELECT count(*) AS requests, COALESCE(sum(tokens), 0) AS tokens,
-       count(*) FILTER (WHERE tenant_id = %(tenant)s) AS my_requests,
-       COALESCE(sum(tokens) FILTER (WHERE tenant_id = %(tenant)s), 0) AS my_tokens
+       count(*) FILTER (WHERE tenant_id = %(tenant)s::uuid) AS my_requests,
+       COALESCE(sum(tokens) FILTER (WHERE tenant_id = %(tenant)s::uuid), 0) AS my_tokens
 FROM runs_ratereservation
-WHERE limit_id = %(key)s AND (at > %(now)s - interval '60 seconds' OR NOT settled)
+WHERE limit_id = %(key)s AND (at > %(now)s::timestamptz - interval '60 seconds' OR NOT settled)
 
 -- name: rate_window_rows
 -- The same window row by row, oldest first: when will enough of it have left?
-SELECT at, tokens, settled, tenant_id = %(tenant)s AS mine
+SELECT at, tokens, settled, tenant_id = %(tenant)s::uuid AS mine
 FROM runs_ratereservation
-WHERE limit_id = %(key)s AND (at > %(now)s - interval '60 seconds' OR NOT settled)
+WHERE limit_id = %(key)s AND (at > %(now)s::timestamptz - interval '60 seconds' OR NOT settled)
 ORDER BY at, id
 
 -- name: reserve_rate
 INSERT INTO runs_ratereservation (limit_id, tenant_id, run_id, at, tokens, settled)
-VALUES (%(key)s, %(tenant)s, %(run)s, %(now)s, %(tokens)s, false)
+VALUES (%(key)s, %(tenant)s::uuid, %(run)s::uuid, %(now)s::timestamptz, %(tokens)s, false)
 RETURNING id
 
 -- name: settle_rate
