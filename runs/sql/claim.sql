@@ -179,10 +179,11 @@ candidates AS (
 -- its own order (share grows with rank), so priority and age still decide
 -- inside a tenant; between equal shares, priority and age decide too.
 picked AS (
-    SELECT c.id, c.tenant_id, c.kind, c.queue, c.pos,
+    -- Both ranks over the n picks only: a window over every candidate would sort them all.
+    SELECT c.id, c.tenant_id, c.kind, c.queue,
+           row_number() OVER (ORDER BY c.share, c.priority, c.fresh, c.run_after, c.created_at, c.id) AS pos,
            row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.rank) AS rank
-    FROM (SELECT *, row_number() OVER (ORDER BY share, priority, fresh, run_after, created_at, id) AS pos
-          FROM candidates ORDER BY share, priority, fresh, run_after, created_at, id LIMIT %(n)s) c
+    FROM (SELECT * FROM candidates ORDER BY share, priority, fresh, run_after, created_at, id LIMIT %(n)s) c
 ),
 per_tenant AS (
     SELECT tenant_id, count(*) AS n FROM picked GROUP BY tenant_id
