@@ -133,13 +133,7 @@ def submit(
         callback_url=callback_url,
         input=input,
     )
-    agent_kind = get_kind(kind)
-    if agent_kind is None:
-        raise unknown_kind(kind)
-    try:
-        normalised = agent_kind.validate_input(input)
-    except InvalidAgentInput as exc:
-        raise InvalidRunInput(str(exc), exc.errors) from None
+    agent_kind, normalised = validated_input(kind, input)
     queue = queue or agent_kind.queue
     if not QUEUE_NAME.match(queue):
         raise InvalidRunInput(
@@ -268,6 +262,17 @@ def submit(
     if run.status == RunStatus.QUEUED:
         count_and_notify_after_commit(tenant_id=tenant.pk, queue=queue)
     return Submitted(run=run, created=True)
+
+
+def validated_input(kind: str, input: Any) -> tuple[Any, Any]:
+    """The registered kind and ``input`` normalised by its schema; UnknownKind, or InvalidRunInput (422)."""
+    agent_kind = get_kind(kind)
+    if agent_kind is None:
+        raise unknown_kind(kind)
+    try:
+        return agent_kind, agent_kind.validate_input(input)
+    except InvalidAgentInput as exc:
+        raise InvalidRunInput(str(exc), exc.errors) from None
 
 
 # A held run behind no active one (its key's earlier runs are all held too): the release queues it.

@@ -16,10 +16,9 @@ from runs import kinds
 from runs.api.auth import ApiRequest
 from runs.api.endpoints import ERRORS, require_scope, router
 from runs.api.schemas import StorableIn
-from runs.exceptions import InvalidAgentInput, InvalidRunInput
 from runs.models import ApiKey, CatchUp, Overlap, Schedule
-from runs.registry import get_kind
 from runs.schedules import MAX_EVERY_SECONDS, arm, check_cadence
+from runs.services import validated_input
 
 
 class ScheduleIn(StorableIn):
@@ -86,14 +85,8 @@ class ScheduleFilters(StorableIn):
     limit: int = Field(default=100, ge=1, le=500)
 
 
-def _validated_input(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    registered = get_kind(kind)
-    if registered is None:
-        raise kinds.unknown_kind(kind)
-    try:
-        return registered.validate_input(data)
-    except InvalidAgentInput as exc:
-        raise InvalidRunInput(str(exc), exc.errors) from None
+def _validated_input(kind: str, data: dict[str, Any]) -> Any:
+    return validated_input(kind, data)[1]
 
 
 def _schedule(request: ApiRequest, schedule_id: UUID, *, lock: bool = False) -> Schedule:
