@@ -241,6 +241,14 @@ def submit(
     else:
         run.concurrency_key = concurrency_key
         with transaction.atomic():
+            keys.lock(tenant.pk, concurrency_key)
+            # A retry of this request that passed the lookup above while the first was being
+            # written finds its run now, under the key's lock, before a policy such as
+            # cancel_running could take that run for the key's holder.
+            if idempotency_key is not None:
+                existing = _existing(tenant, idempotency_key, digest)
+                if existing is not None:
+                    return Submitted(run=existing, created=False)
             behind = _take_key(tenant, concurrency_key, on_conflict=on_conflict, actor=actor)
             # A key's runs run in the order they took its lock: their submission order.
             run.created_at = run.updated_at = timezone.now()
@@ -280,9 +288,9 @@ _NOBODY = "nobody"
 
 
 def _take_key(tenant: Tenant, key: str, *, on_conflict: str, actor: Actor) -> Any:
-    """Under the key's lock (until the submit commits): None when the new run may be queued now,
-    else what it is held behind (the active run's id, or ``_NOBODY``); ``reject`` raises instead."""
-    keys.lock(tenant.pk, key)
+    """Under the key's lock (taken by the caller, held until the submit commits): None when the
+    new run may be queued now, else what it is held behind (the active run's id, or ``_NOBODY``);
+    ``reject`` raises instead."""
     live = keys.live_runs(tenant.pk, key)
     if not live:
         return None

@@ -57,14 +57,15 @@ class Denied:
 
 def reserve(keys: list[str], *, tenant_id: Any, run_id: Any, tokens: int) -> Reserved | Denied:
     """Reserve one call of ``tokens`` estimated tokens under the first of ``keys`` that exists."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.rate_limit_key, {"keys": keys})
+        found = one(cursor)
+    if found is None:
+        return Reserved(id=None, key=None)
     with transaction.atomic(), connection.cursor() as cursor:
-        limit = None
-        for key in keys:
-            cursor.execute(queries.lock_rate_limit, {"key": key})
-            limit = one(cursor)
-            if limit is not None:
-                break
-        if limit is None:
+        cursor.execute(queries.lock_rate_limit, {"key": found["key"]})
+        limit = one(cursor)
+        if limit is None:  # deleted since: the call is under no limit
             return Reserved(id=None, key=None)
         key, now = limit["key"], limit["now"]
         if limit["paused_until"] is not None and limit["paused_until"] > now:

@@ -1,6 +1,14 @@
 -- Rate limits shared by every worker (runs.engine.ratelimits): a sliding
 -- window of 60 seconds over the reservations of each limit.
 
+-- name: rate_limit_key
+-- Which of the call's keys has a limit, the first in the caller's order; read
+-- without a transaction or a lock, so that a call under no limit costs this
+-- one statement.
+SELECT key FROM runs_ratelimit WHERE key = ANY(%(keys)s::text[])
+ORDER BY array_position(%(keys)s::text[], key)
+LIMIT 1
+
 -- name: lock_rate_limit
 -- The limit's row, locked until the reservation is written: two workers
 -- never both see room for the same capacity.

@@ -250,3 +250,57 @@ def test_the_api_takes_a_key_and_names_the_live_run_in_a_409(api):
         assert answer.status_code == 422, answer.content
         assert answer.json()["detail"]
     assert Run.objects.count() == 2
+
+
+@processes_db
+def test_a_retried_submit_with_cancel_running_gets_its_run_and_cancels_nothing(tenant):
+    """The same request twice (a client's retry, say), both past the idempotency lookup before
+    either committed: the second must return the first's run, not cancel it as the key's holder."""
+    key_held = threading.Event()
+    let_go = threading.Event()
+
+    def hold_the_key() -> None:
+        try:
+            with transaction.atomic():
+                keys.lock(tenant.pk, "crm:7")
+                key_held.set()
+                let_go.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_key)
+    holder.start()
+    assert key_held.wait(10)
+
+    results: list[Any] = []
+
+    def submit(i: int) -> Run:
+        return submit_run(
+            tenant=tenant,
+            kind="steps",
+            input={"steps": 1},
+            concurrency_key="crm:7",
+            on_conflict="cancel_running",
+            idempotency_key="retry-me",
+        )
+
+    racing = threading.Thread(target=lambda: results.extend(race(2, submit)))
+    racing.start()
+
+    def waiting_for_the_key() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            )
+            return cursor.fetchone()[0]
+
+    wait_until(lambda: waiting_for_the_key() == 2, what="both submits waiting for the key")
+    let_go.set()
+    holder.join(10)
+    racing.join(30)
+
+    assert all(isinstance(r, Run) for r in results), results
+    assert results[0].pk == results[1].pk
+    runs = list(Run.objects.filter(concurrency_key="crm:7"))
+    assert [(r.pk, r.status) for r in runs] == [(results[0].pk, "queued")]
+    assert not Event.objects.filter(run_id=results[0].pk, type="run.cancelled").exists()
