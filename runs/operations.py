@@ -16,7 +16,7 @@ from runs.db import notify_queues
 from runs.engine import reaping
 from runs.events import Actor
 from runs.exceptions import InvalidTransition
-from runs.models import KindState, Pausable, Queue, Run, RunStatus, Tenant
+from runs.models import KindState, Pausable, Queue, Run, Tenant
 from runs.registry import get_kind
 
 logger = logging.getLogger(__name__)
@@ -75,12 +75,7 @@ def set_tenant_paused(*, tenant: Tenant, paused: bool, actor: Actor) -> Tenant:
 def requeue_stuck_run(*, run: Run, actor: Actor) -> Run:
     """Return a running run whose lease expired to the queue now, as the reaper would (fenced on its token)."""
     run = Run.objects.get(pk=run.pk)
-    if (
-        run.status != RunStatus.RUNNING
-        or run.locked_until is None
-        or run.lease_token is None
-        or run.locked_until >= timezone.now()
-    ):
+    if run.lease_token is None or not Run.objects.stale().filter(pk=run.pk).exists():
         raise InvalidTransition("only a running run whose lease has expired can be requeued")
     status = reaping.rescue(
         reaping.StaleLease(run_id=run.pk, token=run.lease_token, queue=run.queue),

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from runs import schedules
 from runs.control import cancel_runs
-from runs.db import notify_queues, release_connection
+from runs.db import notify_control, notify_queues, release_connection
 from runs.engine import family, keys, limits, ratelimits, reaping, retention, timers
 from runs.engine.reaping import StaleLease
 from runs.metrics.publish import retire_silent
@@ -84,6 +84,10 @@ class Reaper:
             for stale in self.find_past_deadline():
                 if reaping.stop_past_deadline(stale):
                     report.deadline += 1
+            if report.deadline:
+                # Their workers are alive (their heartbeat keeps only the worker's lease):
+                # told now, they read the runs they hold and stop these (runs.engine.claim.heartbeat).
+                notify_control()
             report.expired = reaping.expire_waiting(batch=self.batch)
             report.expired += reaping.expire_unstarted(batch=self.batch)
             # Schedules whose fire time has come (runs.schedules), once per fire time.

@@ -94,6 +94,7 @@ class Worker:
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._beat_now = threading.Event()
+        self._check_runs = False  # the next heartbeat reads the runs held (_control)
         # Keyed by lease token, never reused: a run released and claimed
         # again by this worker before its old thread ended is two entries.
         self._held: dict[int, Held] = {}
@@ -135,7 +136,7 @@ class Worker:
             self._listener = Listener(
                 queues=set(self.options.queues),
                 on_notify=self._wake.set,
-                on_control=self._beat_now.set,
+                on_control=self._control,
             )
             self._listener.start()
         self._heartbeat_thread = threading.Thread(
@@ -315,6 +316,7 @@ class Worker:
                 queues=self.options.queues,
                 kinds=list(self.kinds),
                 concurrency=self.options.concurrency,
+                lease=self.lease,
             )
         finally:
             release_connection()
@@ -354,12 +356,19 @@ class Worker:
                 return
             self.heartbeat_once()
 
+    def _control(self) -> None:
+        """A person cancelled or paused a run, or the reaper stopped one: beat now, and read the runs held."""
+        self._check_runs = True
+        self._beat_now.set()
+
     def heartbeat_once(self) -> None:
         with self._lock:
             held = {token: h.run_id for token, h in self._held.items()}
+        check, self._check_runs = self._check_runs, False
         try:
-            alive = claims.heartbeat(worker_id=self.id, held=held, lease=self.lease)
+            alive = claims.heartbeat(worker_id=self.id, held=held, lease=self.lease, check=check)
         except Exception:
+            self._check_runs = self._check_runs or check
             logger.exception("heartbeat failed")
             return
         finally:

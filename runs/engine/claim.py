@@ -121,23 +121,30 @@ def claimed_but_not_held(*, worker_id: UUID, held: Iterable[UUID]) -> list[Claim
 
 
 def heartbeat(
-    *, worker_id: UUID, held: dict[int, UUID], lease: float
+    *, worker_id: UUID, held: dict[int, UUID], lease: float, check: bool = False
 ) -> dict[int, tuple[bool, bool]]:
-    """Extend the lease of every run held (lease token → run id), in one statement; marks the Worker row seen.
+    """Renew the worker's lease, which keeps every run it holds (lease token → run id).
 
-    Returns the lease tokens still held with their (cancel, pause) request
-    flags; a token missing from the answer has lost its lease.
+    One statement on the worker's row, whatever the number of runs held
+    (``runs/sql/claim.sql``, ``heartbeat``). Returns the lease tokens still
+    held with their (cancel, pause) request flags; a token missing from the
+    answer has lost its lease. Only when the worker's lease had lapsed (the
+    reaper may have taken runs meanwhile), or when ``check`` asks (a person
+    acted on a run, or the reaper stopped one past its deadline), are the runs
+    themselves read, in a second statement.
     """
-    tokens = list(held)
     with engine_cursor() as cursor:
-        cursor.execute(
-            queries.heartbeat,
-            {
-                "ids": [held[t] for t in tokens],
-                "tokens": tokens,
-                "lease": lease,
-                "worker": worker_id,
-                "running": RunStatus.RUNNING,
-            },
-        )
+        cursor.execute(queries.heartbeat, {"worker": worker_id, "lease": lease, "held": len(held)})
+        found = rows(cursor)
+        # No row: the worker's row is gone (deleted by hand); its runs are checked as after a lapse.
+        lapsed = not found or found[0]["lapsed"]
+        flags = {
+            row["lease_token"]: (row["cancel"], row["pause"])
+            for row in found
+            if row["lease_token"] is not None
+        }
+        if not lapsed and not check:
+            return {token: flags.get(token, (False, False)) for token in held}
+        tokens = list(held)
+        cursor.execute(queries.held_runs, {"ids": [held[t] for t in tokens], "tokens": tokens})
         return {row["lease_token"]: (row["cancel"], row["pause"]) for row in rows(cursor)}

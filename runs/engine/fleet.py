@@ -13,8 +13,9 @@ from runs.queries import queries
 
 
 def register_worker(
-    *, worker_id: UUID, queues: list[str], kinds: list[str], concurrency: int
+    *, worker_id: UUID, queues: list[str], kinds: list[str], concurrency: int, lease: float
 ) -> None:
+    """The worker's row, with its first lease (``lease`` seconds; its heartbeat renews it)."""
     with connection.cursor() as cursor:
         cursor.execute(
             queries.register_worker,
@@ -25,6 +26,7 @@ def register_worker(
                 "queues": queues,
                 "kinds": sorted(kinds),
                 "concurrency": concurrency,
+                "lease": lease,
             },
         )
 

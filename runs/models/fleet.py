@@ -21,6 +21,10 @@ class Worker(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)
     runs_held = models.PositiveIntegerField(default=0)
+    # The worker's lease, renewed by its heartbeat: every run it holds is its
+    # own while this is in the future, whatever the run's own locked_until says
+    # (runs.engine.claim.heartbeat; the reaper's rescue, runs/sql/exit.sql).
+    lease_until = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:

@@ -18,10 +18,21 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import ExpressionWrapper, F, Func, Q, TextField, UUIDField, Value
+from django.db.models import (
+    Exists,
+    ExpressionWrapper,
+    F,
+    Func,
+    OuterRef,
+    Q,
+    TextField,
+    UUIDField,
+    Value,
+)
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from runs.models.fleet import Worker
 from runs.models.tenancy import MONEY, Tenant
 from runs.states import TERMINAL_STATUSES, Compensation, ErrorKind, RunOutcome, RunStatus
 
@@ -140,8 +151,13 @@ class RunQuerySet(models.QuerySet):
         return self.filter(status=RunStatus.RUNNING)
 
     def stale(self, now=None) -> RunQuerySet:
-        """Running runs whose lease expired: their worker is gone."""
-        return self.running().filter(locked_until__lt=now or Now())
+        """Running runs whose lease expired, the run's and its worker's: their worker is gone.
+
+        As the reaper judges them (``runs/sql/reaping.sql``, ``expired_leases``).
+        """
+        now = now or Now()
+        live_worker = Worker.objects.filter(pk=OuterRef("locked_by"), lease_until__gte=now)
+        return self.running().filter(locked_until__lt=now).exclude(Exists(live_worker))
 
     def terminal(self) -> RunQuerySet:
         return self.filter(status__in=TERMINAL_STATUSES)
@@ -409,6 +425,16 @@ class Run(models.Model):
             # heartbeat remains a HOT update.
             models.Index(
                 fields=["id"], condition=Q(status=RunStatus.RUNNING), name="run_running_idx"
+            ),
+            # The heartbeat's one read: the runs a worker holds that a person asked to
+            # cancel or pause (a handful, whatever the number of runs it holds). Its
+            # columns are written by a claim, an exit or a person, never by a
+            # heartbeat or a checkpoint.
+            models.Index(
+                fields=["locked_by"],
+                condition=Q(status=RunStatus.RUNNING)
+                & (Q(cancel_requested_at__isnull=False) | Q(pause_requested_at__isnull=False)),
+                name="run_flagged_by_worker_idx",
             ),
             # The dashboard and GET /api/runs (keyset pages).
             models.Index(

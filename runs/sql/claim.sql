@@ -269,36 +269,39 @@ FROM runs_run
 WHERE status = {running} AND locked_by = %(worker)s AND NOT (id = ANY(%(held)s::uuid[]))
 
 -- name: heartbeat
--- Extend the lease of every run the worker holds, in one statement, and
--- mark its Worker row seen; the cancel and pause flags come back with it.
-WITH held AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS h(id, token)
+-- Renew the worker's lease (its row), whatever the number of runs it holds:
+-- a run is its worker's while the worker's lease lasts (the reaper's rescue
+-- locks the worker's row and checks it, exit.sql), so no run row is written
+-- and none left dead behind. The row is locked first, to read the lease it
+-- had: if that had lapsed, the reaper may have taken runs meanwhile, and the
+-- worker checks them (held_runs, a statement of its own, after this one
+-- committed and after any rescue that held the row). The runs it holds that a
+-- person asked to cancel or pause come back with it (on
+-- run_flagged_by_worker_idx: a handful, never every run held).
+WITH prev AS (
+    SELECT id, lease_until FROM runs_worker WHERE id = %(worker)s FOR NO KEY UPDATE
 ),
--- The runs' rows locked in id order, as every statement that writes several
--- runs locks them (runs.engine.steps.LOCK_IN_ORDER): taken in the order of
--- the array, they deadlocked with the committer's checkpoints and exits,
--- and the heartbeat PostgreSQL aborted lost every lease it was renewing.
--- It waits for each row, never skips one: a run missing from its answer is
--- a lost lease.
-locked AS (
-    SELECT r.id FROM runs_run r JOIN held h ON r.id = h.id
-    -- By primary key, whatever the statistics say of how many runs are
-    -- running (runs.engine.steps.BATCH_GUARD): a generic plan made when few
-    -- were joined every running run with every held one, 6.8 s for 5,000.
-    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.lease_token = h.token AND r.status = %(running)s::text
-    ORDER BY r.id
-    FOR NO KEY UPDATE OF r
+renewed AS (
+    UPDATE runs_worker w SET
+        last_seen_at = statement_timestamp(),
+        lease_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        runs_held = %(held)s
+    FROM prev WHERE w.id = prev.id
+    RETURNING prev.lease_until IS NULL OR prev.lease_until < statement_timestamp() AS lapsed
 ),
-extended AS (
-    UPDATE runs_run r SET
-        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
-        heartbeat_at = statement_timestamp()
-    FROM locked l
-    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = l.id
-    RETURNING r.lease_token, r.cancel_requested_at IS NOT NULL AS cancel, r.pause_requested_at IS NOT NULL AS pause
-),
-seen AS (
-    UPDATE runs_worker SET last_seen_at = statement_timestamp(), runs_held = (SELECT count(*) FROM extended)
-    WHERE id = %(worker)s
+flagged AS (
+    SELECT lease_token, cancel_requested_at IS NOT NULL AS cancel, pause_requested_at IS NOT NULL AS pause
+    FROM runs_run
+    WHERE locked_by = %(worker)s AND status = {running}
+      AND (cancel_requested_at IS NOT NULL OR pause_requested_at IS NOT NULL)
 )
-SELECT lease_token, cancel, pause FROM extended
+SELECT renewed.lapsed, flagged.lease_token, flagged.cancel, flagged.pause
+FROM renewed LEFT JOIN flagged ON true
+
+-- name: held_runs
+-- Which of the runs a worker believes it holds are still its own (after its
+-- lease had lapsed), with their cancel and pause flags; a token missing from
+-- the answer has lost its lease.
+SELECT lease_token, cancel_requested_at IS NOT NULL AS cancel, pause_requested_at IS NOT NULL AS pause
+FROM runs_run
+WHERE id = ANY(%(ids)s::uuid[]) AND lease_token = ANY(%(tokens)s::bigint[]) AND status = {running}

@@ -94,8 +94,14 @@ cur AS (
         END AS new_status
     FROM runs_run JOIN p ON true
     WHERE {batch_guard}
-      -- The reaper's rescue: only while the lease it saw expire is still expired.
-      AND (NOT p.only_if_expired OR runs_run.locked_until < statement_timestamp())
+      -- The reaper's rescue: only while the lease it saw expire is still expired,
+      -- the run's and its worker's. The worker's row is locked (shared) whatever
+      -- its lease says: a heartbeat renewing it meanwhile is waited for and its
+      -- lease seen, and a heartbeat after this waits for this commit, so that it
+      -- finds its lease had lapsed and checks its runs (claim.sql, heartbeat).
+      AND (NOT p.only_if_expired OR (runs_run.locked_until < statement_timestamp()
+           AND COALESCE((SELECT w.lease_until FROM runs_worker w WHERE w.id = runs_run.locked_by FOR SHARE),
+                        '-infinity') < statement_timestamp()))
     -- In id order (runs.engine.steps: the lock order), with the UPDATE's own lock.
     ORDER BY runs_run.id
     FOR NO KEY UPDATE OF runs_run

@@ -5,10 +5,14 @@
 -- token read here.
 
 -- name: expired_leases
--- Running runs whose lease has expired (on the partial index of running runs).
-SELECT id AS run_id, lease_token AS token, queue, parent_id, thread_id FROM runs_run
-WHERE status = {running} AND locked_until < statement_timestamp()
-ORDER BY locked_until LIMIT %(limit)s
+-- Running runs whose lease has expired (on the partial index of running
+-- runs): the run's own (set by its claim and its checkpoints) and its
+-- worker's (renewed by the heartbeat) have both passed.
+SELECT r.id AS run_id, r.lease_token AS token, r.queue, r.parent_id, r.thread_id FROM runs_run r
+WHERE r.status = {running} AND r.locked_until < statement_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM runs_worker w
+                  WHERE w.id = r.locked_by AND w.lease_until >= statement_timestamp())
+ORDER BY r.locked_until LIMIT %(limit)s
 
 -- name: past_deadline
 -- Running runs (alive or not) whose running time is past their deadline.

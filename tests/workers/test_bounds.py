@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.engine import claim as claims
+from runs.engine import fleet
 from runs.engine import steps as checkpoint
 from runs.models import Event, Run, Step, StepAttempt, Tenant, TenantDailyCost
 from runs.services import submit_run
@@ -58,6 +59,9 @@ class TestDeadline:
     def test_the_reaper_stops_a_live_run_past_its_deadline(self, tenant):
         run = submit_run(tenant=tenant, kind="noop3", input={}, deadline_seconds=1)
         stepper = Stepper()  # claims like a worker whose run is stuck between steps
+        fleet.register_worker(  # and is alive: its row and its lease
+            worker_id=stepper.worker.id, queues=["default"], kinds=[], concurrency=1, lease=60
+        )
         [claimed] = stepper.claim()
         held = {claimed.lease_token: run.pk}
         wait_until(  # by the database's clock, as the reaper judges
@@ -88,8 +92,12 @@ class TestDeadline:
             "deadline",
         )
         assert Tenant.objects.get(pk=tenant.pk).running == 0
-        # The worker finds out at its next heartbeat or checkpoint, and writes nothing.
-        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {}
+        # The worker finds out at its next heartbeat that reads its runs (the reaper's control
+        # notice asks for one) or at its next checkpoint, and writes nothing.
+        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60) == {
+            claimed.lease_token: (False, False)  # its own lease holds: no run read...
+        }
+        assert claims.heartbeat(worker_id=stepper.worker.id, held=held, lease=60, check=True) == {}
         record = checkpoint.StepRecord(
             run_id=run.pk,
             token=claimed.lease_token,
