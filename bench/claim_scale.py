@@ -529,7 +529,7 @@ def measure_heartbeats(args, worker_id, held: dict, label: str) -> dict:
     wal = sql("SELECT pg_wal_lsn_diff(%(b)s::pg_lsn, %(a)s::pg_lsn)", {"a": lsn0, "b": lsn1})[0][0]
     with AutoExplain(fmt="json") as log:
         claims.heartbeat(worker_id=worker_id, held=held, lease=LEASE)
-    plans = [p for p in log.plans() if "extended AS" in p]
+    plans = [p for p in log.plans() if "extended AS" in p or "renewed AS" in p]
     stmt_wal, stmt_records = statement_wal(plans[-1]) if plans else (0, 0)
     beats, n = len(times), len(held)
     row = {
@@ -561,7 +561,7 @@ def heartbeat_plan(worker_id, held: dict) -> list[str]:
 
     with AutoExplain() as log:
         claims.heartbeat(worker_id=worker_id, held=held, lease=LEASE)
-    plans = [p for p in log.plans() if "extended AS" in p]
+    plans = [p for p in log.plans() if "extended AS" in p or "renewed AS" in p]
     return plan_lines(plans[-1]) if plans else ["(auto_explain logged no plan for the heartbeat)"]
 
 

@@ -14,6 +14,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from config import dbpool
 from config.logging import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -263,7 +264,12 @@ def _database() -> dj_database_url.DBConfig:
             "max_size": env_int("RUNS_DB_POOL_MAX", 12),  # connections a process opens at most
             # Seconds a thread waits for a free connection before it fails.
             "timeout": env_float("RUNS_DB_POOL_TIMEOUT", 15),
+            # After a restart or a failover: a connection idle in the pool is tried before it
+            # is lent, and the pool tries to connect again at least every second (config/dbpool.py).
+            "check": dbpool.check,
+            "reset": dbpool.returned,
         }
+        dbpool.cap_reconnect_delay()
     # The test database's name (the test session sets one per session); unset, Django's test_<name>.
     config["TEST"] = {"NAME": os.environ.get("RUNS_TEST_DATABASE") or None}
     return config
