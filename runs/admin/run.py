@@ -27,10 +27,11 @@ from runs.admin.common import (
     ReadOnlyInline,
     json_block,
     money_column,
+    timestamp,
     timestamp_column,
 )
 from runs.admin.overview import overview_view
-from runs.models import Event, Queue, Run, Step
+from runs.models import Event, Queue, Run, Step, Worker
 from runs.registry import all_kinds
 
 EVENTS_SHOWN = 200
@@ -182,6 +183,7 @@ class RunAdmin(admin.ModelAdmin):
                     "lease_token",
                     "locked_by",
                     "lease_until",
+                    "worker_lease_until",
                     "claimed",
                     "heartbeat",
                     "last_event_seq",
@@ -215,9 +217,18 @@ class RunAdmin(admin.ModelAdmin):
     updated = timestamp_column("updated_at", "updated")
     cancel_requested = timestamp_column("cancel_requested_at", "cancel requested")
     pause_requested = timestamp_column("pause_requested_at", "pause requested")
-    lease_until = timestamp_column("locked_until", "locked until")
+    # A run is its worker's while either lease lasts: its own (claim and checkpoints) or its
+    # worker's (renewed by the worker's heartbeat, runs.engine.claim.heartbeat).
+    lease_until = timestamp_column("locked_until", "run's lease until")
     claimed = timestamp_column("claimed_at", "claimed")
-    heartbeat = timestamp_column("heartbeat_at", "heartbeat")
+    heartbeat = timestamp_column("heartbeat_at", "last claim or checkpoint")
+
+    @admin.display(description="worker's lease until")
+    def worker_lease_until(self, run: Run):
+        if run.locked_by is None:
+            return None
+        worker = Worker.objects.filter(pk=run.locked_by).only("lease_until").first()
+        return timestamp(worker.lease_until if worker is not None else None)
 
     def view_on_site(self, run: Run) -> str:
         # The run's page on the dashboard; change_form_object_tools.html labels the button.

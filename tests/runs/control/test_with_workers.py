@@ -41,16 +41,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def heartbeat_since_now(run: Run) -> None:
-    """Wait until the worker's heartbeat has read the run's flags after this moment (the database's).
+    """Wait until the run's worker has beaten after this moment (the database's).
 
-    The heartbeat locks the run's row and stamps heartbeat_at in the statement that reads the cancel
-    and pause flags: one stamped after a request committed has told the worker of it.
+    The heartbeat stamps the worker's row in the statement that reads the cancel and pause flags of
+    the runs it holds: one stamped after a request committed has told the worker of it.
     """
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
         [now] = cursor.fetchone()
+    worker = fresh(run).locked_by
+    assert worker is not None, "the run is not held by a worker"
     wait_until(
-        lambda: (fresh(run).heartbeat_at or now) > now,
+        lambda: Worker.objects.get(pk=worker).last_seen_at > now,
         timeout=45,  # the 'control' NOTIFY wakes the heartbeat at once; without it, within 30 s
         what="a heartbeat of the run's worker after the request",
     )
