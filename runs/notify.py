@@ -16,6 +16,9 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
+from contextlib import nullcontext
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -78,19 +81,30 @@ class AfterSubmit:
                     self._timer.start()
 
 
-def _flush(queues: set[str], counts: Counter[UUID]) -> None:
-    tenants = sorted(counts)
-    try:
+def count_and_notify(counts: Counter[UUID], queues: Iterable[str]) -> None:
+    """Add ``counts`` to their tenants' queued counters and wake the workers of ``queues``.
+
+    In the caller's transaction (the NOTIFY is sent when it commits), or in
+    one of its own. Several tenants' rows are locked first, in id order, in a
+    statement of their own (``runs/sql/notify.sql``).
+    """
+    tenants = sorted(t for t in counts if counts[t])
+    params: dict[str, Any] = {
+        "tenants": tenants,
+        "counts": [counts[t] for t in tenants],
+        "channel": NOTIFY_CHANNEL,
+        "queues": sorted(set(queues)),
+    }
+    with transaction.atomic(savepoint=False) if len(tenants) > 1 else nullcontext():
         with connection.cursor() as cursor:
-            cursor.execute(
-                queries.count_and_notify,
-                {
-                    "tenants": tenants,
-                    "counts": [counts[t] for t in tenants],
-                    "channel": NOTIFY_CHANNEL,
-                    "queues": sorted(queues),
-                },
-            )
+            if len(tenants) > 1:
+                cursor.execute(queries.lock_tenants, {"tenants": tenants})
+            cursor.execute(queries.count_and_notify, params)
+
+
+def _flush(queues: set[str], counts: Counter[UUID]) -> None:
+    try:
+        count_and_notify(counts, queues)
         return
     except Exception:
         logger.exception("could not count queued runs (the reaper reconciles the counters)")

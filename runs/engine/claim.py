@@ -12,6 +12,8 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from django.db import transaction
+
 from runs.db import engine_cursor, loads
 from runs.engine.limits_seen import limits_seen
 from runs.queries import queries, rows
@@ -74,7 +76,7 @@ def claim(
     resumes: Mapping[str, Iterable[int]] | None = None,
     returned: Iterable[tuple[UUID, datetime]] = (),
 ) -> list[ClaimedRun]:
-    """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One statement.
+    """Claim up to ``n`` runnable runs of ``kinds`` (name → version) in ``queues``. One transaction.
 
     A run that already recorded a version is claimed only when its kind's
     version here, or one of ``resumes[kind]``, is that version. ``returned``
@@ -101,11 +103,26 @@ def claim(
         "lease": lease,
         "queued": RunStatus.QUEUED,
     }
-    with engine_cursor() as cursor:
+    # Two statements in one transaction: the claim locks and decides, claim_counts writes the
+    # counters it decided (claim.sql says why they are apart).
+    with transaction.atomic(savepoint=False), engine_cursor() as cursor:
         limited = limits_seen.in_force(cursor)
         params["limited"] = limited
         cursor.execute(queries.claim_limited if limited else queries.claim, params)
-        return _claimed(rows(cursor))
+        claimed = _claimed(rows(cursor))
+        if claimed or returned:
+            cursor.execute(
+                queries.claim_counts,
+                {
+                    "tenants": [run.tenant_id for run in claimed],
+                    "kinds": [run.kind for run in claimed],
+                    "queues": [run.queue for run in claimed],
+                    "ret_tenants": params["ret_tenants"],
+                    "ret_times": params["ret_times"],
+                    "limited": limited,
+                },
+            )
+        return claimed
 
 
 def claimed_but_not_held(*, worker_id: UUID, held: Iterable[UUID]) -> list[ClaimedRun]:

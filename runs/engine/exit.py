@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -394,22 +395,34 @@ def _execute(exits: Sequence[Exit], *, expires: float) -> list[Exited | None]:
         "expires": float(expires),
         "running": RunStatus.RUNNING.value,
     }
+    # The runs whose tenant's counters the exit may write: a slot given back, or a run that
+    # may go back to the queue (a retry, or a wait that a message or a cancel turns into one).
+    counted = [exit.run for exit in exits if exit.give_slot or exit.target not in TERMINAL_STATUSES]
     with engine_cursor() as cursor:
         limited = limits_seen.in_force(cursor)
-        cursor.execute(queries.leave_running_limited if limited else queries.leave_running, params)
-        found = {
-            row["id"]: Exited(
-                status=RunStatus(row["status"]),
-                queue=row["queue"],
-                at=row["at"],
-                parent_id=row["parent_id"],
-                kind=row["kind"],
-                thread_id=row["thread_id"],
-                tenant_id=row["tenant_id"],
-                concurrency_key=row["concurrency_key"],
+        prelock = bool(counted) or limited
+        with transaction.atomic(savepoint=False) if prelock else nullcontext():
+            if prelock:
+                cursor.execute(
+                    queries.lock_before_exit,
+                    {"runs": params["run"], "counted": counted, "limited": limited},
+                )
+            cursor.execute(
+                queries.leave_running_limited if limited else queries.leave_running, params
             )
-            for row in rows(cursor)
-        }
+            found = {
+                row["id"]: Exited(
+                    status=RunStatus(row["status"]),
+                    queue=row["queue"],
+                    at=row["at"],
+                    parent_id=row["parent_id"],
+                    kind=row["kind"],
+                    thread_id=row["thread_id"],
+                    tenant_id=row["tenant_id"],
+                    concurrency_key=row["concurrency_key"],
+                )
+                for row in rows(cursor)
+            }
     answers = [found.get(exit.run) for exit in exits]
     for exit, exited in zip(exits, answers, strict=True):
         _after_commit(exited, exit)

@@ -10,6 +10,7 @@ limit. The statements are in ``runs/sql/reaping.sql``.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -20,6 +21,7 @@ from runs.engine.exit import Exit, leave
 from runs.engine.turns import lock_thread_of, tell_turn_ended
 from runs.events import Actor
 from runs.metrics import process as metrics
+from runs.notify import count_and_notify
 from runs.queries import one, queries, rows
 from runs.states import RunStatus
 
@@ -130,9 +132,16 @@ def expire_unstarted(*, batch: int) -> int:
     Only runs submitted with ``expires_in`` have one; a run that started once
     (and was queued again by a retry) is not bound by it.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(queries.expire_unstarted, {"batch": batch})
-        expired = rows(cursor)
+    with transaction.atomic(savepoint=False):
+        with connection.cursor() as cursor:
+            cursor.execute(queries.expire_unstarted, {"batch": batch})
+            expired = rows(cursor)
+        if expired:
+            # Their tenants' rows are this transaction's (expire_unstarted locked them).
+            left: Counter[UUID] = Counter()
+            for row in expired:
+                left[row["tenant_id"]] -= 1
+            count_and_notify(left, queues=())
     for row in expired:
         metrics.run_finished(queue=row["queue"], kind=row["kind"], status=RunStatus.FAILED)
     return len(expired)

@@ -14,12 +14,15 @@ The statements are in ``runs/sql/steps.sql``.
 
 The lock order (``LOCK_IN_ORDER``): every statement that writes several
 runs locks their rows in one order, the primary key's, before it writes
-them, and tenant rows likewise, so that two such statements over the same
-rows (the heartbeat, the committer's checkpoints and exits, the reaper,
-another worker's committer) queue one behind the other instead of
-deadlocking. A transaction of several such statements locks all its runs
-in the first: the committer's checkpoints lock the runs of the exits
-committed with them (``checkpoint_many(lock=...)``).
+them, then tenant rows by id, then kinds' and queues' by name, so that two
+such statements over the same rows (the committer's checkpoints and exits,
+the claim, the reaper, another worker's committer) queue one behind the
+other instead of deadlocking. A transaction of several such statements
+locks all its runs in the first: the committer's checkpoints lock the runs
+of the exits committed with them (``checkpoint_many(lock=...)``). The
+counters many writers share (tenants, and kinds and queues under a global
+limit) are locked in one statement and written in the next of the same
+transaction, never both in one (``runs/sql/claim.sql`` says why).
 """
 
 from __future__ import annotations

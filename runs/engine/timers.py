@@ -14,12 +14,13 @@ that the time ran out.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from uuid import UUID
 
-from django.db import connection
+from django.db import connection, transaction
 
-from runs.db import notify_queues
+from runs.notify import count_and_notify
 from runs.queries import one, queries, rows
 
 
@@ -62,9 +63,15 @@ def start_timer_step(
 
 def wake_due(*, batch: int = 500) -> int:
     """Queue the waiting runs whose timer is due, and wake their workers; returns how many woke."""
-    with connection.cursor() as cursor:
-        cursor.execute(queries.wake_due, {"batch": batch})
-        woken = {row["queue"]: row["woken"] for row in rows(cursor)}
-    if woken:
-        notify_queues(set(woken))
-    return sum(woken.values())
+    with transaction.atomic(savepoint=False):
+        with connection.cursor() as cursor:
+            cursor.execute(queries.wake_due, {"batch": batch})
+            woken = rows(cursor)
+        if woken:
+            # Their tenants' rows are this transaction's (wake_due locked them): counted, and
+            # their workers woken when it commits.
+            counts: Counter[UUID] = Counter()
+            for row in woken:
+                counts[row["tenant_id"]] += row["woken"]
+            count_and_notify(counts, {row["queue"] for row in woken})
+    return sum(row["woken"] for row in woken)

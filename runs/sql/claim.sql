@@ -10,15 +10,23 @@
 -- worker claims (registered, not paused) are read, each in index order, so
 -- 100,000 queued runs of a paused or unregistered kind cost one descent too.
 -- Free slots are shared between tenants by weight (fair share, at picked).
--- The tenant counter is bumped by a guarded update on the row locked in id
--- order (so that concurrent multi-tenant claims cannot deadlock), re-checked
--- on its latest version under READ COMMITTED: concurrent claims never
--- overshoot max_running, and a tenant whose bump fails keeps its runs queued.
+-- The tenants' rows are locked in id order (so that concurrent multi-tenant
+-- claims cannot deadlock) and their counters read on their latest version
+-- under READ COMMITTED: concurrent claims never overshoot max_running, and a
+-- tenant without room keeps its runs queued. The counters are written by
+-- claim_counts, the next statement of the claim's transaction, never here:
+-- a statement that writes a row it locked in an earlier CTE updates the
+-- version its snapshot saw, and when another transaction had changed the row
+-- in between, PostgreSQL takes that old version's tuple lock while holding
+-- the new version's row lock, the reverse of a waiter's order: a deadlock
+-- between a claim and a submit's count, seen under load
+-- (tests/workers/test_no_deadlocks.py). The next statement's snapshot sees
+-- the version this transaction holds, and waits for nobody.
 --
--- The same update gives back the slots of runs this worker finished since
--- its last claim (leave_running(give_slot=False)): one write of a busy
--- tenant's row per claim instead of one per exit. A slot counts only if its
--- run left running after the reaper last set the counter to the truth
+-- The claim also gives back the slots of runs this worker finished since its
+-- last claim (leave_running(give_slot=False)): one write of a busy tenant's
+-- row per claim instead of one per exit. A slot counts only if its run left
+-- running after the reaper last set the counter to the truth
 -- (running_reconciled_at, read under the row lock): the reaper's count
 -- already left out a run that had finished before it.
 --
@@ -32,7 +40,9 @@ final AS (
 {claim_runs}
 {outbox}
 {claimed_columns}
-FROM claimed
+-- Every tenant of a pick or of a slot given back is locked, whatever is
+-- claimed: claim_counts writes the ones it gives slots back to as well.
+FROM claimed WHERE (SELECT count(*) FROM decided) >= 0
 
 -- name: claim_limited
 -- The claim (above) while a kind or a queue has a global max_running: the
@@ -49,9 +59,9 @@ allowed AS (
 ),
 -- Global max_running of a kind and of a queue (runs.engine.limits): a guarded
 -- counter on the kind's or queue's row, as the tenant's, written only while
--- a limit is set. The rows are locked by name after the tenants (each CTE
--- reads the one before it, so it is evaluated after it): kinds, then queues,
--- as the exit statement locks them.
+-- a limit is set (by claim_counts, as the tenants'). The rows are locked by
+-- name after the tenants (each CTE reads the one before it, so it is
+-- evaluated after it): kinds, then queues, as the exit statement locks them.
 locked_kinds AS (
     SELECT k.name, k.max_running - k.running AS room FROM runs_kindstate k
     WHERE k.max_running IS NOT NULL AND k.name IN (SELECT kind FROM allowed)
@@ -69,20 +79,12 @@ final AS (
     LEFT JOIN locked_queues q ON q.name = a.queue
     WHERE (k.name IS NULL OR a.kind_rank <= k.room) AND (q.name IS NULL OR a.queue_rank <= q.room)
 ),
-kinds_bumped AS (
-    UPDATE runs_kindstate k SET running = k.running + f.n
-    FROM (SELECT kind, count(*) AS n FROM final GROUP BY kind) f JOIN locked_kinds l ON l.name = f.kind
-    WHERE k.name = l.name
-),
-queues_bumped AS (
-    UPDATE runs_queue q SET running = q.running + f.n
-    FROM (SELECT queue, count(*) AS n FROM final GROUP BY queue) f JOIN locked_queues l ON l.name = f.queue
-    WHERE q.name = l.name
-),
 {claim_runs}
 {outbox}
 {claimed_columns}
-FROM claimed
+-- Every tenant of a pick or of a slot given back is locked, whatever is
+-- claimed: claim_counts writes the ones it gives slots back to as well.
+FROM claimed WHERE (SELECT count(*) FROM decided) >= 0
 
 -- fragment: claim_picks
 -- What claim and claim_limited share: the candidates, the fair share between
@@ -214,19 +216,8 @@ decided AS (
 )
 
 -- fragment: claim_runs
--- The claim's writes once "final" says which runs: the tenants' counters, the
--- runs, their Events.
-final_per_tenant AS (
-    SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id
-),
-bumped AS (
-    -- queued may dip below 0 for a moment: a run can be claimed before the
-    -- increment of its submit (sent after commit) lands; they cancel out.
-    UPDATE runs_tenant t SET running = GREATEST(t.running + COALESCE(f.n, 0) - d.returned, 0),
-        queued = t.queued - COALESCE(f.n, 0)
-    FROM decided d LEFT JOIN final_per_tenant f ON f.tenant_id = d.tenant_id
-    WHERE t.id = d.tenant_id AND (COALESCE(f.n, 0) > 0 OR d.returned > 0)
-),
+-- The claim's writes once "final" says which runs: the runs, their Events
+-- (the counters are claim_counts').
 claimed AS (
     UPDATE runs_run r SET
         status = {running},
@@ -267,6 +258,53 @@ SELECT id, tenant_id, kind, kind_version, input, lease_token, attempt, failures,
 {claimed_columns}
 FROM runs_run
 WHERE status = {running} AND locked_by = %(worker)s AND NOT (id = ANY(%(held)s::uuid[]))
+
+-- name: claim_counts
+-- The claim's counters, in the claim's transaction right after it, on the
+-- rows it locked and decided under (why apart: the claim's header): each
+-- tenant's running goes up by the runs claimed and down by the slots given
+-- back, its queued down by the runs claimed; while a limit is in force
+-- (%(limited)s), the limited kinds' and queues' running go up too. One row
+-- per claimed run in tenants, kinds and queues. queued may dip below 0 for a
+-- moment: a run can be claimed before the increment of its submit (sent
+-- after commit) lands; they cancel out.
+WITH claimed AS (
+    SELECT * FROM unnest(%(tenants)s::uuid[], %(kinds)s::text[], %(queues)s::text[]) AS c(tenant_id, kind, queue)
+),
+returns AS (
+    SELECT * FROM unnest(%(ret_tenants)s::uuid[], %(ret_times)s::timestamptz[]) AS x(tenant_id, left_at)
+),
+per_tenant AS (
+    SELECT tenant_id, count(*) AS n FROM claimed GROUP BY tenant_id
+),
+given_back AS (
+    -- As the claim counted them (claim_picks): the row is this transaction's since.
+    SELECT t.id AS tenant_id, count(*) AS n
+    FROM runs_tenant t JOIN returns x ON x.tenant_id = t.id
+    WHERE t.running_reconciled_at IS NULL OR x.left_at > t.running_reconciled_at
+    GROUP BY t.id
+),
+tenants AS (
+    UPDATE runs_tenant t SET running = GREATEST(t.running + COALESCE(p.n, 0) - COALESCE(g.n, 0), 0),
+        queued = t.queued - COALESCE(p.n, 0)
+    FROM per_tenant p FULL JOIN given_back g ON g.tenant_id = p.tenant_id
+    WHERE t.id = COALESCE(p.tenant_id, g.tenant_id)
+    RETURNING t.id
+),
+kinds AS (
+    UPDATE runs_kindstate k SET running = k.running + f.n
+    FROM (SELECT kind, count(*) AS n FROM claimed GROUP BY kind) f
+    WHERE %(limited)s AND k.name = f.kind AND k.max_running IS NOT NULL
+    RETURNING k.name
+),
+queues AS (
+    UPDATE runs_queue q SET running = q.running + f.n
+    FROM (SELECT queue, count(*) AS n FROM claimed GROUP BY queue) f
+    WHERE %(limited)s AND q.name = f.queue AND q.max_running IS NOT NULL
+    RETURNING q.name
+)
+SELECT (SELECT count(*) FROM tenants) AS tenants, (SELECT count(*) FROM kinds) AS kinds,
+       (SELECT count(*) FROM queues) AS queues
 
 -- name: heartbeat
 -- Renew the worker's lease (its row), whatever the number of runs it holds:

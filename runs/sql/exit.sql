@@ -191,6 +191,39 @@ new_events AS (
     FROM r
 )
 
+-- name: lock_before_exit
+-- An exit that may write counters (it gives its tenant slot back, or may put
+-- its run back in the queue, or a kind's or queue's limit is in force) locks
+-- every row it may write in a statement before it, in the lock order: the
+-- runs by id, the tenants of those in %(counted)s by id, then the limited
+-- kinds and queues by name. The exit statement then finds these rows its
+-- transaction's and writes the versions it holds, waiting for nobody:
+-- locked and written in one statement, a row another transaction changed in
+-- between can deadlock (claim.sql says how).
+WITH runs AS (
+    SELECT id, tenant_id, kind, queue FROM runs_run WHERE id = ANY(%(runs)s::uuid[])
+    ORDER BY id FOR NO KEY UPDATE
+),
+tenants AS (
+    SELECT t.id FROM runs_tenant t
+    WHERE (SELECT count(*) FROM runs) >= 0
+      AND t.id IN (SELECT tenant_id FROM runs WHERE id = ANY(%(counted)s::uuid[]))
+    ORDER BY t.id FOR NO KEY UPDATE
+),
+kinds AS (
+    SELECT k.name FROM runs_kindstate k
+    WHERE %(limited)s AND (SELECT count(*) FROM tenants) >= 0
+      AND k.max_running IS NOT NULL AND k.name IN (SELECT kind FROM runs)
+    ORDER BY k.name FOR NO KEY UPDATE
+),
+queues AS (
+    SELECT q.name FROM runs_queue q
+    WHERE %(limited)s AND (SELECT count(*) FROM kinds) >= 0
+      AND q.max_running IS NOT NULL AND q.name IN (SELECT queue FROM runs)
+    ORDER BY q.name FOR NO KEY UPDATE
+)
+SELECT (SELECT count(*) FROM queues) AS queues
+
 -- name: lock_run_to_recheck
 -- An exit that parks a run to wait for a message or for children re-checks
 -- the wake-up, and the check must see a message or a child's finish

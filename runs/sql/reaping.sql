@@ -57,8 +57,9 @@ SELECT queue, kind FROM r
 -- from expires_in on submit) fail as expired, a batch per statement with
 -- their Events and webhooks; the claim already leaves them alone. A run
 -- another transaction holds is skipped (left to the next pass). Their
--- tenants' queued counters go down with them, the rows locked in id order
--- as every statement writing several tenants locks them.
+-- tenants' rows are locked in id order, as every statement writing several
+-- tenants locks them, and their queued counters go down in the next
+-- statement of the transaction (count_and_notify; claim.sql says why apart).
 WITH r AS (
     UPDATE runs_run SET status = {failed}, error_kind = 'expired',
         error = 'the run did not start before its time to live ran out (expires_in)',
@@ -78,18 +79,13 @@ locked_tenants AS (
     SELECT t.id FROM runs_tenant t WHERE t.id IN (SELECT tenant_id FROM per_tenant)
     ORDER BY t.id FOR NO KEY UPDATE
 ),
-uncounted AS (
-    UPDATE runs_tenant t SET queued = GREATEST(t.queued - p.n, 0)
-    FROM per_tenant p JOIN locked_tenants l ON l.id = p.tenant_id
-    WHERE t.id = l.id
-),
 new_events AS (
     SELECT r.id AS run_id, r.last_event_seq AS seq, 'run.failed' AS type, 'system' AS actor_type,
            'reaper' AS actor_id, jsonb_build_object('from', {queued}, 'reason', 'expired', 'error_kind', 'expired') AS payload
     FROM r
 ),
 {outbox_and_webhooks}
-SELECT queue, kind FROM r
+SELECT tenant_id, queue, kind FROM r WHERE (SELECT count(*) FROM locked_tenants) >= 0
 
 -- name: expired_children
 -- Child runs and turns past expires_at, each expired alone with its

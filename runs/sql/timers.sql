@@ -37,7 +37,9 @@ SELECT t.until FROM r, t
 -- on the partial index of waiting timers; SKIP LOCKED leaves a run that a
 -- person or a child is changing to the next pass (a timer late by one pass
 -- is still due then), and, never waiting on a run, needs no id order there.
--- The tenants' rows are locked in id order (runs.engine.steps.LOCK_IN_ORDER).
+-- The tenants' rows are locked in id order (runs.engine.steps.LOCK_IN_ORDER)
+-- and their queued counters raised by count_and_notify, the next statement
+-- of the transaction (claim.sql says why the lock and the write are apart).
 WITH r AS (
     UPDATE runs_run SET status = {queued}, run_after = statement_timestamp(), wake_at = NULL,
         updated_at = statement_timestamp(), last_event_seq = runs_run.last_event_seq + 1
@@ -54,15 +56,12 @@ tenants AS (
     SELECT runs_tenant.id FROM runs_tenant WHERE runs_tenant.id IN (SELECT tenant_id FROM n)
     ORDER BY runs_tenant.id FOR NO KEY UPDATE
 ),
-t AS (
-    UPDATE runs_tenant SET queued = queued + n.n
-    FROM n JOIN tenants l ON l.id = n.tenant_id
-    WHERE runs_tenant.id = l.id
-),
 new_events AS (
     SELECT r.id AS run_id, r.last_event_seq AS seq, 'run.queued' AS type, 'system' AS actor_type,
            'timer' AS actor_id, jsonb_build_object('from', {waiting}, 'to', {queued}, 'reason', 'timer') AS payload
     FROM r
 ),
 {outbox}
-SELECT queue, count(*) AS woken FROM r GROUP BY queue
+SELECT tenant_id, queue, count(*) AS woken FROM r
+WHERE (SELECT count(*) FROM tenants) >= 0
+GROUP BY tenant_id, queue

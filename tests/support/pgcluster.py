@@ -96,13 +96,40 @@ class Cluster:
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def kill(self) -> None:
-        """SIGKILL the postmaster, as a crash would; its backends end with it (start() recovers)."""
+        """SIGKILL the server's every process at once, as a machine's crash would (start() recovers).
+
+        The backends go with the postmaster: a backend left behind keeps the
+        shared memory attached, and a new postmaster then refuses to start.
+        """
         pid = self.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while self._alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        if pid is None:
+            return
+        family = [pid, *self._children(pid)]
+        for member in family:
+            try:
+                os.kill(member, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while any(self._alive(member) for member in family) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    @staticmethod
+    def _children(pid: int) -> list[int]:
+        """The processes whose parent is ``pid`` (read from /proc)."""
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its end.
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[1]) == pid:
+                children.append(int(entry.name))
+        return children
 
     def pid(self) -> int | None:
         try:
@@ -112,13 +139,12 @@ class Cluster:
 
     @staticmethod
     def _alive(pid: int) -> bool:
+        """Whether ``pid`` runs (a zombie, dead and waiting for its parent to reap it, does not)."""
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
             return False
-        except PermissionError:
-            return True
-        return True
+        return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
     def running(self) -> bool:
         pid = self.pid()
