@@ -9,6 +9,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -205,6 +206,35 @@ TEMPLATES = [
 ]
 
 
+def _parse_database_url(url: str) -> dj_database_url.DBConfig:
+    """``DATABASE_URL`` as Django's settings, with libpq's several hosts too.
+
+    ``postgres://user@10.0.0.1:5432,10.0.0.2:5432/db?target_session_attrs=read-write``
+    names a primary and its standbys, as libpq's URIs do: each connection
+    tries them in turn and keeps the first that takes writes, so that after a
+    failover every process finds the promoted server by itself
+    (docs/how-to/failover.md). dj-database-url reads one host; the list is
+    handed to libpq whole, in HOST and PORT.
+    """
+    split = urlsplit(url)
+    userinfo, at, hostlist = split.netloc.rpartition("@")
+    if "," not in hostlist:
+        return dj_database_url.parse(url, conn_max_age=0)
+    hosts, ports = [], []
+    for member in hostlist.split(","):
+        host, colon, port = member.rpartition(":") if not member.endswith("]") else (member, "", "")
+        if not colon:
+            host, port = member, ""
+        hosts.append(unquote(host.strip("[]")))  # a socket's directory is written %2F-quoted
+        ports.append(port or "5432")
+    config = dj_database_url.parse(
+        urlunsplit(split._replace(netloc=f"{userinfo}{at}placeholder")), conn_max_age=0
+    )
+    config["HOST"] = ",".join(hosts)
+    config["PORT"] = ",".join(ports)
+    return config
+
+
 def _database() -> dj_database_url.DBConfig:
     # DATABASE_URL: the PostgreSQL database, postgres://user:password@host:5432/name. Unset, the
     # entry points (manage.py, the test session) start the embedded server and set it.
@@ -216,7 +246,7 @@ def _database() -> dj_database_url.DBConfig:
             "DATABASE_URL is not set. Start through manage.py (which starts the embedded "
             "PostgreSQL under .data/) or set DATABASE_URL=postgres://user@host:5432/dbname."
         )
-    config = dj_database_url.parse(url, conn_max_age=0)
+    config = _parse_database_url(url)
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("PostgreSQL is the only supported database.")
     options = config.setdefault("OPTIONS", {})

@@ -12,11 +12,12 @@ import secrets
 import subprocess
 import sys
 import textwrap
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from config.settings import DEVELOPMENT_SECRET_KEY
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 from tests.conftest import test_database_url as database_url
 
 # What the test session sets for itself; a production process has none of it.
@@ -162,3 +163,28 @@ def test_runs_api_docs_0_turns_the_docs_and_the_schema_off(production, path):
 
     assert on.stdout.split()[0] == "200", on.stderr
     assert off.stdout.split() == ["404", "application/json;", "charset=utf-8"], off.stderr
+
+
+def test_a_database_url_with_several_hosts_connects_to_the_one_that_takes_writes(production):
+    """libpq's several hosts (a primary and its standbys): the first one down, the next one is used."""
+    parts = urlsplit(production["DATABASE_URL"])
+    userinfo, at, host = parts.netloc.rpartition("@")
+    down = f"127.0.0.1:{free_port()}"  # nothing listens there
+    production["DATABASE_URL"] = urlunsplit(
+        parts._replace(
+            netloc=f"{userinfo}{at}{down},{host}", query="target_session_attrs=read-write"
+        )
+    )
+
+    found = python(
+        production,
+        """
+        from django.db import connection
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT NOT pg_is_in_recovery()")
+            print("WRITABLE", cursor.fetchone()[0], connection.settings_dict["HOST"].count(","))
+        """,
+    )
+
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "WRITABLE True 1" in found.stdout, found.stdout + found.stderr[-3000:]
