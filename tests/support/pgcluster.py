@@ -91,6 +91,40 @@ class Cluster:
         )
         return self
 
+    def standby(self, root: Path, *, settings: dict[str, str] | None = None) -> Cluster:
+        """A streaming standby of this server in ``root``, copied by ``pg_basebackup`` (start() starts it).
+
+        ``-R`` writes ``standby.signal`` and the ``primary_conninfo`` that
+        streams from this server; the standby's own settings are this
+        server's, without a synchronous standby of its own to wait for once
+        promoted.
+        """
+        own = {k: v for k, v in self.settings.items() if k != "synchronous_standby_names"}
+        standby = Cluster(root, settings=own | (settings or {}))
+        self._run(
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(standby.data),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+            timeout=120,
+        )
+        return standby
+
+    def promote(self) -> None:
+        """Make this standby a primary; returns once it takes writes."""
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote")
+
     def stop(self, mode: str = "fast") -> None:
         if self.running():
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
