@@ -235,10 +235,9 @@ def _parse_database_url(url: str) -> dj_database_url.DBConfig:
     return config
 
 
-def _database() -> dj_database_url.DBConfig:
+def _database(url: str | None) -> dj_database_url.DBConfig:
     # DATABASE_URL: the PostgreSQL database, postgres://user:password@host:5432/name. Unset, the
     # entry points (manage.py, the test session) start the embedded server and set it.
-    url = os.environ.get("DATABASE_URL")
     if not url:
         # Only reached when Django is started by something other than our
         # entry points (for example a bare `django-admin`).
@@ -305,7 +304,18 @@ def _database() -> dj_database_url.DBConfig:
     return config
 
 
-DATABASES = {"default": _database()}
+DATABASES = {"default": _database(os.environ.get("DATABASE_URL"))}
+# DATABASE_REPLICA_URL: a streaming replica of that database. People's pages and the API's reads
+# go to it, with read-your-writes for a browser that just wrote (config/replicas.py); the engine
+# never reads from it. Tests read the primary through it (MIRROR).
+if os.environ.get("DATABASE_REPLICA_URL"):
+    DATABASES["replica"] = _database(os.environ["DATABASE_REPLICA_URL"])
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["config.replicas.ReplicaRouter"]
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("whitenoise.middleware.WhiteNoiseMiddleware") + 1,
+        "config.replicas.ReplicaReads",
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
