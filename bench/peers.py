@@ -160,7 +160,7 @@ class System:
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                     "AND pid <> pg_backend_pid() AND query ILIKE 'LISTEN%%'",
                 )
-                >= 2
+                >= self.args.workers
             )
         return (
             scalar(
@@ -168,7 +168,7 @@ class System:
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
             )
-            >= 2
+            >= self.args.workers
         )
 
     # Overridden: apply_schema, worker_argv, clear, analyze, done_sql, verify, queued.
@@ -642,7 +642,7 @@ class Bench:
                 system.env(),
                 cwd=system.root,
             )
-            for i in range(2)
+            for i in range(self.args.workers)
         ]
 
     def check_alive(self, system: System, workers) -> None:
@@ -1411,6 +1411,12 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--concurrency", type=int, default=10, help="per worker process, where a system has it (10)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes per system (2; docs/scaling.md: 1-8)",
     )
     parser.add_argument(
         "--dispatch-jobs", type=int, help="measured dispatch probes (default 200, quick 30)"
