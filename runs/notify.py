@@ -81,12 +81,13 @@ class AfterSubmit:
                     self._timer.start()
 
 
-def count_and_notify(counts: Counter[UUID], queues: Iterable[str]) -> None:
+def count_and_notify(counts: Counter[UUID], queues: Iterable[str], *, held: bool = False) -> None:
     """Add ``counts`` to their tenants' queued counters and wake the workers of ``queues``.
 
     In the caller's transaction (the NOTIFY is sent when it commits), or in
     one of its own. Several tenants' rows are locked first, in id order, in a
-    statement of their own (``runs/sql/notify.sql``).
+    statement of their own (``runs/sql/notify.sql``), unless the caller's
+    transaction ``held`` them already.
     """
     tenants = sorted(t for t in counts if counts[t])
     params: dict[str, Any] = {
@@ -95,9 +96,10 @@ def count_and_notify(counts: Counter[UUID], queues: Iterable[str]) -> None:
         "channel": NOTIFY_CHANNEL,
         "queues": sorted(set(queues)),
     }
-    with transaction.atomic(savepoint=False) if len(tenants) > 1 else nullcontext():
+    lock = len(tenants) > 1 and not held
+    with transaction.atomic(savepoint=False) if lock else nullcontext():
         with connection.cursor() as cursor:
-            if len(tenants) > 1:
+            if lock:
                 cursor.execute(queries.lock_tenants, {"tenants": tenants})
             cursor.execute(queries.count_and_notify, params)
 

@@ -141,7 +141,7 @@ def expire_unstarted(*, batch: int) -> int:
             left: Counter[UUID] = Counter()
             for row in expired:
                 left[row["tenant_id"]] -= 1
-            count_and_notify(left, queues=())
+            count_and_notify(left, queues=(), held=True)
     for row in expired:
         metrics.run_finished(queue=row["queue"], kind=row["kind"], status=RunStatus.FAILED)
     return len(expired)

@@ -73,5 +73,5 @@ def wake_due(*, batch: int = 500) -> int:
             counts: Counter[UUID] = Counter()
             for row in woken:
                 counts[row["tenant_id"]] += row["woken"]
-            count_and_notify(counts, {row["queue"] for row in woken})
+            count_and_notify(counts, {row["queue"] for row in woken}, held=True)
     return sum(row["woken"] for row in woken)
